@@ -1,0 +1,34 @@
+// MSCCL XML algorithm files: import into a Program and export back.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "efccl/ef/program.h"
+#include "efccl/ef/status.h"
+
+namespace efccl::ef {
+
+/// Limits that keep hostile input cheap.
+struct XmlLimits {
+  std::size_t max_bytes = 256u << 20;      ///< whole document
+  int max_depth = 16;                      ///< element nesting (MSCCL needs 4)
+  std::size_t max_attribute_bytes = 4096;  ///< one attribute value
+  std::size_t max_elements = 50u << 20;    ///< element count
+};
+
+/// Imports MSCCL/RCCL XML (see docs/ef-format.md, "MSCCL XML import"). Diagnostics name the
+/// element path with ids and the line, e.g. "algo/gpu[id=3]/tb[id=5]/step[s=2] (line 88)".
+struct XmlLoadResult {
+  std::optional<Program> program;
+  Diagnostics diagnostics;
+};
+XmlLoadResult load_msccl_xml(std::string_view text, const std::string& file_name = "<memory>",
+                             const XmlLimits& limits = {});
+
+/// MSCCL XML that MSCCL's loader and ours accept. Programs MSCCL cannot express (several
+/// dependencies on one op, custom collectives) are lowered: extra deps become nops; custom
+/// collectives are refused with a Status.
+StatusOr<std::string> save_msccl_xml(const Program& program);
+
+}  // namespace efccl::ef

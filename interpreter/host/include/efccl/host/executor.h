@@ -1,0 +1,73 @@
+// The host reference executor: deterministic, single-threaded interpretation of a Program
+// over host memory, with the GPU's back-pressure (bounded connection slots, tiled chunks)
+// and the GPU's rounding. It is the oracle for every other engine (docs/ef-format.md).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "efccl/ef/datatype.h"
+#include "efccl/ef/program.h"
+#include "efccl/ef/status.h"
+
+namespace efccl::host {
+
+/// Payload bytes of one connection slot per protocol, as the GPU interpreter uses them.
+std::size_t default_slot_bytes(ef::Protocol protocol);
+
+/// How to execute one call.
+struct ExecOptions {
+  uint64_t count = 0;  ///< NCCL's count argument for the program's collective
+  ef::DataType dtype = ef::DataType::kFloat32;
+  ef::RedOp op = ef::RedOp::kSum;
+  bool inplace = false;
+  /// premulsum: one scalar per rank (as ncclRedOpCreatePreMulSum's per-rank scalar);
+  /// empty means 1.0 for every rank. Ignored for other operators (avg derives its own).
+  std::vector<double> premul_scalars;
+  std::size_t slot_bytes = 0;  ///< 0: default_slot_bytes(program.protocol)
+  int connection_slots = 8;    ///< slots per connection (kDefaultConnectionSlots)
+};
+
+/// One rank's memory for a call, as the NCCL API sees it: `input` and `output` are the user's
+/// buffers (for in-place calls `output` holds the shared region and `input` is empty).
+struct RankBuffers {
+  std::vector<uint8_t> input;
+  std::vector<uint8_t> output;
+};
+
+/// What each blocked threadblock waits for when no threadblock can progress.
+struct BlockedThreadblock {
+  int rank = 0, tb = 0, op = 0;  ///< op index in the threadblock's list
+  uint64_t iteration = 0;
+  std::string waits_for;  ///< e.g. "data from rank 3 on channel 1 (connection empty)"
+};
+
+struct ExecResult {
+  Status status;  ///< not ok on deadlock or on an invalid call (count, mode)
+  bool deadlock = false;
+  std::vector<BlockedThreadblock> blocked;  ///< filled on deadlock
+  uint64_t iterations = 0;                  ///< tiles per chunk
+  /// Human-readable deadlock report: one line per blocked threadblock.
+  std::string deadlock_report() const;
+};
+
+/// Runs `program` once over `buffers` (one per rank, sized by the API for options.count).
+/// The program must be valid (ef::validate).
+ExecResult execute(const ef::Program& program, const ExecOptions& options,
+                   std::vector<RankBuffers>& buffers);
+
+/// Random inputs (seeded), execute, and compare with the collective's definition:
+/// integers and min/max bitwise, floating sums/products within a rounding bound.
+struct VerifyResult {
+  bool pass = false;
+  std::string message;  ///< "PASS ..." or "FAIL: rank 2 output[17]: expected 3.5, got 3" / deadlock report
+  ExecResult exec;
+};
+VerifyResult run_and_verify(const ef::Program& program, const ExecOptions& options,
+                            uint64_t seed);
+
+/// The modes ("inplace", "outofplace") the program allows and the collective supports.
+std::vector<bool> allowed_inplace_modes(const ef::Program& program);
+
+}  // namespace efccl::host
