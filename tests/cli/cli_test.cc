@@ -1,3 +1,203 @@
+// The `efccl` command as a user runs it: exit codes, output shapes, conversions.
 #include <gtest/gtest.h>
-// placeholder: being written
-TEST(Placeholder, NotYetWritten) { GTEST_FAIL() << "test file not written yet"; }
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Outcome {
+  int exit_code = -1;  ///< -1 when the process did not exit normally (a crash)
+  std::string out, err;
+};
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("efccl_cli_test_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  Outcome run(const std::string& args) {
+    const auto out = dir_ / "stdout", err = dir_ / "stderr";
+    const std::string cmd = std::string(EFCCL_CLI_PATH) + " " + args + " >" + out.string() +
+                            " 2>" + err.string() + " </dev/null";
+    const int status = std::system(cmd.c_str());
+    Outcome o;
+    o.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    o.out = read_file(out);
+    o.err = read_file(err);
+    return o;
+  }
+
+  fs::path write(const std::string& name, const std::string& text) {
+    const auto p = dir_ / name;
+    std::ofstream(p, std::ios::binary) << text;
+    return p;
+  }
+
+  static std::string example(const std::string& name) {
+    return std::string(EFCCL_SOURCE_DIR) + "/examples/ef/" + name;
+  }
+  static std::string corpus(const std::string& name) {
+    return std::string(EFCCL_MSCCL_XML_DIR) + "/" + name;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(CliTest, UsageErrorsExitTwo) {
+  EXPECT_EQ(run("").exit_code, 2);
+  EXPECT_EQ(run("frobnicate").exit_code, 2);
+  EXPECT_EQ(run("validate").exit_code, 2);
+  EXPECT_EQ(run("run-host").exit_code, 2);
+  auto o = run("run-host " + example("ring_allgather_4r.json") + " --dtype float128");
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_NE(o.err.find("unknown datatype 'float128'"), std::string::npos) << o.err;
+  EXPECT_EQ(run("run-host x.json --count -3").exit_code, 2);
+  EXPECT_EQ(run("run-host x.json --inplace --outofplace").exit_code, 2);
+  EXPECT_EQ(run("import-msccl in.xml").exit_code, 2);  // no -o
+  EXPECT_EQ(run("help").exit_code, 0);
+}
+
+TEST_F(CliTest, ValidateAcceptsExamplesAndCorpus) {
+  auto o = run("validate " + example("ring_allreduce_4r_2ch.json") + " " +
+               example("shift_custom_4r.json") + " " + corpus("alltoall-8n-0-9kb.xml"));
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_EQ(o.err, "");
+}
+
+TEST_F(CliTest, ValidateReportsFileLocationAndRule) {
+  auto bad = write("bad.json", "{\"format\": \"efccl-ef\", \"version\": 1, \"bogus\": 3}");
+  auto o = run("validate " + bad.string());
+  EXPECT_EQ(o.exit_code, 1);
+  // Every line: FILE: LOCATION: message
+  std::istringstream lines(o.err);
+  std::string line;
+  int n = 0;
+  while (std::getline(lines, line)) {
+    ++n;
+    EXPECT_EQ(line.rfind(bad.string() + ": ", 0), 0u) << line;
+  }
+  EXPECT_GT(n, 0);
+  EXPECT_NE(o.err.find("/bogus"), std::string::npos) << o.err;
+
+  o = run("validate " + (dir_ / "missing.json").string());
+  EXPECT_EQ(o.exit_code, 1);
+  EXPECT_NE(o.err.find("no such file"), std::string::npos) << o.err;
+}
+
+TEST_F(CliTest, GarbageNeverCrashes) {
+  std::string garbage;
+  for (int i = 0; i < 4096; ++i) garbage.push_back(static_cast<char>((i * 7919) % 251));
+  for (const auto& text : {garbage, std::string("<"), std::string("{"), std::string(""),
+                           std::string("<!DOCTYPE x [<!ENTITY a \"aaaa\">]><algo/>")}) {
+    auto f = write("garbage", text);
+    for (const char* cmd : {"validate", "run-host", "show"}) {
+      auto o = run(std::string(cmd) + " " + f.string());
+      EXPECT_EQ(o.exit_code, 1) << cmd << ": " << o.err;
+    }
+  }
+}
+
+TEST_F(CliTest, RunHostPassesAndPrintsOneLine) {
+  auto o = run("run-host " + example("ring_allreduce_4r_2ch.json") +
+               " --dtype bfloat16 --op max --inplace --seed 7");
+  EXPECT_EQ(o.exit_code, 0) << o.out << o.err;
+  EXPECT_EQ(o.out.rfind("PASS", 0), 0u) << o.out;
+  EXPECT_EQ(std::count(o.out.begin(), o.out.end(), '\n'), 1);
+
+  o = run("run-host " + example("ring_allreduce_4r_2ch.json") + " --count 7");
+  EXPECT_EQ(o.exit_code, 1);
+  EXPECT_EQ(o.out.rfind("FAIL", 0), 0u) << o.out;
+
+  // The alltoall example is out-of-place only.
+  o = run("run-host " + example("direct_alltoall_4r.json") + " --inplace");
+  EXPECT_EQ(o.exit_code, 1);
+  EXPECT_EQ(o.out.rfind("FAIL", 0), 0u) << o.out;
+}
+
+TEST_F(CliTest, RunHostReportsDeadlockWithTooFewSlots) {
+  // The chain broadcast root sends 3 chunks in a row; with one slot per connection it still
+  // drains (no cycle), so it passes; a program that exchanges 2 units each way first cannot.
+  auto ok = run("run-host " + example("chain_broadcast_4r.json") + " --slots 1");
+  EXPECT_EQ(ok.exit_code, 0) << ok.out << ok.err;
+
+  const std::string exchange = R"({"format": "efccl-ef", "version": 1, "collective": "custom",
+    "protocol": "Simple", "nranks": 2, "nchunksperloop": 2, "outofplace": true, "inplace": false,
+    "ranks": [
+     {"input_chunks": 2, "output_chunks": 2, "threadblocks": [{"send": 1, "recv": 1, "channel": 0,
+       "ops": [{"op": "send", "src": {"buf": "input", "off": 0}, "count": 2},
+               {"op": "recv", "dst": {"buf": "output", "off": 0}, "count": 2}]}]},
+     {"input_chunks": 2, "output_chunks": 2, "threadblocks": [{"send": 0, "recv": 0, "channel": 0,
+       "ops": [{"op": "send", "src": {"buf": "input", "off": 0}, "count": 2},
+               {"op": "recv", "dst": {"buf": "output", "off": 0}, "count": 2}]}]}],
+    "postconditions": [
+      {"rank": 0, "index": 0, "sources": [{"rank": 1, "index": 0}]},
+      {"rank": 0, "index": 1, "sources": [{"rank": 1, "index": 1}]},
+      {"rank": 1, "index": 0, "sources": [{"rank": 0, "index": 0}]},
+      {"rank": 1, "index": 1, "sources": [{"rank": 0, "index": 1}]}]})";
+  auto f = write("exchange.json", exchange);
+  auto pass = run("run-host " + f.string());
+  EXPECT_EQ(pass.exit_code, 0) << pass.out << pass.err;
+  auto stuck = run("run-host " + f.string() + " --slots 1");
+  EXPECT_EQ(stuck.exit_code, 1);
+  EXPECT_EQ(stuck.out.rfind("FAIL", 0), 0u) << stuck.out;
+  EXPECT_NE(stuck.out.find("rank 0"), std::string::npos) << stuck.out;
+  EXPECT_NE(stuck.out.find("rank 1"), std::string::npos) << stuck.out;
+}
+
+TEST_F(CliTest, ImportExportRoundTrip) {
+  const auto json = dir_ / "a2a.json", xml = dir_ / "a2a.xml", json2 = dir_ / "a2a2.json";
+  auto o = run("import-msccl " + corpus("alltoall-8n-9kb-190kb.xml") + " -o " + json.string());
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  o = run("export-msccl " + json.string() + " -o " + xml.string());
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  o = run("import-msccl " + xml.string() + " -o " + json2.string());
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_EQ(read_file(json), read_file(json2));
+  o = run("run-host " + xml.string());
+  EXPECT_EQ(o.exit_code, 0) << o.out << o.err;
+  // Wrong input format for the command.
+  EXPECT_EQ(run("import-msccl " + json.string() + " -o " + (dir_ / "x").string()).exit_code, 1);
+}
+
+TEST_F(CliTest, ShowSummarises) {
+  auto o = run("show " + corpus("alltoall-8n-0-9kb.xml"));
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_NE(o.out.find("collective:     alltoall"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("ranks:          8"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("recv=56"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("copy=8"), std::string::npos) << o.out;
+}
+
+TEST_F(CliTest, CheckPrintsVerdictTable) {
+  auto o = run("check " + example("ring_reducescatter_4r.json") + " " +
+               example("allpairs_allreduce_3r.json"));
+  EXPECT_EQ(o.exit_code, 0) << o.out << o.err;
+  EXPECT_NE(o.out.find("float/sum"), std::string::npos);
+  EXPECT_NE(o.out.find("f8e4m3/sum"), std::string::npos);
+  EXPECT_EQ(o.out.find("FAIL"), std::string::npos) << o.out;
+  // 2 programs x 2 modes x 5 pairs
+  EXPECT_NE(o.out.find("20 runs passed, 0 failed"), std::string::npos) << o.out;
+}
+
+}  // namespace
