@@ -92,6 +92,9 @@ struct XmlParseResult {
   XmlError error;
 };
 
+/// `s` quoted for a diagnostic: at most 24 bytes shown, non-printable bytes as \xNN.
+std::string quoted_for_message(std::string_view s);
+
 /// Parses `text` (which must outlive the returned document) within `limits`.
 XmlParseResult parse_xml(std::string_view text, const XmlLimits& limits = {});
 
