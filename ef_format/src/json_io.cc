@@ -17,9 +17,8 @@
 #include <exception>
 #include <limits>
 #include <map>
-#include <span>
-
 #include <nlohmann/json.hpp>
+#include <span>
 
 namespace efccl::ef {
 namespace {
@@ -50,9 +49,9 @@ constexpr Range kIndexRange{0, std::numeric_limits<int32_t>::max()};  // depende
 
 // Accepted fields of each object, in the order save_json writes them.
 constexpr std::array<std::string_view, 15> kProgramFields = {
-    "format",    "version", "name",      "collective", "protocol",
-    "nranks",    "nchunksperloop", "nchannels", "root",  "inplace",
-    "outofplace", "min_bytes", "max_bytes", "ranks",  "postconditions"};
+    "format",     "version",        "name",      "collective", "protocol",
+    "nranks",     "nchunksperloop", "nchannels", "root",       "inplace",
+    "outofplace", "min_bytes",      "max_bytes", "ranks",      "postconditions"};
 constexpr std::array<std::string_view, 4> kRankFields = {"input_chunks", "output_chunks",
                                                          "scratch_chunks", "threadblocks"};
 constexpr std::array<std::string_view, 4> kThreadblockFields = {"send", "recv", "channel", "ops"};
@@ -95,8 +94,10 @@ std::size_t utf8_sequence_length(std::string_view s, std::size_t i) {
 
 /// Appends `s` as the inside of a JSON string: quotes, backslashes and control characters are
 /// escaped, valid UTF-8 is copied, and each byte that is not valid UTF-8 becomes U+FFFD, so the
-/// output is always valid JSON.
-void append_escaped(std::string& out, std::string_view s) {
+/// output is always valid JSON. Prose (parser messages) keeps its quotes and backslashes.
+enum class Escaping { kJsonString, kProse };
+void append_escaped(std::string& out, std::string_view s,
+                    Escaping escaping = Escaping::kJsonString) {
   constexpr char kHex[] = "0123456789abcdef";
   for (std::size_t i = 0; i < s.size();) {
     const auto c = static_cast<unsigned char>(s[i]);
@@ -111,14 +112,33 @@ void append_escaped(std::string& out, std::string_view s) {
       }
       continue;
     }
+    if ((c == '"' || c == '\\') && escaping == Escaping::kProse) {
+      out += static_cast<char>(c);
+      ++i;
+      continue;
+    }
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c < 0x20) {
           out += "\\u00";
@@ -134,20 +154,21 @@ void append_escaped(std::string& out, std::string_view s) {
 
 /// `s` cut to at most `max_bytes` (at a UTF-8 boundary, "..." marking the cut) and escaped, for
 /// messages: a 20 MB key must not make a 20 MB diagnostic.
-std::string printable(std::string_view s, std::size_t max_bytes = 64) {
+std::string printable(std::string_view s, std::size_t max_bytes = 64,
+                      Escaping escaping = Escaping::kJsonString) {
   std::string out;
   if (s.size() <= max_bytes) {
-    append_escaped(out, s);
+    append_escaped(out, s, escaping);
     return out;
   }
   std::size_t cut = max_bytes;
   while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
-  append_escaped(out, s.substr(0, cut));
+  append_escaped(out, s.substr(0, cut), escaping);
   out += "...";
   return out;
 }
 
-std::string quoted(std::string_view s) { return "\"" + printable(s) + "\""; }
+std::string in_quotes(std::string_view s) { return "\"" + printable(s) + "\""; }
 
 /// A key as a JSON pointer reference token (RFC 6901: '~' -> "~0", '/' -> "~1").
 std::string pointer_token(std::string_view key) {
@@ -189,8 +210,8 @@ std::optional<Diagnostic> check_limits(std::string_view text, const std::string&
                                        const JsonLimits& limits) {
   if (text.size() > limits.max_bytes) {
     return Diagnostic{file, "", "syntax",
-                      "the document is " + std::to_string(text.size()) +
-                          " bytes; the limit is " + std::to_string(limits.max_bytes) + " bytes"};
+                      "the document is " + std::to_string(text.size()) + " bytes; the limit is " +
+                          std::to_string(limits.max_bytes) + " bytes"};
   }
   int depth = 0;
   bool in_string = false;
@@ -254,28 +275,28 @@ class DomBuilder final : public nlohmann::json_sax<Json> {
   bool key(string_t& key) override {
     Level& level = levels_.back();
     if (level.container->contains(key) && diagnostics_.size() < kMaxDiagnostics) {
-      diagnostics_.push_back({file_, pointer_of_container(), "syntax",
-                              "duplicate field " + quoted(key) +
-                                  " (each field may appear once in an object)"});
+      diagnostics_.push_back(
+          {file_, pointer_of_container(), "syntax",
+           "duplicate field " + in_quotes(key) + " (each field may appear once in an object)"});
     }
     level.key = std::move(key);
     return true;
   }
 
-  bool parse_error(std::size_t position, const std::string&,
+  bool parse_error(std::size_t position, const std::string& last_token,
                    const nlohmann::detail::exception& error) override {
-    // nlohmann reports number overflow (id 406, "1e400") through the same path as syntax
-    // errors; it is a value problem at a known place, so it gets a pointer.
+    // nlohmann reports number overflow ("1e400") through the same path as syntax errors; it
+    // is a value problem at a known place, so it gets a pointer.
     if (dynamic_cast<const nlohmann::detail::out_of_range*>(&error) != nullptr) {
       diagnostics_.push_back({file_, pointer_of_next_value(), "schema",
-                              "expected an integer, found a number too large for a 64-bit "
-                              "float: " + printable(error_text(error))});
+                              "expected an integer, found " + printable(last_token) +
+                                  " (beyond the range of a 64-bit float)"});
       return false;
     }
     // position counts the characters read, the offending one included.
     const std::size_t offset = position > 0 ? position - 1 : 0;
-    diagnostics_.push_back(
-        {file_, byte_location(text_, offset), "syntax", printable(error_text(error), 200)});
+    diagnostics_.push_back({file_, byte_location(text_, offset), "syntax",
+                            printable(error_text(error), 200, Escaping::kProse)});
     return false;
   }
 
@@ -288,16 +309,15 @@ class DomBuilder final : public nlohmann::json_sax<Json> {
 
   bool add(Json&& value, bool opens = false) {
     Json* slot = &root_;
-    if (!levels_.empty()) {
-      Level& level = levels_.back();
-      if (level.container->is_array()) {
-        level.container->push_back(std::move(value));
-        slot = &level.container->back();
-      } else {
-        slot = &(*level.container)[level.key];
-      }
+    if (levels_.empty()) {
+      root_ = std::move(value);
+    } else if (Level& level = levels_.back(); level.container->is_array()) {
+      level.container->push_back(std::move(value));
+      slot = &level.container->back();
+    } else {
+      slot = &(*level.container)[level.key];  // a duplicate key (reported) keeps the last value
+      *slot = std::move(value);
     }
-    if (slot != &levels_.empty() ? slot : slot) *slot = std::move(value);
     if (opens) levels_.push_back({slot, {}});
     return true;
   }
@@ -317,7 +337,8 @@ class DomBuilder final : public nlohmann::json_sax<Json> {
 
   std::string pointer_of_container() const {
     std::string pointer;
-    for (std::size_t i = 0; i + 1 < levels_.size(); ++i) pointer += "/" + token_of(levels_[i], false);
+    for (std::size_t i = 0; i + 1 < levels_.size(); ++i)
+      pointer += "/" + token_of(levels_[i], false);
     return pointer;
   }
 
@@ -349,6 +370,14 @@ class DomBuilder final : public nlohmann::json_sax<Json> {
 
 // ---- Stage 3: structure ----
 
+/// Whether a member must be present, and the value an absent optional member stands for.
+struct Presence {
+  bool required;
+  int64_t fallback;
+};
+constexpr Presence kRequired{true, 0};
+constexpr Presence optional_with(int64_t fallback) { return {false, fallback}; }
+
 /// Reads the parsed document into a Program, reporting each structural problem (rule "schema")
 /// at the JSON pointer of the offending value.
 class StructureReader {
@@ -362,11 +391,12 @@ class StructureReader {
     if (!object(doc, "", "an EF program object", kProgramFields)) return program;
     if (auto format = string_field(doc, "", "format")) {
       if (*format != kFormatName)
-        report("/format", "expected \"efccl-ef\", found " + quoted(*format));
+        report("/format", "expected \"efccl-ef\", found " + in_quotes(*format));
     }
     if (const Json* version = required_field(doc, "", "version")) {
-      if (auto v = integer(*version, "/version", {std::numeric_limits<int64_t>::min(),
-                                                  std::numeric_limits<int64_t>::max()});
+      if (auto v =
+              integer(*version, "/version",
+                      {std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()});
           v && *v != kFormatVersion) {
         report("/version", "unsupported format version " + std::to_string(*v) +
                                "; this loader reads version 1");
@@ -383,18 +413,18 @@ class StructureReader {
     }
     if (auto c = enum_field<Collective, 9>(doc, "", "collective", parse_collective))
       program.collective = *c;
-    if (auto p = enum_field<Protocol, 3>(doc, "", "protocol", parse_protocol)) program.protocol = *p;
-    program.nranks = int32_field(doc, "", "nranks", kNranksRange, std::nullopt);
-    program.nchunksperloop = int_field(doc, "", "nchunksperloop", kNchunksperloopRange, std::nullopt);
-    program.nchannels = int32_field(doc, "", "nchannels", kNchannelsRange, 1);
-    program.root = int32_field(doc, "", "root", kRankRange, 0);
+    if (auto p = enum_field<Protocol, 3>(doc, "", "protocol", parse_protocol))
+      program.protocol = *p;
+    program.nranks = int32_field(doc, "", "nranks", kNranksRange, kRequired);
+    program.nchunksperloop = int_field(doc, "", "nchunksperloop", kNchunksperloopRange, kRequired);
+    program.nchannels = int32_field(doc, "", "nchannels", kNchannelsRange, optional_with(1));
+    program.root = int32_field(doc, "", "root", kRankRange, optional_with(0));
     program.inplace = bool_field(doc, "", "inplace", true);
     program.outofplace = bool_field(doc, "", "outofplace", true);
     program.min_bytes = unsigned_field(doc, "", "min_bytes").value_or(0);
-    if (const Json* max_bytes = doc.contains("max_bytes") ? &doc["max_bytes"] : nullptr;
-        max_bytes != nullptr && !max_bytes->is_null()) {
+    if (const auto max_bytes = doc.find("max_bytes");
+        max_bytes != doc.end() && !max_bytes->is_null())
       program.max_bytes = unsigned_field(doc, "", "max_bytes");
-    }
     if (const Json* ranks = array_field(doc, "", "ranks", /*required=*/true)) {
       program.ranks.reserve(ranks->size());
       for (std::size_t r = 0; r < ranks->size() && !full(); ++r)
@@ -402,8 +432,8 @@ class StructureReader {
     }
     if (const Json* postconditions = array_field(doc, "", "postconditions", /*required=*/false)) {
       for (std::size_t i = 0; i < postconditions->size() && !full(); ++i) {
-        program.postconditions.push_back(read_postcondition(
-            (*postconditions)[i], "/postconditions/" + std::to_string(i)));
+        program.postconditions.push_back(
+            read_postcondition((*postconditions)[i], "/postconditions/" + std::to_string(i)));
       }
     }
     return program;
@@ -413,9 +443,9 @@ class StructureReader {
   Rank read_rank(const Json& v, const std::string& at) {
     Rank rank;
     if (!object(v, at, "a rank object", kRankFields)) return rank;
-    rank.input_chunks = int_field(v, at, "input_chunks", kChunksRange, std::nullopt);
-    rank.output_chunks = int_field(v, at, "output_chunks", kChunksRange, std::nullopt);
-    rank.scratch_chunks = int_field(v, at, "scratch_chunks", kChunksRange, 0);
+    rank.input_chunks = int_field(v, at, "input_chunks", kChunksRange, kRequired);
+    rank.output_chunks = int_field(v, at, "output_chunks", kChunksRange, kRequired);
+    rank.scratch_chunks = int_field(v, at, "scratch_chunks", kChunksRange, optional_with(0));
     if (const Json* tbs = array_field(v, at, "threadblocks", /*required=*/true)) {
       rank.threadblocks.reserve(tbs->size());
       for (std::size_t t = 0; t < tbs->size() && !full(); ++t) {
@@ -429,9 +459,9 @@ class StructureReader {
   Threadblock read_threadblock(const Json& v, const std::string& at) {
     Threadblock tb;
     if (!object(v, at, "a threadblock object", kThreadblockFields)) return tb;
-    tb.send_peer = int32_field(v, at, "send", kPeerRange, std::nullopt);
-    tb.recv_peer = int32_field(v, at, "recv", kPeerRange, std::nullopt);
-    tb.channel = int32_field(v, at, "channel", kChannelRange, std::nullopt);
+    tb.send_peer = int32_field(v, at, "send", kPeerRange, kRequired);
+    tb.recv_peer = int32_field(v, at, "recv", kPeerRange, kRequired);
+    tb.channel = int32_field(v, at, "channel", kChannelRange, kRequired);
     if (const Json* ops = array_field(v, at, "ops", /*required=*/true)) {
       tb.ops.reserve(ops->size());
       for (std::size_t i = 0; i < ops->size() && !full(); ++i)
@@ -446,15 +476,15 @@ class StructureReader {
     if (auto code = enum_field<OpCode, 9>(v, at, "op", parse_op_code)) op.code = *code;
     if (v.contains("src")) op.src = read_buffer_ref(v["src"], at + "/src");
     if (v.contains("dst")) op.dst = read_buffer_ref(v["dst"], at + "/dst");
-    op.count = int_field(v, at, "count", kChunksRange, std::nullopt);
+    op.count = int_field(v, at, "count", kChunksRange, kRequired);
     if (const Json* deps = array_field(v, at, "deps", /*required=*/false)) {
       op.deps.reserve(deps->size());
       for (std::size_t i = 0; i < deps->size() && !full(); ++i) {
         const std::string dep_at = at + "/deps/" + std::to_string(i);
         const Json& dep = (*deps)[i];
         if (!object(dep, dep_at, "a dependency object", kDependencyFields)) continue;
-        op.deps.push_back({int32_field(dep, dep_at, "tb", kIndexRange, std::nullopt),
-                           int32_field(dep, dep_at, "op", kIndexRange, std::nullopt)});
+        op.deps.push_back({int32_field(dep, dep_at, "tb", kIndexRange, kRequired),
+                           int32_field(dep, dep_at, "op", kIndexRange, kRequired)});
       }
     }
     return op;
@@ -465,22 +495,22 @@ class StructureReader {
     if (!object(v, at, "a buffer reference object", kBufferRefFields)) return ref;
     if (auto buffer = enum_field<BufferKind, 3>(v, at, "buf", parse_buffer_kind))
       ref.buffer = *buffer;
-    ref.offset = int_field(v, at, "off", kChunksRange, std::nullopt);
+    ref.offset = int_field(v, at, "off", kChunksRange, kRequired);
     return ref;
   }
 
   Postcondition read_postcondition(const Json& v, const std::string& at) {
     Postcondition post;
     if (!object(v, at, "a postcondition object", kPostconditionFields)) return post;
-    post.rank = int32_field(v, at, "rank", kRankRange, std::nullopt);
-    post.index = int_field(v, at, "index", kChunksRange, std::nullopt);
+    post.rank = int32_field(v, at, "rank", kRankRange, kRequired);
+    post.index = int_field(v, at, "index", kChunksRange, kRequired);
     if (const Json* sources = array_field(v, at, "sources", /*required=*/true)) {
       for (std::size_t i = 0; i < sources->size() && !full(); ++i) {
         const std::string source_at = at + "/sources/" + std::to_string(i);
         const Json& source = (*sources)[i];
         if (!object(source, source_at, "a chunk source object", kChunkSourceFields)) continue;
-        post.sources.push_back({int32_field(source, source_at, "rank", kRankRange, std::nullopt),
-                                int_field(source, source_at, "index", kChunksRange, std::nullopt)});
+        post.sources.push_back({int32_field(source, source_at, "rank", kRankRange, kRequired),
+                                int_field(source, source_at, "index", kChunksRange, kRequired)});
       }
     }
     return post;
@@ -502,7 +532,7 @@ class StructureReader {
       if (is_known) continue;
       std::string expected;
       for (std::string_view k : known) expected += (expected.empty() ? "" : ", ") + std::string(k);
-      report(at, "unknown field " + quoted(key) + "; expected one of: " + expected);
+      report(at, "unknown field " + in_quotes(key) + "; expected one of: " + expected);
     }
     return true;
   }
@@ -510,26 +540,27 @@ class StructureReader {
   const Json* required_field(const Json& obj, const std::string& at, std::string_view key) {
     const auto it = obj.find(key);
     if (it != obj.end()) return &*it;
-    report(at + "/" + std::string(key), "missing required field " + quoted(key));
+    report(at + "/" + std::string(key), "missing required field " + in_quotes(key));
     return nullptr;
   }
 
-  /// An integer member; `fallback` is the default of an optional member (nullopt: required).
-  /// Returns the fallback (or 0) after reporting a problem, so reading can go on.
+  /// An integer member. Returns the default (0 for required members) after reporting a
+  /// problem, so that reading can go on and find more.
   int64_t int_field(const Json& obj, const std::string& at, std::string_view key, Range range,
-                    std::optional<int64_t> fallback) {
+                    Presence presence) {
     const auto it = obj.find(key);
     if (it == obj.end()) {
-      if (!fallback) report(at + "/" + std::string(key), "missing required field " + quoted(key));
-      return fallback.value_or(0);
+      if (presence.required)
+        report(at + "/" + std::string(key), "missing required field " + in_quotes(key));
+      return presence.fallback;
     }
-    return integer(*it, at + "/" + std::string(key), range).value_or(fallback.value_or(0));
+    return integer(*it, at + "/" + std::string(key), range).value_or(presence.fallback);
   }
 
   int32_t int32_field(const Json& obj, const std::string& at, std::string_view key, Range range,
-                      std::optional<int64_t> fallback) {
+                      Presence presence) {
     // Every int32 field's range lies inside int32_t, so the narrowing is exact.
-    return static_cast<int32_t>(int_field(obj, at, key, range, fallback));
+    return static_cast<int32_t>(int_field(obj, at, key, range, presence));
   }
 
   /// An optional non-negative 64-bit member (min_bytes, max_bytes); nullopt when absent or bad.
@@ -606,7 +637,7 @@ class StructureReader {
                           bool required) {
     const auto it = obj.find(key);
     if (it == obj.end()) {
-      if (required) report(at + "/" + std::string(key), "missing required field " + quoted(key));
+      if (required) report(at + "/" + std::string(key), "missing required field " + in_quotes(key));
       return nullptr;
     }
     if (it->is_array()) return &*it;
@@ -618,21 +649,28 @@ class StructureReader {
   /// What a value is, for "expected X, found Y" messages.
   std::string describe(const Json& v, const std::string& at) const {
     switch (v.type()) {
-      case Json::value_t::null: return "null";
-      case Json::value_t::boolean: return v.get<bool>() ? "true" : "false";
-      case Json::value_t::string: return "the string " + quoted(v.get_ref<const std::string&>());
-      case Json::value_t::object: return "an object";
-      case Json::value_t::array: return "an array";
-      case Json::value_t::number_integer: return std::to_string(v.get<int64_t>());
-      case Json::value_t::number_unsigned: return std::to_string(v.get<uint64_t>());
+      case Json::value_t::null:
+        return "null";
+      case Json::value_t::boolean:
+        return v.get<bool>() ? "true" : "false";
+      case Json::value_t::string:
+        return "the string " + in_quotes(v.get_ref<const std::string&>());
+      case Json::value_t::object:
+        return "an object";
+      case Json::value_t::array:
+        return "an array";
+      case Json::value_t::number_integer:
+        return std::to_string(v.get<int64_t>());
+      case Json::value_t::number_unsigned:
+        return std::to_string(v.get<uint64_t>());
       case Json::value_t::number_float: {
         const auto it = float_literals_.find(at);
         const std::string literal = it != float_literals_.end() ? printable(it->second) : v.dump();
-        if (literal.find_first_of(".eE") == std::string::npos)
-          return literal + " (beyond 64 bits)";
+        if (literal.find_first_of(".eE") == std::string::npos) return literal + " (beyond 64 bits)";
         return literal + " (integers are written without fraction or exponent)";
       }
-      default: return "a value of an unexpected kind";
+      default:
+        return "a value of an unexpected kind";
     }
   }
 
@@ -679,8 +717,8 @@ void append_op(std::string& out, const Op& op) {
     out += ", \"deps\": [";
     for (std::size_t i = 0; i < op.deps.size(); ++i) {
       if (i > 0) out += ", ";
-      out += "{\"tb\": " + std::to_string(op.deps[i].tb) + ", \"op\": " +
-             std::to_string(op.deps[i].op) + "}";
+      out += "{\"tb\": " + std::to_string(op.deps[i].tb) +
+             ", \"op\": " + std::to_string(op.deps[i].op) + "}";
     }
     out += "]";
   }
@@ -749,8 +787,8 @@ JsonLoadResult load_json(std::string_view text, const std::string& file_name,
     const bool parsed = Json::sax_parse(text, &builder, Json::input_format_t::json,
                                         /*strict=*/true, /*ignore_comments=*/false);
     if (!parsed || !result.diagnostics.empty()) return result;
-    Program program =
-        StructureReader(file_name, builder.float_literals(), result.diagnostics).read(builder.root());
+    Program program = StructureReader(file_name, builder.float_literals(), result.diagnostics)
+                          .read(builder.root());
     if (!result.diagnostics.empty()) return result;
     program.source.format = SourceMap::Format::kJson;
     program.source.file = file_name;

@@ -1,13 +1,300 @@
-// STUB (being written by the validation helper): replaced wholesale.
+// Pristine-read analysis for pre-multiplying reductions (docs/ef-format.md §7, premulsum).
+//
+// A read of a rank's input chunk is pristine when no op of that rank writes the chunk before
+// the read in happens-before order, which is reachability in the wait-for graph (threadblock
+// order, dependencies, k-th push -> k-th pop, transitively across ranks). The analysis is a
+// forward dataflow over a topological order of that graph: each op carries the set of input
+// chunks written by the ops that happen before it.
+//
+// Keeping memory bounded:
+//  * Only chunks that some op writes and some op reads matter, and ops touch contiguous
+//    ranges, so each rank's input is cut at every range boundary into segments that every op
+//    touches whole or not at all; the sets hold only segments that are both written and read.
+//    Their number is at most twice the number of ops, whatever the buffer sizes.
+//  * The sets are bitsets processed in column batches sized so that one batch over all ops
+//    stays within kMaxBitsetWords; larger programs take more passes, not more memory.
+//
+// Granularity: flags are per operand, not per chunk. An operand of count c is pristine only
+// when all c chunks are input chunks (through in-place aliasing, too) and none was written
+// before; a range mixing written and unwritten chunks counts as not pristine. A correct
+// program can contain such a read only when one op moves a raw input chunk together with an
+// already combined one, which scaling per operand cannot express; generated and MSCCL
+// programs move each chunk's raw value and its partial results in separate ops.
 #include "efccl/ef/premul_analysis.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+
+#include "wait_for_graph.h"
+
 namespace efccl::ef {
-PremulMap analyze_premul(const Program& p, bool) {
-  PremulMap m(p.ranks.size());
-  for (std::size_t r = 0; r < p.ranks.size(); ++r) {
-    m[r].resize(p.ranks[r].threadblocks.size());
-    for (std::size_t t = 0; t < p.ranks[r].threadblocks.size(); ++t)
-      m[r][t].resize(p.ranks[r].threadblocks[t].ops.size());
+namespace {
+
+/// Words of bitset held at once across all ops (64 MiB).
+constexpr std::size_t kMaxBitsetWords = std::size_t{8} << 20;
+
+/// A half-open range [begin, end) of a rank's input chunks.
+struct ChunkRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  bool empty() const { return begin >= end; }
+};
+
+/// The input chunks an operand touches, and whether every chunk it touches is one of them.
+struct InputRange {
+  ChunkRange range;
+  bool all_input = false;
+};
+
+/// For an in-place call, where rank `rank`'s output buffer sits in its input buffer, in
+/// chunks: input chunk = output chunk + shift. nullopt when the rank's output does not alias
+/// its input (NCCL's rules; docs/ef-format.md §2).
+std::optional<int64_t> output_to_input_shift(const Program& p, std::size_t rank) {
+  const auto n = static_cast<int64_t>(p.ranks.size());
+  const bool is_root = static_cast<int64_t>(rank) == p.root;
+  const bool has_blocks = n > 0 && p.nchunksperloop > 0 && p.nchunksperloop % n == 0;
+  const int64_t block = has_blocks ? p.nchunksperloop / n : 0;
+  const auto rank_block = static_cast<int64_t>(rank) * block;  // <= nchunksperloop
+  switch (p.collective) {
+    case Collective::kAllReduce:
+    case Collective::kBroadcast:
+    case Collective::kAllToAll:
+    case Collective::kCustom:
+      return 0;
+    case Collective::kReduce:
+      if (is_root) return 0;
+      return std::nullopt;
+    case Collective::kAllGather:  // input == output + rank * count
+      if (has_blocks) return -rank_block;
+      return std::nullopt;
+    case Collective::kGather:
+      if (has_blocks && is_root) return -rank_block;
+      return std::nullopt;
+    case Collective::kReduceScatter:  // output == input + rank * count
+      if (has_blocks) return rank_block;
+      return std::nullopt;
+    case Collective::kScatter:
+      if (has_blocks && is_root) return rank_block;
+      return std::nullopt;
   }
-  return m;
+  return std::nullopt;
 }
+
+/// Maps operands of one rank onto its input buffer.
+class InputMap {
+ public:
+  InputMap(const Program& p, std::size_t rank, bool inplace) : rank_(p.ranks[rank]) {
+    if (inplace) shift_ = output_to_input_shift(p, rank);
+  }
+
+  /// The input chunks that `ref` with `count` chunks touches; empty for operands outside
+  /// their buffer (which validation rejects) and for buffers that do not alias the input.
+  InputRange map(const BufferRef& ref, int64_t count) const {
+    int64_t size = 0;
+    int64_t shift = 0;
+    if (ref.buffer == BufferKind::kInput) {
+      size = rank_.input_chunks;
+    } else if (ref.buffer == BufferKind::kOutput && shift_) {
+      size = rank_.output_chunks;
+      shift = *shift_;
+    } else {
+      return {};
+    }
+    if (count < 1 || ref.offset < 0 || count > size || ref.offset > size - count) return {};
+    int64_t begin = 0;
+    if (__builtin_add_overflow(ref.offset, shift, &begin)) return {};
+    int64_t end = 0;
+    if (__builtin_add_overflow(begin, count, &end)) return {};
+    const ChunkRange clipped{std::max<int64_t>(begin, 0),
+                             std::min<int64_t>(end, std::max<int64_t>(rank_.input_chunks, 0))};
+    if (clipped.empty()) return {};
+    return {clipped, clipped.begin == begin && clipped.end == end};
+  }
+
+ private:
+  const Rank& rank_;
+  std::optional<int64_t> shift_;
+};
+
+/// What one op reads and writes of its rank's input, before and after numbering segments.
+struct OpAccess {
+  InputRange src_read;   ///< src of ops that read it
+  InputRange dst_read;   ///< dst of `reduce`
+  ChunkRange written;    ///< dst of ops that write it
+  bool reads_src = false;
+  bool reads_dst = false;
+};
+
+/// Half-open ranges of tracked-segment ids (global over all ranks).
+struct IdRange {
+  std::size_t begin = 0;
+  std::size_t end = 0;
+};
+
+/// Cuts one rank's input at every range boundary of its accesses and numbers the segments
+/// that are both written and read, starting at `first_id`.
+class SegmentNumbering {
+ public:
+  SegmentNumbering(const std::vector<OpAccess*>& accesses, std::size_t first_id)
+      : first_id_(first_id) {
+    const auto add_points = [&](const ChunkRange& r) {
+      if (r.empty()) return;
+      points_.push_back(r.begin);
+      points_.push_back(r.end);
+    };
+    for (const OpAccess* a : accesses) {
+      add_points(a->src_read.range);
+      add_points(a->dst_read.range);
+      add_points(a->written);
+    }
+    std::sort(points_.begin(), points_.end());
+    points_.erase(std::unique(points_.begin(), points_.end()), points_.end());
+    if (points_.empty()) return;
+    // Coverage counts per segment by difference arrays.
+    std::vector<int64_t> writes(points_.size(), 0), reads(points_.size(), 0);
+    const auto cover = [&](std::vector<int64_t>& delta, const ChunkRange& r) {
+      if (r.empty()) return;
+      ++delta[index(r.begin)];
+      --delta[index(r.end)];
+    };
+    for (const OpAccess* a : accesses) {
+      cover(writes, a->written);
+      cover(reads, a->src_read.range);
+      cover(reads, a->dst_read.range);
+    }
+    tracked_before_.assign(points_.size(), 0);
+    int64_t w = 0, r = 0;
+    for (std::size_t s = 0; s + 1 < points_.size(); ++s) {
+      w += writes[s];
+      r += reads[s];
+      tracked_before_[s + 1] = tracked_before_[s] + (w > 0 && r > 0 ? 1 : 0);
+    }
+  }
+
+  std::size_t tracked() const { return points_.empty() ? 0 : tracked_before_.back(); }
+
+  /// Ids of the tracked segments inside `r` (a range this numbering was built from).
+  IdRange ids(const ChunkRange& r) const {
+    if (r.empty()) return {};
+    return {first_id_ + tracked_before_[index(r.begin)], first_id_ + tracked_before_[index(r.end)]};
+  }
+
+ private:
+  std::size_t index(int64_t point) const {
+    return static_cast<std::size_t>(std::lower_bound(points_.begin(), points_.end(), point) -
+                                    points_.begin());
+  }
+
+  std::size_t first_id_;
+  std::vector<int64_t> points_;               ///< sorted segment boundaries
+  std::vector<std::size_t> tracked_before_;   ///< tracked segments left of each boundary
+};
+
+/// Whether any bit of [begin, end) ∩ [base, base + 64 * words) is set in `row`.
+bool any_bit(const uint64_t* row, std::size_t words, std::size_t base, IdRange ids) {
+  const std::size_t lo = std::max(ids.begin, base);
+  const std::size_t hi = std::min(ids.end, base + 64 * words);
+  for (std::size_t b = lo; b < hi;) {
+    const std::size_t word = (b - base) / 64;
+    const std::size_t bit = (b - base) % 64;
+    const std::size_t n = std::min<std::size_t>(64 - bit, hi - b);
+    const uint64_t mask = (n == 64 ? ~uint64_t{0} : ((uint64_t{1} << n) - 1)) << bit;
+    if (row[word] & mask) return true;
+    b += n;
+  }
+  return false;
+}
+
+/// Sets the bits of [begin, end) ∩ [base, base + 64 * words) in `row`.
+void set_bits(uint64_t* row, std::size_t words, std::size_t base, IdRange ids) {
+  const std::size_t lo = std::max(ids.begin, base);
+  const std::size_t hi = std::min(ids.end, base + 64 * words);
+  for (std::size_t b = lo; b < hi;) {
+    const std::size_t word = (b - base) / 64;
+    const std::size_t bit = (b - base) % 64;
+    const std::size_t n = std::min<std::size_t>(64 - bit, hi - b);
+    row[word] |= (n == 64 ? ~uint64_t{0} : ((uint64_t{1} << n) - 1)) << bit;
+    b += n;
+  }
+}
+
+}  // namespace
+
+PremulMap analyze_premul(const Program& program, bool inplace) {
+  const detail::WaitForGraph graph(program);
+  const std::size_t n_ops = graph.size();
+
+  // What each op touches of its rank's input.
+  std::vector<OpAccess> access(n_ops);
+  std::vector<std::vector<OpAccess*>> by_rank(program.ranks.size());
+  for (std::size_t x = 0; x < n_ops; ++x) {
+    const detail::OpPosition& at = graph.position(x);
+    const InputMap input(program, static_cast<std::size_t>(at.rank), inplace);
+    const Op& op = graph.op(x);
+    OpAccess& a = access[x];
+    a.reads_src = op_reads_src(op.code) && op.src.has_value();
+    a.reads_dst = op.code == OpCode::kReduce && op.dst.has_value();
+    if (a.reads_src) a.src_read = input.map(*op.src, op.count);
+    if (a.reads_dst) a.dst_read = input.map(*op.dst, op.count);
+    if (op_writes_dst(op.code) && op.dst) a.written = input.map(*op.dst, op.count).range;
+    by_rank[static_cast<std::size_t>(at.rank)].push_back(&a);
+  }
+
+  // Tracked segment ids per op (graph ids run rank by rank).
+  struct OpIds {
+    IdRange src, dst, written;
+  };
+  std::vector<OpIds> ids(n_ops);
+  std::size_t n_ids = 0;
+  for (std::size_t r = 0, x = 0; r < program.ranks.size(); ++r) {
+    const SegmentNumbering segments(by_rank[r], n_ids);
+    for (; x < n_ops && static_cast<std::size_t>(graph.position(x).rank) == r; ++x)
+      ids[x] = {segments.ids(access[x].src_read.range), segments.ids(access[x].dst_read.range),
+                segments.ids(access[x].written)};
+    n_ids += segments.tracked();
+  }
+
+  // Forward dataflow in column batches: row x holds the tracked segments written by x or by
+  // any op that happens before x.
+  const std::vector<std::size_t> order = graph.topological_order();
+  std::vector<char> src_written(n_ops, 0), dst_written(n_ops, 0);
+  const std::size_t total_words = (n_ids + 63) / 64;
+  const std::size_t words =
+      std::min(total_words, std::max<std::size_t>(1, kMaxBitsetWords / std::max<std::size_t>(n_ops, 1)));
+  std::vector<uint64_t> rows;
+  for (std::size_t base = 0; base < n_ids; base += 64 * words) {
+    rows.assign(n_ops * words, 0);
+    for (std::size_t x : order) {
+      uint64_t* row = rows.data() + x * words;
+      for (std::size_t p : graph.predecessors(x)) {
+        const uint64_t* pred = rows.data() + p * words;
+        for (std::size_t w = 0; w < words; ++w) row[w] |= pred[w];
+      }
+      if (any_bit(row, words, base, ids[x].src)) src_written[x] = 1;
+      if (any_bit(row, words, base, ids[x].dst)) dst_written[x] = 1;
+      set_bits(row, words, base, ids[x].written);
+    }
+  }
+
+  // Ops that a cycle keeps out of `order` (invalid programs only) stay not pristine.
+  std::vector<char> ordered(n_ops, 0);
+  for (std::size_t x : order) ordered[x] = 1;
+  PremulMap result(program.ranks.size());
+  for (std::size_t r = 0; r < program.ranks.size(); ++r) {
+    const auto& tbs = program.ranks[r].threadblocks;
+    result[r].resize(tbs.size());
+    for (std::size_t t = 0; t < tbs.size(); ++t) result[r][t].resize(tbs[t].ops.size());
+  }
+  for (std::size_t x = 0; x < n_ops; ++x) {
+    if (!ordered[x]) continue;
+    const detail::OpPosition& at = graph.position(x);
+    PremulFlags& flags = result[at.rank][at.tb][at.op];
+    const OpAccess& a = access[x];
+    flags.src = a.reads_src && a.src_read.all_input && !src_written[x];
+    flags.dst = a.reads_dst && a.dst_read.all_input && !dst_written[x];
+  }
+  return result;
+}
+
 }  // namespace efccl::ef

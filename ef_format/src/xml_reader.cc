@@ -41,8 +41,6 @@ std::string quoted_for_message(std::string_view s) {
 
 namespace {
 
-std::string quoted(std::string_view s) { return quoted_for_message(s); }
-
 /// The value of a character reference body ("#65", "#x41"), or nullopt when it is malformed
 /// or names a character outside the accepted ASCII set (tab, LF, CR, 0x20 ... 0x7F).
 std::optional<char> decode_char_reference(std::string_view body) {
@@ -97,7 +95,7 @@ class XmlParser {
       skip_spaces();
       if (pos_ >= text_.size()) break;
       if (text_[pos_] != '<')
-        return failure(pos_, "unexpected text " + quoted(rest()) +
+        return failure(pos_, "unexpected text " + quoted_for_message(rest()) +
                                  "; only white space may appear between elements");
       bool ok = false;
       if (rest().starts_with("<!--")) {
@@ -105,7 +103,7 @@ class XmlParser {
       } else if (rest().starts_with("<!")) {
         ok = reject_markup_declaration();
       } else if (rest().starts_with("<?")) {
-        ok = fail(pos_, "processing instruction " + quoted(rest()) +
+        ok = fail(pos_, "processing instruction " + quoted_for_message(rest()) +
                             " is not accepted; only a leading <?xml ...?> declaration is");
       } else if (rest().starts_with("</")) {
         ok = parse_end_tag();
@@ -173,7 +171,7 @@ class XmlParser {
   /// "found ..." for messages: the text at `offset`, or the end of the document.
   std::string found_at(std::size_t offset) const {
     if (offset >= text_.size()) return "the end of the document";
-    return quoted(text_.substr(offset, 1));
+    return quoted_for_message(text_.substr(offset, 1));
   }
 
   bool parse_declaration() {
@@ -204,7 +202,7 @@ class XmlParser {
                   "entities could expand without bound");
     if (rest().starts_with("<![CDATA["))
       return fail(pos_, "CDATA sections are not accepted: MSCCL files have no text content");
-    return fail(pos_, "markup declaration " + quoted(rest()) + " is not accepted");
+    return fail(pos_, "markup declaration " + quoted_for_message(rest()) + " is not accepted");
   }
 
   bool parse_start_tag() {
@@ -226,13 +224,14 @@ class XmlParser {
     element.line = line_at(start);
     element.offset = start;
     element.first_attribute = static_cast<uint32_t>(doc_.attributes_.size());
-    const std::string tag = "<" + std::string(element.name) + ">";
+    // Messages are built only on failure: this loop runs for every attribute of the file.
+    const auto tag = [&] { return "<" + std::string(element.name) + ">"; };
 
     bool self_closing = false;
     while (true) {
       const bool spaced = skip_spaces();
       if (pos_ >= text_.size())
-        return fail(start, "unexpected end of the document inside the start tag of " + tag);
+        return fail(start, "unexpected end of the document inside the start tag of " + tag());
       if (text_[pos_] == '>') {
         ++pos_;
         break;
@@ -243,17 +242,17 @@ class XmlParser {
           self_closing = true;
           break;
         }
-        return fail(pos_, "expected '/>' to end " + tag + ", found " + found_at(pos_ + 1));
+        return fail(pos_, "expected '/>' to end " + tag() + ", found " + found_at(pos_ + 1));
       }
       if (!spaced)
-        return fail(pos_, "expected white space, '>' or '/>' in " + tag + ", found " +
+        return fail(pos_, "expected white space, '>' or '/>' in " + tag() + ", found " +
                               found_at(pos_));
-      if (!parse_attribute(tag)) return false;
+      if (!parse_attribute(element.name)) return false;
       if (doc_.attributes_.size() >= std::numeric_limits<uint32_t>::max())
         return fail(pos_, "too many attributes in the document");
       ++element.attribute_count;
     }
-    if (!check_unique_attributes(element, tag)) return false;
+    if (!check_unique_attributes(element)) return false;
 
     const auto index = static_cast<uint32_t>(doc_.elements_.size());
     doc_.elements_.push_back(element);
@@ -266,20 +265,21 @@ class XmlParser {
     return true;
   }
 
-  bool parse_attribute(const std::string& tag) {
+  bool parse_attribute(std::string_view element_name) {
+    const auto tag = [&] { return "<" + std::string(element_name) + ">"; };
     XmlAttribute attribute;
     attribute.name = parse_name();
     if (attribute.name.empty())
-      return fail(pos_, "expected an attribute name in " + tag + ", found " + found_at(pos_));
+      return fail(pos_, "expected an attribute name in " + tag() + ", found " + found_at(pos_));
     skip_spaces();
     if (pos_ >= text_.size() || text_[pos_] != '=')
       return fail(pos_, "expected '=' after attribute " + std::string(attribute.name) + " in " +
-                            tag + ", found " + found_at(pos_));
+                            tag() + ", found " + found_at(pos_));
     ++pos_;
     skip_spaces();
     if (pos_ >= text_.size() || (text_[pos_] != '"' && text_[pos_] != '\''))
       return fail(pos_, "expected a quoted value for attribute " + std::string(attribute.name) +
-                            " in " + tag + ", found " + found_at(pos_));
+                            " in " + tag() + ", found " + found_at(pos_));
     if (!parse_attribute_value(attribute)) return false;
     doc_.attributes_.push_back(attribute);
     return true;
@@ -287,7 +287,7 @@ class XmlParser {
 
   /// Reads the quoted value at pos_ into `attribute.value`, decoding references if any.
   bool parse_attribute_value(XmlAttribute& attribute) {
-    const std::string what = "the value of attribute " + std::string(attribute.name);
+    const auto what = [&] { return "the value of attribute " + std::string(attribute.name); };
     const char quote = text_[pos_];
     const std::size_t begin = pos_ + 1;
     const std::size_t available = text_.size() - begin;
@@ -299,17 +299,18 @@ class XmlParser {
     std::size_t i = begin;
     for (; i < scan_end && text_[i] != quote; ++i) {
       const char c = text_[i];
-      if (c == '<') return fail(i, "'<' in " + what + " (write &lt;)");
+      if (c == '<') return fail(i, "'<' in " + what() + " (write &lt;)");
       if (c == '&' || c == '\t' || c == '\n' || c == '\r') {
         needs_decoding = true;
       } else if (static_cast<unsigned char>(c) < 0x20) {
-        return fail(i, "control character " + quoted(text_.substr(i, 1)) + " in " + what);
+        return fail(i, "control character " + quoted_for_message(text_.substr(i, 1)) + " in " +
+                           what());
       }
     }
     if (i == scan_end) {
       if (scan_end == text_.size())
-        return fail(pos_, "unexpected end of the document inside " + what);
-      return fail(pos_, what + " is longer than the limit of " +
+        return fail(pos_, "unexpected end of the document inside " + what());
+      return fail(pos_, what() + " is longer than the limit of " +
                             std::to_string(limits_.max_attribute_bytes) + " bytes");
     }
     const std::string_view raw = text_.substr(begin, i - begin);
@@ -335,13 +336,14 @@ class XmlParser {
       const std::size_t semicolon = raw.substr(k + 1, kMaxReferenceBody + 1).find(';');
       const std::size_t offset = begin + k;
       if (semicolon == std::string_view::npos)
-        return fail(offset, "'&' in " + what +
+        return fail(offset, "'&' in " + what() +
                                 " does not start a reference ending in ';' (write &amp;)");
       const std::string_view body = raw.substr(k + 1, semicolon);
       const std::optional<char> value = body.starts_with("#") ? decode_char_reference(body)
                                                               : decode_predefined_entity(body);
       if (!value)
-        return fail(offset, "reference " + quoted(raw.substr(k, semicolon + 2)) + " in " + what +
+        return fail(offset, "reference " + quoted_for_message(raw.substr(k, semicolon + 2)) +
+                                " in " + what() +
                                 " is not accepted; only &lt; &gt; &amp; &quot; &apos; and "
                                 "character references to tab, LF, CR and 0x20-0x7F are");
       decoded += *value;
@@ -354,7 +356,7 @@ class XmlParser {
 
   /// Rejects a repeated attribute name: pairwise for the usual few attributes, by sorting a
   /// copy of the names for many, so that hostile elements stay linear-logarithmic.
-  bool check_unique_attributes(const XmlElement& element, const std::string& tag) {
+  bool check_unique_attributes(const XmlElement& element) {
     const auto attributes = doc_.attributes(element);
     const XmlAttribute* repeated = nullptr;
     constexpr std::size_t kPairwiseLimit = 16;
@@ -375,7 +377,8 @@ class XmlParser {
     }
     if (!repeated) return true;
     return fail(static_cast<std::size_t>(repeated->name.data() - text_.data()),
-                "duplicate attribute " + std::string(repeated->name) + " in " + tag);
+                "duplicate attribute " + std::string(repeated->name) + " in <" +
+                    std::string(element.name) + ">");
   }
 
   bool parse_end_tag() {
