@@ -532,7 +532,9 @@ class StructureReader {
       if (is_known) continue;
       std::string expected;
       for (std::string_view k : known) expected += (expected.empty() ? "" : ", ") + std::string(k);
-      report(at, "unknown field " + in_quotes(key) + "; expected one of: " + expected);
+      // The pointer names the unknown member itself (shortened: keys can be megabytes).
+      report(at + "/" + pointer_token(printable(key)),
+             "unknown field " + in_quotes(key) + "; expected one of: " + expected);
     }
     return true;
   }

@@ -78,6 +78,11 @@ bool op_reduces(OpCode op) {
          op == OpCode::kRecvReduceSend || op == OpCode::kRecvReduceCopySend;
 }
 
+bool collective_reduces(Collective c) {
+  return c == Collective::kAllReduce || c == Collective::kReduceScatter ||
+         c == Collective::kReduce || c == Collective::kCustom;
+}
+
 bool count_is_per_block(Collective c) {
   return c == Collective::kAllGather || c == Collective::kReduceScatter ||
          c == Collective::kAllToAll || c == Collective::kGather || c == Collective::kScatter;

@@ -155,6 +155,9 @@ bool op_writes_dst(OpCode op);///< r, cpy, re, rcs, rrc, rrcs
 bool op_reduces(OpCode op);   ///< re, rrc, rrs, rrcs
 
 // ---- Collective shapes (docs/ef-format.md, "Buffers and chunks") ----
+/// True for collectives whose result is a reduction (allreduce, reducescatter, reduce,
+/// custom); the others move data and ignore the call's operator entirely.
+bool collective_reduces(Collective c);
 /// True for collectives whose NCCL count is per rank-block (allgather, reducescatter,
 /// alltoall, gather, scatter): the call's element total is count * nranks.
 bool count_is_per_block(Collective c);

@@ -1,29 +1,42 @@
 // Element conversions and reductions with the GPU interpreter's rounding (docs/ef-format.md,
 // "Datatypes and reductions"): half, bfloat16 and fp8 are computed in float and rounded once
 // to nearest-even; fp8 saturates to the largest finite value; integers wrap.
+//
+// Conversions from float are bit-exact round-to-nearest-even, subnormals included. A NaN input
+// becomes the canonical NaN the GPU's cvt instructions produce (0x7FFF for half and bfloat16,
+// 0x7F for both fp8 formats); its sign and payload are not kept.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "efccl/ef/datatype.h"
 
 namespace efccl::host {
 
-uint16_t float_to_half(float f);
-float half_to_float(uint16_t h);
-uint16_t float_to_bfloat16(float f);
-float bfloat16_to_float(uint16_t b);
-uint8_t float_to_fp8_e4m3(float f);  ///< round-to-nearest-even, saturating to +-448, NaN kept
-float fp8_e4m3_to_float(uint8_t v);
-uint8_t float_to_fp8_e5m2(float f);  ///< round-to-nearest-even, saturating to +-57344, NaN kept
-float fp8_e5m2_to_float(uint8_t v);
+uint16_t float_to_half(float f);      ///< overflow rounds to +-inf (IEEE binary16)
+float half_to_float(uint16_t h);      ///< exact
+uint16_t float_to_bfloat16(float f);  ///< overflow rounds to +-inf
+float bfloat16_to_float(uint16_t b);  ///< exact
+/// Round-to-nearest-even, saturating to +-448 (finite overflow and +-inf alike), NaN kept.
+uint8_t float_to_fp8_e4m3(float f);
+float fp8_e4m3_to_float(uint8_t v);  ///< exact; S.1111.111 decodes as NaN
+/// Round-to-nearest-even, saturating to +-57344 (finite overflow and +-inf alike, as CUDA's
+/// __NV_SATFINITE conversion), NaN kept. Stored infinities (S.11111.00) still decode as inf.
+uint8_t float_to_fp8_e5m2(float f);
+float fp8_e5m2_to_float(uint8_t v);  ///< exact
 
-/// dst[i] = dst[i] (op) src[i] for n elements of type t (op is sum, prod, min or max:
-/// avg/premulsum reduce with sum after the pre-multiplication).
+/// dst[i] = dst[i] (op) src[i] for n elements of type t: dst is the left operand. avg and
+/// premulsum reduce with sum (their scaling is separate). min/max on floating types follow IEEE
+/// minNum/maxNum (a NaN operand loses to a number) with -0 < +0, and return one operand's bits.
 void reduce_elements(ef::DataType t, ef::RedOp op, void* dst, const void* src, std::size_t n);
-/// dst[i] = src[i] * scalar, rounded to t (premulsum's pre-multiplication).
+/// dst[i] = src[i] * scalar (premulsum's pre-multiplication). Floating types: the scalar is
+/// rounded to the type first and the product rounded once. Integer types: the scalar is
+/// truncated toward zero (saturating to int64_t, NaN -> 0), wrapped to the type, and the product
+/// wraps. dst may equal src.
 void scale_elements(ef::DataType t, double scalar, void* dst, const void* src, std::size_t n);
-/// Integer avg: dst[i] /= divisor (truncating toward zero, as C++ integer division).
+/// data[i] /= divisor: integer avg's final step, truncating toward zero as C++ integer division;
+/// floating types divide and round once. A divisor of 0 leaves data unchanged.
 void divide_elements(ef::DataType t, uint64_t divisor, void* data, std::size_t n);
 
 }  // namespace efccl::host

@@ -1,0 +1,113 @@
+// The GPU interpreter: runs an EF program on CUDA devices, one kernel launch per device per
+// call, with exactly the results of the host reference executor (docs/ef-format.md).
+//
+//   auto executor = device::DeviceExecutor::create(program, {0, 0, 1, 1});  // rank -> GPU
+//   device::RunArgs args{...};                // count, dtype, op, per-rank buffers, streams
+//   Status s = executor.value()->run_and_wait(args);
+//
+// Several ranks may share a GPU; every threadblock of every local rank is one CTA of that
+// device's launch, and the grid must be co-resident (checked before launching: a CTA spins on
+// others). Connections are FIFOs of `connection_slots` slots in the receiver's memory, filled
+// by the sender through peer access. Their counters and the dependency flags are never reset
+// between calls, so a call can be captured in a CUDA graph and replayed.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "efccl/ef/datatype.h"
+#include "efccl/ef/program.h"
+#include "efccl/ef/status.h"
+#include "efccl/ef/validate.h"
+
+namespace efccl::device {
+
+/// Fixed for the executor's lifetime (they size the device memory it allocates).
+struct ExecutorConfig {
+  /// Payload bytes of one connection slot. A unit (one tile of one chunk) has
+  /// max(1, slot_bytes / sizeof(element)) elements. Results do not depend on it (§5).
+  std::size_t slot_bytes = std::size_t{128} << 10;
+  /// Slots per connection (NCCL_STEPS); validation's capacity check uses the same number.
+  int connection_slots = ef::kDefaultConnectionSlots;
+  /// CTA size; halved (down to 64) for a (datatype, operator) kernel whose grid would not be
+  /// co-resident otherwise. A multiple of 32 in [64, 512].
+  int max_threads_per_block = 256;
+  /// Tests only: accept programs that validation proves to block (rules `deadlock` and
+  /// `capacity`); they run into the timeout, which reports the blocked threadblock. Every other
+  /// rule is always enforced, so a malformed program never reaches the GPU.
+  bool allow_blocking_programs = false;
+};
+
+/// One call, as the NCCL API describes it.
+struct RunArgs {
+  uint64_t count = 0;  ///< NCCL's count argument for the program's collective
+  ef::DataType dtype = ef::DataType::kFloat32;
+  ef::RedOp op = ef::RedOp::kSum;
+  bool inplace = false;
+  /// premulsum: one scalar per rank (empty: 1.0 for every rank). avg derives 1/nranks itself.
+  std::vector<double> premul_scalars;
+  /// Per rank (index = rank): the API's send and receive buffers, device pointers on the
+  /// rank's GPU. Null where the API has none for the rank (e.g. the output of a non-root rank
+  /// of reduce). In-place calls alias them exactly as NCCL does (docs/ef-format.md §2; checked).
+  std::vector<const void*> inputs;
+  std::vector<void*> outputs;
+  /// One stream per entry of DeviceExecutor::devices(), in that order.
+  std::vector<cudaStream_t> streams;
+  /// A wait that sees no progress for this long fails the call (must be > 0).
+  std::chrono::nanoseconds timeout = std::chrono::seconds(10);
+};
+
+/// Owns everything one program needs on its GPUs: uploaded op tables, connection FIFOs,
+/// dependency flags, scratch. Calls on one executor must be ordered on the same streams.
+class DeviceExecutor {
+ public:
+  /// Validates `program` (ef::validate with config.connection_slots), enables peer access
+  /// between the GPUs it connects, and uploads it. `rank_devices[r]` is rank r's CUDA device.
+  static StatusOr<std::unique_ptr<DeviceExecutor>> create(const ef::Program& program,
+                                                          std::vector<int> rank_devices,
+                                                          const ExecutorConfig& config = {});
+  /// Waits for launches still in flight, then frees the device memory.
+  ~DeviceExecutor();
+  DeviceExecutor(const DeviceExecutor&) = delete;
+  DeviceExecutor& operator=(const DeviceExecutor&) = delete;
+
+  /// The CUDA devices used, ascending; RunArgs::streams follows this order.
+  const std::vector<int>& devices() const;
+  const ef::Program& program() const;
+
+  /// Sizes the executor-owned buffers (scratch, and program buffers the API does not provide)
+  /// for calls up to `count` elements of `dtype`. run() grows them on demand, which is not
+  /// allowed while a stream is being captured: call reserve() (or run once) before capturing.
+  /// Buffers replaced by a growth stay allocated, so earlier captured graphs remain valid.
+  Status reserve(uint64_t count, ef::DataType dtype);
+
+  /// Enqueues the call: one interpreter launch per device (plus, for avg on integers, a small
+  /// division kernel after it). Returns without waiting; errors found later by the kernels
+  /// surface through wait() / error_status().
+  Status run(const RunArgs& args);
+  /// Synchronises the call's streams, then reports error_status().
+  Status wait(const RunArgs& args);
+  Status run_and_wait(const RunArgs& args);
+
+  /// Non-blocking: the first failure posted by a kernel (timeout, abort), naming the rank,
+  /// threadblock, op, iteration and what it waited for; ok when there is none.
+  Status error_status() const;
+  /// Thread-safe: makes every waiting CTA give up within about a millisecond.
+  void abort();
+  /// After a failure or abort: waits for the devices, clears every counter, flag and error,
+  /// and makes the executor usable again.
+  Status reset();
+
+  struct Impl;
+
+ private:
+  explicit DeviceExecutor(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace efccl::device

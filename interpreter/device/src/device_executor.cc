@@ -1,0 +1,930 @@
+// DeviceExecutor: turns a validated ef::Program into the kernel's tables (kernel_params.h),
+// owns the device memory behind them, and launches one interpreter kernel per device per call.
+#include "efccl/device/device_executor.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "efccl/ef/premul_analysis.h"
+#include "interpreter_kernel.h"
+#include "kernel_params.h"
+
+namespace efccl::device {
+namespace {
+
+static_assert(static_cast<int>(ef::OpCode::kSend) == kOpSend &&
+                  static_cast<int>(ef::OpCode::kRecv) == kOpRecv &&
+                  static_cast<int>(ef::OpCode::kCopy) == kOpCopy &&
+                  static_cast<int>(ef::OpCode::kReduce) == kOpReduce &&
+                  static_cast<int>(ef::OpCode::kRecvCopySend) == kOpRecvCopySend &&
+                  static_cast<int>(ef::OpCode::kRecvReduceCopy) == kOpRecvReduceCopy &&
+                  static_cast<int>(ef::OpCode::kRecvReduceSend) == kOpRecvReduceSend &&
+                  static_cast<int>(ef::OpCode::kRecvReduceCopySend) == kOpRecvReduceCopySend &&
+                  static_cast<int>(ef::OpCode::kNop) == kOpNop,
+              "OpKind mirrors ef::OpCode");
+static_assert(static_cast<int>(ef::BufferKind::kInput) == kBufferInput &&
+                  static_cast<int>(ef::BufferKind::kOutput) == kBufferOutput &&
+                  static_cast<int>(ef::BufferKind::kScratch) == kBufferScratch,
+              "BufferIndex mirrors ef::BufferKind");
+static_assert(sizeof(KernelParams) <= 4096, "kernel parameters must fit the classic 4 KiB limit");
+
+Status cuda_error(const std::string& what, cudaError_t e) {
+  return Status::error(what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+}
+
+#define EFCCL_CUDA_RETURN(call, what)                   \
+  do {                                                  \
+    const cudaError_t efccl_e = (call);                 \
+    if (efccl_e != cudaSuccess) return cuda_error((what), efccl_e); \
+  } while (0)
+
+/// Makes `device` current for a scope.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    cudaGetDevice(&previous_);
+    cudaSetDevice(device);
+  }
+  ~DeviceScope() { cudaSetDevice(previous_); }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+/// cudaMalloc'd memory on one device, zero-filled.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(bytes_, o.bytes_);
+    std::swap(device_, o.device_);
+    return *this;
+  }
+  ~DeviceBuffer() {
+    if (ptr_ != nullptr) {
+      DeviceScope scope(device_);
+      cudaFree(ptr_);
+    }
+  }
+
+  Status allocate(int device, std::size_t bytes) {
+    DeviceScope scope(device);
+    device_ = device;
+    bytes_ = bytes;
+    EFCCL_CUDA_RETURN(cudaMalloc(&ptr_, std::max<std::size_t>(bytes, 16)),
+                      "cudaMalloc(" + std::to_string(bytes) + " bytes) on device " +
+                          std::to_string(device));
+    EFCCL_CUDA_RETURN(cudaMemset(ptr_, 0, std::max<std::size_t>(bytes, 16)), "cudaMemset");
+    return Status::ok();
+  }
+  template <typename T>
+  Status upload(int device, const std::vector<T>& values) {
+    if (Status s = allocate(device, values.size() * sizeof(T)); !s) return s;
+    if (values.empty()) return Status::ok();
+    DeviceScope scope(device);
+    EFCCL_CUDA_RETURN(cudaMemcpy(ptr_, values.data(), values.size() * sizeof(T),
+                                 cudaMemcpyHostToDevice),
+                      "uploading the program to device " + std::to_string(device));
+    return Status::ok();
+  }
+  Status zero() {
+    if (ptr_ == nullptr) return Status::ok();
+    DeviceScope scope(device_);
+    EFCCL_CUDA_RETURN(cudaMemset(ptr_, 0, bytes_), "cudaMemset");
+    return Status::ok();
+  }
+
+  template <typename T = char>
+  T* get() const {
+    return static_cast<T*>(ptr_);
+  }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+  int device_ = 0;
+};
+
+/// Pinned host memory mapped into every device's address space (host writes, GPU polls).
+class MappedHostBuffer {
+ public:
+  MappedHostBuffer() = default;
+  MappedHostBuffer(const MappedHostBuffer&) = delete;
+  MappedHostBuffer& operator=(const MappedHostBuffer&) = delete;
+  ~MappedHostBuffer() {
+    if (ptr_ != nullptr) cudaFreeHost(ptr_);
+  }
+  Status allocate(std::size_t bytes) {
+    EFCCL_CUDA_RETURN(cudaHostAlloc(&ptr_, bytes, cudaHostAllocMapped | cudaHostAllocPortable),
+                      "cudaHostAlloc (mapped)");
+    std::memset(ptr_, 0, bytes);
+    bytes_ = bytes;
+    return Status::ok();
+  }
+  char* get() const { return static_cast<char*>(ptr_); }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+std::size_t align_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
+
+/// premulsum's scalar as an integer type sees it: truncated toward zero into int64_t
+/// (saturating, NaN -> 0), then wrapped to the type by the kernel (host::scale_elements).
+int64_t integer_scalar(double scalar) {
+  if (std::isnan(scalar)) return 0;
+  constexpr double kLimit = 9223372036854775808.0;  // 2^63
+  if (scalar >= kLimit) return std::numeric_limits<int64_t>::max();
+  if (scalar < -kLimit) return std::numeric_limits<int64_t>::min();
+  return static_cast<int64_t>(scalar);
+}
+
+bool is_integer(ef::DataType t) { return !ef::is_floating(t); }
+
+/// A connection (sender, receiver, channel) and where its two ends live.
+struct ConnectionPlan {
+  int sender = 0, receiver = 0, channel = 0;
+  int send_tb = -1, recv_tb = -1;
+  std::size_t recv_offset = 0;  ///< in the receiver device's FIFO arena
+  std::size_t send_offset = 0;  ///< in the sender device's counter arena
+  int send_index = -1;          ///< in the sender device's SendConnection table
+  int recv_index = -1;          ///< in the receiver device's RecvConnection table
+};
+
+// Layout of one connection's memory.
+constexpr std::size_t kTailOffset = 0;                      // receiver: written by the sender
+constexpr std::size_t kRecvPositionOffset = kCounterStride; // receiver: its pop count
+constexpr std::size_t kSlotsOffset = 2 * kCounterStride;    // receiver: the slots
+constexpr std::size_t kHeadOffset = 0;                      // sender: written by the receiver
+constexpr std::size_t kSendPositionOffset = kCounterStride; // sender: its push count
+constexpr std::size_t kSendEndBytes = 2 * kCounterStride;
+
+}  // namespace
+
+/// Everything one device of the executor owns.
+struct LocalDevice {
+  int device = 0;
+  int sm_count = 0;
+  std::vector<int> ranks;  ///< global ranks served by this device's launch, ascending
+  uint32_t nblocks = 0;
+  DeviceBuffer threadblocks, ops, deps, flags, sends, recvs, state;
+  DeviceBuffer divide_segments;  ///< integer avg's result regions (DivideSegment)
+  uint32_t ndivide_segments = 0;
+  int64_t largest_divide_chunks = 0;
+  DeviceBuffer fifo_arena;     ///< slots and counters of connections received here
+  DeviceBuffer counter_arena;  ///< head and position of connections sent from here
+  /// Chosen CTA size per (dtype, reduction): 0 = not yet chosen, -1 = cannot be co-resident.
+  int threads[ef::kNumDataTypes][4] = {};
+  int max_blocks_seen[ef::kNumDataTypes][4] = {};
+  /// Executor-owned memory per local rank (scratch, buffers the API does not provide).
+  std::vector<DeviceBuffer> private_memory;
+  std::vector<DeviceBuffer> retired;  ///< kept alive for graphs captured before a growth
+};
+
+struct DeviceExecutor::Impl {
+  ef::Program program;
+  std::vector<int> rank_devices;
+  ExecutorConfig config;
+  std::vector<int> devices;
+  std::vector<LocalDevice> locals;
+  std::vector<int> rank_local_device;  ///< rank -> index into locals
+  std::vector<int> rank_local_index;   ///< rank -> index into that device's ranks
+  std::size_t slot_stride = 0;
+  MappedHostBuffer host_mapped;  ///< StopSignals, then one ErrorRecord per device
+
+  StopSignals* signals() const { return reinterpret_cast<StopSignals*>(host_mapped.get()); }
+  ErrorRecord* record(std::size_t device_index) const {
+    return reinterpret_cast<ErrorRecord*>(host_mapped.get() + align_up(sizeof(StopSignals), 64)) +
+           device_index;
+  }
+
+  Status build();
+  Status build_device(LocalDevice& local, const std::vector<ConnectionPlan>& connections,
+                      const ef::PremulMap* outofplace, const ef::PremulMap* inplace);
+  Status ensure_private_memory(uint64_t chunk_elements, std::size_t element_size,
+                               const std::vector<cudaStream_t>* streams);
+  std::size_t private_bytes(int rank, uint64_t chunk_elements, uint64_t count,
+                            std::size_t element_size) const;
+  Status choose_threads(LocalDevice& local, int dtype, int reduction, int* threads);
+  Status map_buffers(const LocalDevice& local, std::size_t local_index, const RunArgs& args,
+                     uint64_t chunk_elements, std::size_t element_size, RankCallArgs& out) const;
+  std::string describe(std::size_t device_index, const ErrorRecord& e) const;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Construction
+
+StatusOr<std::unique_ptr<DeviceExecutor>> DeviceExecutor::create(const ef::Program& program,
+                                                                 std::vector<int> rank_devices,
+                                                                 const ExecutorConfig& config) {
+  if (program.nranks <= 0 || static_cast<std::size_t>(program.nranks) != program.ranks.size())
+    return Status::error("program has no ranks (nranks " + std::to_string(program.nranks) + ")");
+  if (rank_devices.size() != program.ranks.size())
+    return Status::error("rank_devices has " + std::to_string(rank_devices.size()) +
+                         " entries; the program has " + std::to_string(program.nranks) +
+                         " ranks");
+  if (config.slot_bytes == 0 || config.slot_bytes > (std::size_t{1} << 30))
+    return Status::error("slot_bytes must be in [1, 1 GiB], got " +
+                         std::to_string(config.slot_bytes));
+  if (config.connection_slots < 1 || config.connection_slots > 1024)
+    return Status::error("connection_slots must be in [1, 1024], got " +
+                         std::to_string(config.connection_slots));
+  if (config.max_threads_per_block < 64 || config.max_threads_per_block > kMaxThreadsPerBlock ||
+      config.max_threads_per_block % 32 != 0)
+    return Status::error("max_threads_per_block must be a multiple of 32 in [64, " +
+                         std::to_string(kMaxThreadsPerBlock) + "], got " +
+                         std::to_string(config.max_threads_per_block));
+
+  ef::ValidateOptions vo;
+  vo.connection_slots = config.connection_slots;
+  std::string problems;
+  for (const auto& d : ef::validate(program, vo)) {
+    if (config.allow_blocking_programs && (d.rule == "deadlock" || d.rule == "capacity")) continue;
+    problems += "\n  " + d.to_string();
+  }
+  if (!problems.empty()) return Status::error("program is not valid:" + problems);
+
+  int ndevices = 0;
+  EFCCL_CUDA_RETURN(cudaGetDeviceCount(&ndevices), "cudaGetDeviceCount");
+  for (std::size_t r = 0; r < rank_devices.size(); ++r)
+    if (rank_devices[r] < 0 || rank_devices[r] >= ndevices)
+      return Status::error("rank " + std::to_string(r) + " is mapped to device " +
+                           std::to_string(rank_devices[r]) + "; " + std::to_string(ndevices) +
+                           " CUDA devices are visible");
+
+  auto impl = std::make_unique<Impl>();
+  impl->program = program;
+  impl->rank_devices = std::move(rank_devices);
+  impl->config = config;
+  if (Status s = impl->build(); !s) return s;
+  return std::unique_ptr<DeviceExecutor>(new DeviceExecutor(std::move(impl)));
+}
+
+DeviceExecutor::DeviceExecutor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+DeviceExecutor::~DeviceExecutor() {
+  // cudaFree would synchronise anyway; doing it first keeps the order explicit. A stuck
+  // launch ends by its own timeout.
+  for (int d : impl_->devices) {
+    DeviceScope scope(d);
+    cudaDeviceSynchronize();
+  }
+}
+
+const std::vector<int>& DeviceExecutor::devices() const { return impl_->devices; }
+const ef::Program& DeviceExecutor::program() const { return impl_->program; }
+
+Status DeviceExecutor::Impl::build() {
+  const ef::Program& p = program;
+  const int n = p.nranks;
+  devices = rank_devices;
+  std::sort(devices.begin(), devices.end());
+  devices.erase(std::unique(devices.begin(), devices.end()), devices.end());
+  locals.resize(devices.size());
+  rank_local_device.resize(n);
+  rank_local_index.resize(n);
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    locals[i].device = devices[i];
+    EFCCL_CUDA_RETURN(cudaDeviceGetAttribute(&locals[i].sm_count, cudaDevAttrMultiProcessorCount,
+                                             devices[i]),
+                      "cudaDeviceGetAttribute(MultiProcessorCount)");
+  }
+  for (int r = 0; r < n; ++r) {
+    const auto d = std::lower_bound(devices.begin(), devices.end(), rank_devices[r]) - devices.begin();
+    rank_local_device[r] = static_cast<int>(d);
+    rank_local_index[r] = static_cast<int>(locals[d].ranks.size());
+    locals[d].ranks.push_back(r);
+  }
+  for (const auto& local : locals)
+    if (local.ranks.size() > static_cast<std::size_t>(kMaxLocalRanks))
+      return Status::error("device " + std::to_string(local.device) + " serves " +
+                           std::to_string(local.ranks.size()) + " ranks; one launch serves at most " +
+                           std::to_string(kMaxLocalRanks));
+
+  // Connections: (sender, receiver, channel) -> both threadblocks. Validation guarantees that
+  // each exists exactly once on each side.
+  std::map<std::tuple<int, int, int>, ConnectionPlan> by_key;
+  for (int r = 0; r < n; ++r) {
+    const auto& tbs = p.ranks[r].threadblocks;
+    for (std::size_t t = 0; t < tbs.size(); ++t) {
+      const auto& tb = tbs[t];
+      if (tb.send_peer >= 0) {
+        auto& c = by_key[{r, tb.send_peer, tb.channel}];
+        c.sender = r, c.receiver = tb.send_peer, c.channel = tb.channel;
+        c.send_tb = static_cast<int>(t);
+      }
+      if (tb.recv_peer >= 0) {
+        auto& c = by_key[{tb.recv_peer, r, tb.channel}];
+        c.sender = tb.recv_peer, c.receiver = r, c.channel = tb.channel;
+        c.recv_tb = static_cast<int>(t);
+      }
+    }
+  }
+  std::vector<ConnectionPlan> connections;
+  for (auto& [key, c] : by_key) {
+    if (c.send_tb < 0 || c.recv_tb < 0)
+      return Status::error("connection " + std::to_string(c.sender) + "->" +
+                           std::to_string(c.receiver) + " ch " + std::to_string(c.channel) +
+                           " has only one side");
+    connections.push_back(c);
+  }
+
+  // Peer access both ways between connected devices: the sender writes slots and tail into
+  // the receiver's memory, the receiver writes head into the sender's.
+  std::set<std::pair<int, int>> pairs;
+  for (const auto& c : connections) {
+    const int a = rank_devices[c.sender], b = rank_devices[c.receiver];
+    if (a != b) pairs.insert({std::min(a, b), std::max(a, b)});
+  }
+  for (const auto& [a, b] : pairs) {
+    for (const auto& [from, to] : {std::pair{a, b}, std::pair{b, a}}) {
+      int can = 0;
+      EFCCL_CUDA_RETURN(cudaDeviceCanAccessPeer(&can, from, to), "cudaDeviceCanAccessPeer");
+      if (can == 0)
+        return Status::error("device " + std::to_string(from) + " cannot access device " +
+                             std::to_string(to) +
+                             " directly (peer access); host-staged connections are not "
+                             "implemented");
+      DeviceScope scope(from);
+      const cudaError_t e = cudaDeviceEnablePeerAccess(to, 0);
+      if (e == cudaErrorPeerAccessAlreadyEnabled) {
+        cudaGetLastError();  // clear the sticky-free "already enabled" error
+      } else if (e != cudaSuccess) {
+        return cuda_error("cudaDeviceEnablePeerAccess(" + std::to_string(from) + " -> " +
+                              std::to_string(to) + ")",
+                          e);
+      }
+    }
+  }
+
+  // FIFO layout: per connection, counters then slots in the receiver's arena; head and the
+  // sender's position in the sender's arena. A slot holds at least one element of any type.
+  slot_stride = align_up(std::max<std::size_t>(config.slot_bytes, 16), 16);
+  const std::size_t fifo_bytes =
+      align_up(kSlotsOffset + slot_stride * static_cast<std::size_t>(config.connection_slots),
+               kCounterStride);
+  std::vector<std::size_t> fifo_size(locals.size(), 0), counter_size(locals.size(), 0);
+  std::vector<int> nsends(locals.size(), 0), nrecvs(locals.size(), 0);
+  for (auto& c : connections) {
+    const int sd = rank_local_device[c.sender], rd = rank_local_device[c.receiver];
+    c.recv_offset = fifo_size[rd];
+    fifo_size[rd] += fifo_bytes;
+    c.send_offset = counter_size[sd];
+    counter_size[sd] += kSendEndBytes;
+    c.send_index = nsends[sd]++;
+    c.recv_index = nrecvs[rd]++;
+  }
+  for (std::size_t i = 0; i < locals.size(); ++i) {
+    if (Status s = locals[i].fifo_arena.allocate(locals[i].device, fifo_size[i]); !s) return s;
+    if (Status s = locals[i].counter_arena.allocate(locals[i].device, counter_size[i]); !s)
+      return s;
+  }
+
+  // Host-mapped stop signals and error records.
+  if (Status s = host_mapped.allocate(align_up(sizeof(StopSignals), 64) +
+                                      locals.size() * sizeof(ErrorRecord));
+      !s)
+    return s;
+
+  // premul flags for the modes the program allows.
+  std::optional<ef::PremulMap> outofplace_map, inplace_map;
+  if (p.outofplace) outofplace_map = ef::analyze_premul(p, /*inplace=*/false);
+  if (p.inplace) inplace_map = ef::analyze_premul(p, /*inplace=*/true);
+
+  for (std::size_t i = 0; i < locals.size(); ++i) {
+    if (Status s = build_device(locals[i], connections, outofplace_map ? &*outofplace_map : nullptr,
+                                inplace_map ? &*inplace_map : nullptr);
+        !s)
+      return s;
+    locals[i].private_memory.resize(locals[i].ranks.size());
+  }
+  return Status::ok();
+}
+
+Status DeviceExecutor::Impl::build_device(LocalDevice& local,
+                                          const std::vector<ConnectionPlan>& connections,
+                                          const ef::PremulMap* outofplace,
+                                          const ef::PremulMap* inplace) {
+  const ef::Program& p = program;
+  const std::size_t local_index = &local - locals.data();
+
+  // Connection tables, and each threadblock's entries in them.
+  std::vector<SendConnection> sends;
+  std::vector<RecvConnection> recvs;
+  std::map<std::pair<int, int>, int> send_of, recv_of;  // (rank, tb) -> table index
+  for (const auto& c : connections) {
+    const auto sd = static_cast<std::size_t>(rank_local_device[c.sender]);
+    const auto rd = static_cast<std::size_t>(rank_local_device[c.receiver]);
+    char* fifo = locals[rd].fifo_arena.get() + c.recv_offset;
+    char* counters = locals[sd].counter_arena.get() + c.send_offset;
+    if (sd == local_index) {
+      SendConnection s{};
+      s.slots = fifo + kSlotsOffset;
+      s.tail = reinterpret_cast<uint64_t*>(fifo + kTailOffset);
+      s.head = reinterpret_cast<uint64_t*>(counters + kHeadOffset);
+      s.position = reinterpret_cast<uint64_t*>(counters + kSendPositionOffset);
+      s.slot_stride = slot_stride;
+      s.nslots = static_cast<uint32_t>(config.connection_slots);
+      s.peer = c.receiver;
+      s.channel = c.channel;
+      send_of[{c.sender, c.send_tb}] = static_cast<int>(sends.size());
+      sends.push_back(s);
+    }
+    if (rd == local_index) {
+      RecvConnection r{};
+      r.slots = fifo + kSlotsOffset;
+      r.tail = reinterpret_cast<uint64_t*>(fifo + kTailOffset);
+      r.head = reinterpret_cast<uint64_t*>(counters + kHeadOffset);
+      r.position = reinterpret_cast<uint64_t*>(fifo + kRecvPositionOffset);
+      r.slot_stride = slot_stride;
+      r.nslots = static_cast<uint32_t>(config.connection_slots);
+      r.peer = c.sender;
+      r.channel = c.channel;
+      recv_of[{c.receiver, c.recv_tb}] = static_cast<int>(recvs.size());
+      recvs.push_back(r);
+    }
+  }
+
+  // Threadblocks, ops, dependencies, flags.
+  std::vector<ThreadblockDesc> tbs;
+  std::vector<OpDesc> ops;
+  std::vector<DepDesc> deps;
+  uint64_t nflags = 0;
+  for (std::size_t li = 0; li < local.ranks.size(); ++li) {
+    const int r = local.ranks[li];
+    const auto& rank = p.ranks[r];
+    std::vector<uint64_t> flag_base(rank.threadblocks.size());
+    std::set<std::pair<int, int>> depended_on;
+    for (std::size_t t = 0; t < rank.threadblocks.size(); ++t) {
+      flag_base[t] = nflags;
+      nflags += rank.threadblocks[t].ops.size();
+      for (const auto& op : rank.threadblocks[t].ops)
+        for (const auto& d : op.deps) depended_on.insert({d.tb, d.op});
+    }
+    for (std::size_t t = 0; t < rank.threadblocks.size(); ++t) {
+      const auto& tb = rank.threadblocks[t];
+      ThreadblockDesc desc{};
+      desc.local_rank = static_cast<int32_t>(li);
+      desc.rank = r;
+      desc.tb = static_cast<int32_t>(t);
+      desc.send = tb.send_peer >= 0 ? send_of.at({r, static_cast<int>(t)}) : -1;
+      desc.recv = tb.recv_peer >= 0 ? recv_of.at({r, static_cast<int>(t)}) : -1;
+      desc.op_begin = static_cast<uint32_t>(ops.size());
+      desc.op_count = static_cast<uint32_t>(tb.ops.size());
+      desc.flag_begin = static_cast<uint32_t>(flag_base[t]);
+      tbs.push_back(desc);
+      for (std::size_t o = 0; o < tb.ops.size(); ++o) {
+        const ef::Op& op = tb.ops[o];
+        OpDesc od{};
+        od.code = static_cast<uint8_t>(op.code);
+        od.count = op.code == ef::OpCode::kNop ? 0 : op.count;
+        if (op.src) {
+          od.src_buffer = static_cast<uint8_t>(op.src->buffer);
+          od.src_chunk = op.src->offset;
+        }
+        if (op.dst) {
+          od.dst_buffer = static_cast<uint8_t>(op.dst->buffer);
+          od.dst_chunk = op.dst->offset;
+        }
+        auto bits = [&](const ef::PremulMap* map) {
+          if (map == nullptr) return 0;
+          const ef::PremulFlags& f = (*map)[r][t][o];
+          return (f.src ? kPremulSrc : 0) | (f.dst ? kPremulDst : 0);
+        };
+        od.premul = static_cast<uint8_t>((bits(outofplace) << kPremulShiftOutOfPlace) |
+                                         (bits(inplace) << kPremulShiftInPlace));
+        od.publishes = depended_on.count({static_cast<int>(t), static_cast<int>(o)}) ? 1 : 0;
+        od.dep_begin = static_cast<uint32_t>(deps.size());
+        od.dep_count = static_cast<uint32_t>(op.deps.size());
+        for (const auto& d : op.deps)
+          deps.push_back({static_cast<uint32_t>(flag_base[d.tb] + d.op), d.tb, d.op});
+        ops.push_back(od);
+      }
+    }
+  }
+  if (ops.size() > std::numeric_limits<uint32_t>::max() / 2 ||
+      nflags > std::numeric_limits<uint32_t>::max() / 2 ||
+      deps.size() > std::numeric_limits<uint32_t>::max() / 2)
+    return Status::error("program too large for one launch on device " +
+                         std::to_string(local.device));
+  local.nblocks = static_cast<uint32_t>(tbs.size());
+  if (local.nblocks > static_cast<uint32_t>(std::numeric_limits<int>::max()))
+    return Status::error("too many threadblocks for one launch");
+
+  // Integer avg's result regions, in chunks of the API output (host executor's rule).
+  std::vector<DivideSegment> segments;
+  const int64_t c = p.nchunksperloop;
+  for (std::size_t li = 0; li < local.ranks.size(); ++li) {
+    const int r = local.ranks[li];
+    const auto add = [&](int64_t first, int64_t chunks) {
+      segments.push_back({static_cast<int32_t>(li), 0, first, chunks});
+    };
+    switch (p.collective) {
+      case ef::Collective::kAllReduce:
+        add(0, c);
+        break;
+      case ef::Collective::kReduceScatter:
+        add(0, c / p.nranks);
+        break;
+      case ef::Collective::kReduce:
+        if (r == p.root) add(0, c);
+        break;
+      case ef::Collective::kCustom: {
+        std::set<int64_t> chunks;  // each named chunk once
+        for (const ef::Postcondition& pc : p.postconditions)
+          if (pc.rank == r && pc.index >= 0 && pc.index < p.ranks[r].output_chunks)
+            chunks.insert(pc.index);
+        for (int64_t k : chunks) add(k, 1);
+        break;
+      }
+      default:
+        break;  // collectives without a reduction ignore the operator
+    }
+  }
+  local.ndivide_segments = static_cast<uint32_t>(segments.size());
+  for (const auto& seg : segments)
+    local.largest_divide_chunks = std::max(local.largest_divide_chunks, seg.chunks);
+
+  const int d = local.device;
+  if (Status s = local.divide_segments.upload(d, segments); !s) return s;
+  if (Status s = local.threadblocks.upload(d, tbs); !s) return s;
+  if (Status s = local.ops.upload(d, ops); !s) return s;
+  if (Status s = local.deps.upload(d, deps); !s) return s;
+  if (Status s = local.sends.upload(d, sends); !s) return s;
+  if (Status s = local.recvs.upload(d, recvs); !s) return s;
+  if (Status s = local.flags.allocate(d, nflags * sizeof(uint64_t)); !s) return s;
+  if (Status s = local.state.allocate(d, sizeof(LaunchState)); !s) return s;
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Executor-owned buffers
+
+std::size_t DeviceExecutor::Impl::private_bytes(int r, uint64_t chunk_elements, uint64_t count,
+                                                std::size_t element_size) const {
+  const ef::Rank& rank = program.ranks[r];
+  // Program buffers larger than what the API provides for the rank (e.g. a non-root output of
+  // reduce) live here, after the scratch buffer; each part 256-byte aligned.
+  const uint64_t in = static_cast<uint64_t>(rank.input_chunks) * chunk_elements;
+  const uint64_t out = static_cast<uint64_t>(rank.output_chunks) * chunk_elements;
+  std::size_t bytes = align_up(static_cast<uint64_t>(rank.scratch_chunks) * chunk_elements *
+                                   element_size, 256);
+  if (in > 0 && ef::api_input_elements(program, r, count) == 0)
+    bytes += align_up(in * element_size, 256);
+  if (out > 0 && ef::api_output_elements(program, r, count) == 0)
+    bytes += align_up(out * element_size, 256);
+  return bytes;
+}
+
+Status DeviceExecutor::Impl::ensure_private_memory(uint64_t chunk_elements,
+                                                   std::size_t element_size,
+                                                   const std::vector<cudaStream_t>* streams) {
+  const uint64_t count_total = chunk_elements * static_cast<uint64_t>(program.nchunksperloop);
+  const uint64_t count = ef::count_is_per_block(program.collective)
+                             ? count_total / static_cast<uint64_t>(program.nranks)
+                             : count_total;
+  for (std::size_t i = 0; i < locals.size(); ++i) {
+    LocalDevice& local = locals[i];
+    for (std::size_t li = 0; li < local.ranks.size(); ++li) {
+      const std::size_t need = private_bytes(local.ranks[li], chunk_elements, count, element_size);
+      if (need <= local.private_memory[li].bytes()) continue;
+      if (streams != nullptr) {
+        for (cudaStream_t s : *streams) {
+          cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+          EFCCL_CUDA_RETURN(cudaStreamIsCapturing(s, &status), "cudaStreamIsCapturing");
+          if (status != cudaStreamCaptureStatusNone)
+            return Status::error(
+                "scratch for rank " + std::to_string(local.ranks[li]) + " must grow to " +
+                std::to_string(need) +
+                " bytes, which cannot happen during stream capture: call reserve() or run "
+                "the call once before capturing");
+        }
+      }
+      DeviceBuffer grown;
+      if (Status s = grown.allocate(local.device, need); !s) return s;
+      local.retired.push_back(std::move(local.private_memory[li]));
+      local.private_memory[li] = std::move(grown);
+    }
+  }
+  return Status::ok();
+}
+
+Status DeviceExecutor::reserve(uint64_t count, ef::DataType dtype) {
+  const auto b = ef::chunk_elements(impl_->program, count);
+  if (!b) return Status::error("count " + std::to_string(count) + " is not a multiple of " +
+                               std::to_string(ef::count_granularity(impl_->program)));
+  return impl_->ensure_private_memory(*b, ef::size_of(dtype), nullptr);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launch
+
+Status DeviceExecutor::Impl::choose_threads(LocalDevice& local, int dtype, int reduction,
+                                            int* threads) {
+  int& chosen = local.threads[dtype][reduction];
+  if (chosen == 0) {
+    DeviceScope scope(local.device);
+    chosen = -1;
+    for (int t = config.max_threads_per_block; t >= 64; t /= 2) {
+      int per_sm = 0;
+      EFCCL_CUDA_RETURN(interpreter_blocks_per_sm(dtype, reduction, t, &per_sm),
+                        "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+      local.max_blocks_seen[dtype][reduction] =
+          std::max(local.max_blocks_seen[dtype][reduction], per_sm * local.sm_count);
+      if (static_cast<int64_t>(per_sm) * local.sm_count >= static_cast<int64_t>(local.nblocks)) {
+        chosen = t;
+        break;
+      }
+    }
+  }
+  if (chosen < 0)
+    return Status::error(
+        "device " + std::to_string(local.device) + " must run " + std::to_string(local.nblocks) +
+        " threadblocks at once (the interpreter's CTAs wait on each other), but at most " +
+        std::to_string(local.max_blocks_seen[dtype][reduction]) +
+        " fit even with 64 threads per CTA; map fewer ranks to this GPU");
+  *threads = chosen;
+  return Status::ok();
+}
+
+/// Lays rank `local.ranks[local_index]`'s program buffers over the user's, exactly as the host
+/// executor does: in-place ranks use the shared region (NCCL's aliasing, checked); otherwise each
+/// program buffer is the API buffer, or executor-owned memory where the API has none.
+Status DeviceExecutor::Impl::map_buffers(const LocalDevice& local, std::size_t local_index,
+                                         const RunArgs& args, uint64_t chunk_elements,
+                                         std::size_t size, RankCallArgs& out) const {
+  const ef::Program& p = program;
+  const int r = local.ranks[local_index];
+  const ef::Rank& rank = p.ranks[r];
+  const std::string who = "rank " + std::to_string(r) + ": ";
+  const uint64_t api[2] = {ef::api_input_elements(p, r, args.count),
+                           ef::api_output_elements(p, r, args.count)};
+  const uint64_t needed[2] = {static_cast<uint64_t>(rank.input_chunks) * chunk_elements,
+                              static_cast<uint64_t>(rank.output_chunks) * chunk_elements};
+  char* user[2] = {static_cast<char*>(const_cast<void*>(args.inputs[r])),
+                   static_cast<char*>(args.outputs[r])};
+  const char* names[2] = {"input", "output"};
+  for (int k = 0; k < 2; ++k)
+    if (api[k] > 0 && user[k] == nullptr) return Status::error(who + names[k] + " buffer is null");
+
+  // Executor-owned memory: scratch first, then program buffers the API does not provide.
+  char* owned = local.private_memory[local_index].get();
+  out.buffers[kBufferScratch] = owned;
+  std::size_t used =
+      align_up(static_cast<uint64_t>(rank.scratch_chunks) * chunk_elements * size, 256);
+
+  const auto alias = args.inplace ? ef::inplace_alias(p, r, args.count) : std::nullopt;
+  if (alias) {
+    const uint64_t offset[2] = {alias->input_inside_output ? alias->offset_elements : 0,
+                                alias->input_inside_output ? 0 : alias->offset_elements};
+    const uint64_t shared = alias->input_inside_output
+                                ? std::max(api[1], offset[0] + api[0])
+                                : std::max(api[0], offset[1] + api[1]);
+    char* region = alias->input_inside_output ? user[1] : user[0];
+    const int inner = alias->input_inside_output ? 0 : 1;
+    if (user[inner] != region + alias->offset_elements * size)
+      return Status::error(who + "in-place call, but the buffers do not alias as NCCL requires (" +
+                           names[inner] + " == " + names[1 - inner] + " + " +
+                           std::to_string(alias->offset_elements) + " elements)");
+    for (int k = 0; k < 2; ++k) {
+      if (needed[k] > shared - std::min(shared, offset[k]))
+        return Status::error(who + "the program's " + names[k] + " buffer (" +
+                             std::to_string(needed[k]) + " elements) does not fit in the in-place "
+                             "region of " + std::to_string(shared) + " elements");
+      out.buffers[k] = region + offset[k] * size;
+    }
+    return Status::ok();
+  }
+  for (int k = 0; k < 2; ++k) {
+    if (needed[k] <= api[k]) {
+      out.buffers[k] = user[k];
+    } else if (api[k] == 0) {
+      out.buffers[k] = owned + used;  // e.g. the output of a non-root rank of reduce
+      used += align_up(needed[k] * size, 256);
+    } else {
+      return Status::error(who + "the program's " + names[k] + " buffer has " +
+                           std::to_string(needed[k]) + " elements but the API's has " +
+                           std::to_string(api[k]));
+    }
+  }
+  return Status::ok();
+}
+
+Status DeviceExecutor::run(const RunArgs& args) {
+  Impl& m = *impl_;
+  const ef::Program& p = m.program;
+  const int n = p.nranks;
+  if (Status s = error_status(); !s)
+    return Status::error("executor stopped by an earlier failure (call reset()): " + s.message());
+
+  const int dtype = static_cast<int>(args.dtype);
+  const int redop = static_cast<int>(args.op);
+  if (dtype < 0 || dtype >= ef::kNumDataTypes) return Status::error("unknown datatype " + std::to_string(dtype));
+  if (redop < 0 || redop >= ef::kNumRedOps) return Status::error("unknown reduction operator " + std::to_string(redop));
+  if (args.inplace && !p.inplace) return Status::error("program '" + p.name + "' is not valid in place");
+  if (!args.inplace && !p.outofplace) return Status::error("program '" + p.name + "' is valid in place only");
+  if (args.timeout.count() <= 0) return Status::error("timeout must be positive");
+  if (args.inputs.size() != static_cast<std::size_t>(n) || args.outputs.size() != static_cast<std::size_t>(n))
+    return Status::error("inputs and outputs need one entry per rank (" + std::to_string(n) + ")");
+  if (args.streams.size() != m.devices.size())
+    return Status::error("streams needs one entry per device of devices() (" +
+                         std::to_string(m.devices.size()) + ")");
+  if (!args.premul_scalars.empty() && args.premul_scalars.size() != static_cast<std::size_t>(n))
+    return Status::error("premul_scalars needs one entry per rank or none");
+
+  const auto chunk = ef::chunk_elements(p, args.count);
+  if (!chunk)
+    return Status::error("count " + std::to_string(args.count) + " is not a multiple of the program's granularity " +
+                         std::to_string(ef::count_granularity(p)));
+  const uint64_t b = *chunk;
+  if (b == 0) return Status::ok();  // nothing runs (§5)
+  const std::size_t size = ef::size_of(args.dtype);
+  if (b > std::numeric_limits<uint64_t>::max() / size / static_cast<uint64_t>(p.nchunksperloop) / 2)
+    return Status::error("count " + std::to_string(args.count) + " overflows the buffer size");
+  const uint64_t tile = std::max<uint64_t>(1, m.config.slot_bytes / size);
+  const uint64_t iterations = (b + tile - 1) / tile;
+  if (iterations >= std::numeric_limits<uint32_t>::max())
+    return Status::error("too many tiles per chunk (" + std::to_string(iterations) + ")");
+
+  if (Status s = m.ensure_private_memory(b, size, &args.streams); !s) return s;
+
+  // Collectives that only move data ignore the operator (as the host executor does).
+  const bool reduces = ef::collective_reduces(p.collective);
+  const bool integer_avg = reduces && args.op == ef::RedOp::kAvg && is_integer(args.dtype);
+  const bool premul = reduces && (args.op == ef::RedOp::kPreMulSum ||
+                                  (args.op == ef::RedOp::kAvg && !is_integer(args.dtype)));
+  int reduction = kReduceSum;
+  if (args.op == ef::RedOp::kProd) reduction = kReduceProd;
+  if (args.op == ef::RedOp::kMin) reduction = kReduceMin;
+  if (args.op == ef::RedOp::kMax) reduction = kReduceMax;
+
+  for (std::size_t di = 0; di < m.locals.size(); ++di) {
+    LocalDevice& local = m.locals[di];
+    int threads = 0;
+    if (Status s = m.choose_threads(local, dtype, reduction, &threads); !s) return s;
+
+    KernelParams params{};
+    params.threadblocks = local.threadblocks.get<ThreadblockDesc>();
+    params.ops = local.ops.get<OpDesc>();
+    params.deps = local.deps.get<DepDesc>();
+    params.flags = local.flags.get<uint64_t>();
+    params.sends = local.sends.get<SendConnection>();
+    params.recvs = local.recvs.get<RecvConnection>();
+    params.state = local.state.get<LaunchState>();
+    params.error = m.record(di);
+    params.signals = m.signals();
+    params.chunk_elements = b;
+    params.tile_elements = tile;
+    params.iterations = iterations;
+    params.timeout_ns = static_cast<uint64_t>(args.timeout.count());
+    params.premul_shift = args.inplace ? kPremulShiftInPlace : kPremulShiftOutOfPlace;
+    params.premul = premul ? 1 : 0;
+
+    DivideParams divide{};
+    divide.segments = local.divide_segments.get<DivideSegment>();
+    divide.nsegments = local.ndivide_segments;
+    divide.chunk_elements = b;
+    divide.largest_segment_elements = static_cast<uint64_t>(local.largest_divide_chunks) * b;
+    divide.divisor = static_cast<uint64_t>(n);
+    for (std::size_t li = 0; li < local.ranks.size(); ++li) {
+      const int r = local.ranks[li];
+      RankCallArgs& ra = params.ranks[li];
+      if (Status st = m.map_buffers(local, li, args, b, size, ra); !st) return st;
+
+      double scalar = 1.0;
+      if (args.op == ef::RedOp::kPreMulSum && !args.premul_scalars.empty()) scalar = args.premul_scalars[r];
+      if (args.op == ef::RedOp::kAvg) scalar = 1.0 / static_cast<double>(n);
+      ra.scalar_f64 = scalar;
+      ra.scalar_f32 = static_cast<float>(scalar);
+      ra.scalar_i64 = integer_scalar(scalar);
+
+      divide.outputs[li] = static_cast<char*>(args.outputs[r]);
+    }
+
+    DeviceScope scope(local.device);
+    EFCCL_CUDA_RETURN(launch_interpreter(params, dtype, reduction, static_cast<int>(local.nblocks),
+                                         threads, args.streams[di]),
+                      "launching the interpreter on device " + std::to_string(local.device));
+    if (integer_avg)
+      EFCCL_CUDA_RETURN(launch_divide(divide, dtype, args.streams[di]),
+                        "launching avg's division on device " + std::to_string(local.device));
+  }
+  return Status::ok();
+}
+
+Status DeviceExecutor::wait(const RunArgs& args) {
+  Impl& m = *impl_;
+  if (args.streams.size() != m.devices.size())
+    return Status::error("streams needs one entry per device of devices()");
+  Status first = Status::ok();
+  for (std::size_t i = 0; i < m.devices.size(); ++i) {
+    DeviceScope scope(m.devices[i]);
+    const cudaError_t e = cudaStreamSynchronize(args.streams[i]);
+    if (e != cudaSuccess && first)
+      first = cuda_error("cudaStreamSynchronize on device " + std::to_string(m.devices[i]), e);
+  }
+  if (Status s = error_status(); !s) return s;
+  return first;
+}
+
+Status DeviceExecutor::run_and_wait(const RunArgs& args) {
+  if (Status s = run(args); !s) {
+    // A launch may already be in flight on other devices; let it finish (it times out).
+    (void)wait(args);
+    return s;
+  }
+  return wait(args);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors, abort, reset
+
+std::string DeviceExecutor::Impl::describe(std::size_t device_index, const ErrorRecord& e) const {
+  std::ostringstream o;
+  std::string op_name = "?";
+  if (e.rank >= 0 && e.rank < program.nranks) {
+    const auto& tbs = program.ranks[e.rank].threadblocks;
+    if (e.tb >= 0 && static_cast<std::size_t>(e.tb) < tbs.size() && e.op >= 0 &&
+        static_cast<std::size_t>(e.op) < tbs[e.tb].ops.size())
+      op_name = std::string(ef::to_string(tbs[e.tb].ops[e.op].code));
+  }
+  o << (e.kind == kErrorAborted ? "aborted" : "timed out") << ": rank " << e.rank
+    << " threadblock " << e.tb << " op " << e.op << " (" << op_name << ") iteration "
+    << e.iteration << " on device " << devices[device_index] << " waited "
+    << e.waited_ns / 1000000 << " ms for ";
+  switch (e.wait) {
+    case kWaitData:
+      o << "data on connection " << e.peer << "->" << e.rank << " ch " << e.channel;
+      break;
+    case kWaitSlot:
+      o << "a free slot on connection " << e.rank << "->" << e.peer << " ch " << e.channel;
+      break;
+    case kWaitDependency:
+      o << "dependency tb " << e.peer << " op " << e.channel;
+      break;
+    default:
+      o << "nothing";
+  }
+  return o.str();
+}
+
+Status DeviceExecutor::error_status() const {
+  const Impl& m = *impl_;
+  const ErrorRecord* first = nullptr;
+  std::size_t first_device = 0;
+  for (std::size_t i = 0; i < m.locals.size(); ++i) {
+    ErrorRecord* e = m.record(i);
+    if (std::atomic_ref<uint32_t>(e->posted).load(std::memory_order_acquire) == 0) continue;
+    if (first == nullptr || e->timestamp_ns < first->timestamp_ns) {
+      first = e;
+      first_device = i;
+    }
+  }
+  if (first != nullptr) return Status::error(m.describe(first_device, *first));
+  if (std::atomic_ref<uint32_t>(m.signals()->abort).load(std::memory_order_acquire) != 0)
+    return Status::error("aborted");
+  return Status::ok();
+}
+
+void DeviceExecutor::abort() {
+  std::atomic_ref<uint32_t>(impl_->signals()->abort).store(1, std::memory_order_release);
+}
+
+Status DeviceExecutor::reset() {
+  Impl& m = *impl_;
+  abort();  // a launch still waiting gives up now instead of at its timeout
+  for (int d : m.devices) {
+    DeviceScope scope(d);
+    EFCCL_CUDA_RETURN(cudaDeviceSynchronize(), "cudaDeviceSynchronize on device " + std::to_string(d));
+  }
+  for (LocalDevice& local : m.locals) {
+    for (DeviceBuffer* b : {&local.flags, &local.state, &local.fifo_arena, &local.counter_arena})
+      if (Status s = b->zero(); !s) return s;
+  }
+  for (LocalDevice& local : m.locals) {
+    DeviceScope scope(local.device);
+    EFCCL_CUDA_RETURN(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  }
+  std::memset(m.host_mapped.get(), 0, m.host_mapped.bytes());
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  return Status::ok();
+}
+
+}  // namespace efccl::device

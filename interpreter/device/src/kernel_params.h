@@ -1,0 +1,205 @@
+// The interpreter kernel's view of a Program and of one call: plain structs shared by the host
+// code (C++20, g++) and the kernel (C++17, nvcc). Everything here is trivially copyable and
+// self-contained; the host builds these tables from an ef::Program (device_executor.cc) and the
+// kernel only reads them (interpreter_kernel.cu).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace efccl::device {
+
+/// Largest CTA the kernel is compiled for; the executor picks a smaller one when the grid would
+/// otherwise not be co-resident.
+inline constexpr int kMaxThreadsPerBlock = 512;
+/// Ranks one launch can serve (several ranks may share a GPU); bounds the kernel parameter size.
+inline constexpr int kMaxLocalRanks = 64;
+/// Distance between counters written by different agents (avoids false sharing across links).
+inline constexpr std::size_t kCounterStride = 128;
+
+/// The binary operator a call reduces with (avg and premulsum reduce with kSum after scaling).
+enum Reduction : int { kReduceSum = 0, kReduceProd = 1, kReduceMin = 2, kReduceMax = 3 };
+
+/// ef::OpCode, same values (checked by a static_assert in device_executor.cc).
+enum OpKind : uint8_t {
+  kOpSend = 0,
+  kOpRecv = 1,
+  kOpCopy = 2,
+  kOpReduce = 3,
+  kOpRecvCopySend = 4,
+  kOpRecvReduceCopy = 5,
+  kOpRecvReduceSend = 6,
+  kOpRecvReduceCopySend = 7,
+  kOpNop = 8,
+};
+
+/// ef::BufferKind, same values: index into RankCallArgs::buffers.
+enum BufferIndex : uint8_t { kBufferInput = 0, kBufferOutput = 1, kBufferScratch = 2, kNumBuffers = 3 };
+
+/// OpDesc::premul bits: which operand reads are pristine (ef::analyze_premul), per call mode.
+/// The kernel shifts by PremulShift of the call's mode and tests the low two bits.
+enum PremulBits : uint8_t {
+  kPremulSrc = 1,
+  kPremulDst = 2,
+};
+inline constexpr int kPremulShiftOutOfPlace = 0;
+inline constexpr int kPremulShiftInPlace = 2;
+
+/// One op of one threadblock (docs/ef-format.md §4). Offsets and counts are in chunks.
+struct OpDesc {
+  int64_t src_chunk;
+  int64_t dst_chunk;
+  int64_t count;        ///< units per iteration (0 for nop)
+  uint32_t dep_begin;   ///< first entry in KernelParams::deps
+  uint32_t dep_count;
+  uint8_t code;         ///< OpKind
+  uint8_t src_buffer;   ///< BufferIndex (unused when the op has no src)
+  uint8_t dst_buffer;   ///< BufferIndex (unused when the op has no dst)
+  uint8_t premul;       ///< PremulBits << kPremulShift{OutOfPlace,InPlace}
+  uint8_t publishes;    ///< 1: some op depends on this one, so it publishes its flag
+  uint8_t reserved[7];
+};
+
+/// One CTA of the launch: an EF threadblock of one of the device's ranks.
+struct ThreadblockDesc {
+  int32_t local_rank;  ///< index into KernelParams::ranks
+  int32_t rank;        ///< global rank (messages only)
+  int32_t tb;          ///< threadblock id within the rank (messages only)
+  int32_t send;        ///< index into KernelParams::sends, or -1
+  int32_t recv;        ///< index into KernelParams::recvs, or -1
+  uint32_t op_begin;   ///< first op in KernelParams::ops
+  uint32_t op_count;
+  uint32_t flag_begin; ///< the flag of op i is KernelParams::flags[flag_begin + i]
+};
+
+/// A dependency: the flag to wait for, plus the (tb, op) it stands for (for messages).
+struct DepDesc {
+  uint32_t flag;
+  int32_t tb;
+  int32_t op;
+};
+
+/// The sending end of a connection (sender, receiver, channel); lives on the sender's device.
+/// Slots and `tail` are in the receiver's memory (written here through peer access); `head`
+/// is in the sender's memory and written by the receiver. Counters only grow, across calls.
+struct SendConnection {
+  char* slots;          ///< receiver's memory: `nslots` slots of `slot_stride` bytes
+  uint64_t* tail;       ///< receiver's memory: units pushed so far (written by this side)
+  uint64_t* head;       ///< sender's memory: units popped so far (written by the receiver)
+  uint64_t* position;   ///< sender's memory: this side's push count, persisted between calls
+  uint64_t slot_stride;
+  uint32_t nslots;
+  int32_t peer;         ///< receiving rank
+  int32_t channel;
+  int32_t reserved;
+};
+
+/// The receiving end of a connection; lives on the receiver's device.
+struct RecvConnection {
+  const char* slots;    ///< this device's memory
+  uint64_t* tail;       ///< this device's memory: units pushed (written by the sender)
+  uint64_t* head;       ///< sender's memory: units popped so far (written by this side)
+  uint64_t* position;   ///< this device's memory: this side's pop count, persisted
+  uint64_t slot_stride;
+  uint32_t nslots;
+  int32_t peer;         ///< sending rank
+  int32_t channel;
+  int32_t reserved;
+};
+
+/// Per-device state that survives launches. Zero-initialised once; never reset between calls.
+struct LaunchState {
+  uint64_t epoch;        ///< launches completed on this device; the high half of every flag
+  uint32_t arrived;      ///< CTAs of the current launch that have finished
+  uint32_t error_claim;  ///< 0 until a CTA of this device claims its ErrorRecord
+};
+
+/// What a CTA was waiting for when it gave up (ErrorRecord::wait).
+enum WaitKind : uint32_t {
+  kWaitNone = 0,
+  kWaitData = 1,        ///< a filled slot (peer = sender)
+  kWaitSlot = 2,        ///< a free slot (peer = receiver)
+  kWaitDependency = 3,  ///< another op's flag (tb, op)
+};
+
+/// Why a CTA stopped.
+enum ErrorKind : uint32_t {
+  kErrorNone = 0,
+  kErrorTimeout = 1,
+  kErrorAborted = 2,
+};
+
+/// The first failure on one device, in host-mapped memory so the host can read it while the
+/// kernel still runs. Written once per device: the CTA that wins LaunchState::error_claim fills
+/// the fields, fences, then sets `posted`.
+struct ErrorRecord {
+  uint32_t posted;  ///< 1 once the fields below are complete
+  uint32_t kind;    ///< ErrorKind
+  uint32_t wait;    ///< WaitKind
+  int32_t rank;
+  int32_t tb;
+  int32_t op;       ///< index in the threadblock's op list
+  int32_t peer;     ///< data/slot: the other rank; dependency: the threadblock waited for
+  int32_t channel;  ///< data/slot: the channel; dependency: the op waited for
+  uint64_t iteration;
+  uint64_t timestamp_ns;  ///< %globaltimer when the CTA gave up (orders records across devices)
+  uint64_t waited_ns;
+};
+
+/// Host-mapped stop signals read by every spin. Read together as one 64-bit word.
+struct alignas(8) StopSignals {
+  uint32_t abort;   ///< set by the host (DeviceExecutor::abort)
+  uint32_t failed;  ///< set by any CTA that posted an error, so CTAs on all devices bail out
+};
+
+/// The call's buffers and premul scalars for one rank (the scalar in each representation the
+/// element types need, converted on the host exactly as the host executor converts it).
+struct RankCallArgs {
+  char* buffers[kNumBuffers];  ///< input, output, scratch (chunk 0 of each)
+  double scalar_f64;
+  int64_t scalar_i64;
+  float scalar_f32;
+  int32_t reserved;
+};
+
+/// The kernel's one parameter (passed as __grid_constant__; about 3.3 KiB).
+struct KernelParams {
+  const ThreadblockDesc* threadblocks;  ///< one per CTA
+  const OpDesc* ops;
+  const DepDesc* deps;
+  uint64_t* flags;
+  const SendConnection* sends;
+  const RecvConnection* recvs;
+  LaunchState* state;
+  ErrorRecord* error;           ///< host-mapped, this device's record
+  StopSignals* signals;         ///< host-mapped, shared by all devices
+  uint64_t chunk_elements;      ///< B
+  uint64_t tile_elements;       ///< E
+  uint64_t iterations;          ///< ceil(B / E), < 2^32
+  uint64_t timeout_ns;          ///< per wait without progress; > 0
+  int32_t premul_shift;         ///< kPremulShift{OutOfPlace,InPlace}
+  int32_t premul;               ///< 1: scale pristine reads (premulsum, avg on floats)
+  RankCallArgs ranks[kMaxLocalRanks];
+};
+
+/// Integer avg's final pass divides these output regions by nranks (the host executor's
+/// "result region": the whole output of allreduce and reducescatter, the root's of reduce,
+/// the postcondition chunks of custom; other collectives do not reduce).
+struct DivideSegment {
+  int32_t local_rank;
+  int32_t reserved;
+  int64_t first_chunk;  ///< in the rank's API output
+  int64_t chunks;
+};
+
+struct DivideParams {
+  char* outputs[kMaxLocalRanks];  ///< API output per local rank
+  const DivideSegment* segments;
+  uint32_t nsegments;
+  uint32_t reserved;
+  uint64_t chunk_elements;
+  uint64_t largest_segment_elements;  ///< sizes the grid
+  uint64_t divisor;
+};
+
+}  // namespace efccl::device

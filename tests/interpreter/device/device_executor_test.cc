@@ -1,0 +1,706 @@
+// The GPU interpreter against the host reference executor: every example program and every
+// MSCCL corpus file, ranks on one GPU and spread over all visible GPUs, a datatype/operator
+// matrix, both call modes, counts from 0 to many tiles: outputs must be bitwise identical.
+// Plus: unaligned user buffers, repeated calls, CUDA-graph replays, timeout and abort.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "efccl/device/device_executor.h"
+#include "efccl/ef/load.h"
+#include "efccl/ef/validate.h"
+#include "efccl/host/executor.h"
+#include "efccl/host/numeric.h"
+
+namespace efccl {
+namespace {
+
+namespace fs = std::filesystem;
+using ef::DataType;
+using ef::RedOp;
+
+// ---- GPU presence ----
+
+int visible_gpus(std::string* why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    n = 0;
+  }
+  if (why != nullptr) {
+    *why = "no CUDA device visible (cudaGetDeviceCount=" + std::to_string(n) + ", error " +
+           cudaGetErrorName(e) + ")";
+  }
+  return n;
+}
+
+#define SKIP_WITHOUT_GPU()                              \
+  do {                                                  \
+    std::string why;                                    \
+    if (visible_gpus(&why) == 0) GTEST_SKIP() << why;   \
+  } while (0)
+
+#define ASSERT_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call << ": " << cudaGetErrorString(cudaGetLastError())
+
+// ---- Programs ----
+
+/// Compiled-in paths, overridable at run time (the suite may run from a copy of the tree).
+std::string source_dir() {
+  const char* env = std::getenv("EFCCL_SOURCE_DIR");
+  return env != nullptr && *env != 0 ? env : EFCCL_SOURCE_DIR;
+}
+std::string corpus_dir() {
+  const char* env = std::getenv("EFCCL_MSCCL_XML_DIR");
+  return env != nullptr && *env != 0 ? env : EFCCL_MSCCL_XML_DIR;
+}
+
+std::vector<std::string> program_files() {
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (const std::string& dir : {source_dir() + "/examples/ef", corpus_dir()}) {
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+      const auto ext = entry.path().extension();
+      if (ext == ".json" || ext == ".xml") files.push_back(entry.path().string());
+    }
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+/// Loads and validates once per process (corpus files are large).
+const ef::Program& program_at(const std::string& path) {
+  static std::map<std::string, std::unique_ptr<ef::Program>> cache;
+  auto& slot = cache[path];
+  if (!slot) {
+    auto loaded = ef::load_program_file(path);
+    for (const auto& d : loaded.diagnostics) ADD_FAILURE() << d.to_string();
+    slot = std::make_unique<ef::Program>(loaded.program ? *loaded.program : ef::Program{});
+    for (const auto& d : ef::validate(*slot)) ADD_FAILURE() << d.to_string();
+  }
+  return *slot;
+}
+
+std::vector<int> map_ranks(int nranks, bool spread) {
+  const int ngpus = spread ? visible_gpus(nullptr) : 1;
+  std::vector<int> devices(nranks);
+  for (int r = 0; r < nranks; ++r) devices[r] = static_cast<int>(int64_t{r} * ngpus / nranks);
+  return devices;
+}
+
+std::vector<bool> modes(const ef::Program& p) {
+  std::vector<bool> m;
+  if (p.outofplace) m.push_back(false);
+  if (p.inplace) m.push_back(true);
+  return m;
+}
+
+// ---- Inputs ----
+
+/// Random elements that keep sums and products finite (bitwise comparison must not depend on
+/// NaN payloads, which CPUs and GPUs produce differently).
+std::vector<uint8_t> random_elements(DataType t, uint64_t n, std::mt19937_64& rng) {
+  const std::size_t size = ef::size_of(t);
+  std::vector<uint8_t> bytes(n * size);
+  std::uniform_real_distribution<double> real(-2.0, 2.0);
+  for (uint64_t i = 0; i < n; ++i) {
+    uint8_t* at = bytes.data() + i * size;
+    switch (t) {
+      case DataType::kFloat32: {
+        const auto v = static_cast<float>(real(rng));
+        std::memcpy(at, &v, 4);
+        break;
+      }
+      case DataType::kFloat64: {
+        const double v = real(rng);
+        std::memcpy(at, &v, 8);
+        break;
+      }
+      case DataType::kFloat16: {
+        const uint16_t v = host::float_to_half(static_cast<float>(real(rng)));
+        std::memcpy(at, &v, 2);
+        break;
+      }
+      case DataType::kBFloat16: {
+        const uint16_t v = host::float_to_bfloat16(static_cast<float>(real(rng)));
+        std::memcpy(at, &v, 2);
+        break;
+      }
+      case DataType::kFp8E4M3:
+        *at = host::float_to_fp8_e4m3(static_cast<float>(real(rng)));
+        break;
+      case DataType::kFp8E5M2:
+        *at = host::float_to_fp8_e5m2(static_cast<float>(real(rng)));
+        break;
+      default: {  // integers: any bits (sums and products wrap)
+        const uint64_t v = rng();
+        std::memcpy(at, &v, size);
+      }
+    }
+  }
+  return bytes;
+}
+
+// ---- Device memory ----
+
+class DeviceMemory {
+ public:
+  DeviceMemory(int device, std::size_t bytes) : device_(device) {
+    int previous = 0;
+    cudaGetDevice(&previous);
+    cudaSetDevice(device);
+    if (cudaMalloc(&ptr_, std::max<std::size_t>(bytes, 1)) != cudaSuccess) ptr_ = nullptr;
+    cudaSetDevice(previous);
+  }
+  ~DeviceMemory() {
+    if (ptr_ != nullptr) {
+      int previous = 0;
+      cudaGetDevice(&previous);
+      cudaSetDevice(device_);
+      cudaFree(ptr_);
+      cudaSetDevice(previous);
+    }
+  }
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+  char* get() const { return static_cast<char*>(ptr_); }
+
+ private:
+  int device_;
+  void* ptr_ = nullptr;
+};
+
+/// One call's buffers on the GPUs and on the host, laid out as the NCCL API defines them.
+///
+/// Host executor convention (executor.h): for in-place calls `output` holds the shared region
+/// and `input` is empty. The shared region is the larger API buffer: the output when the input
+/// lies inside it (allreduce, allgather, ...), the input when the output lies inside it
+/// (reducescatter, scatter on the root). Ranks without aliasing (non-root ranks of rooted
+/// collectives) keep separate buffers.
+struct CallBuffers {
+  struct Rank {
+    std::unique_ptr<DeviceMemory> input, output;  ///< absent when shared or empty
+    std::unique_ptr<DeviceMemory> region;         ///< in-place shared region
+    const void* input_ptr = nullptr;
+    void* output_ptr = nullptr;
+    char* region_base = nullptr;    ///< device copy source of host.output when shared
+    std::size_t region_bytes = 0;
+    std::size_t input_bytes = 0, output_bytes = 0;
+    bool shared = false;
+  };
+  std::vector<Rank> ranks;
+  std::vector<host::RankBuffers> host;  ///< the same contents, for the host executor
+};
+
+/// Fills both sides with the same random contents. `misalign` shifts every device buffer by
+/// one element (so that no operand is 16-byte aligned).
+void make_buffers(const ef::Program& p, const std::vector<int>& devices, uint64_t count,
+                  DataType dtype, bool inplace, bool misalign, uint64_t seed, CallBuffers& out) {
+  const std::size_t size = ef::size_of(dtype);
+  const std::size_t shift = misalign ? size : 0;
+  std::mt19937_64 rng(seed);
+  out.ranks.clear();
+  out.ranks.resize(p.nranks);
+  out.host.assign(p.nranks, {});
+  for (int r = 0; r < p.nranks; ++r) {
+    auto& b = out.ranks[r];
+    auto& h = out.host[r];
+    const uint64_t in = ef::api_input_elements(p, r, count);
+    const uint64_t outn = ef::api_output_elements(p, r, count);
+    const auto alias = inplace ? ef::inplace_alias(p, r, count) : std::nullopt;
+    if (alias) {
+      b.shared = true;
+      // The host executor's shared region: the larger buffer, covering the inner one.
+      const uint64_t region = alias->input_inside_output
+                                  ? std::max(outn, alias->offset_elements + in)
+                                  : std::max(in, alias->offset_elements + outn);
+      b.region_bytes = region * size;
+      b.region = std::make_unique<DeviceMemory>(devices[r], b.region_bytes + 2 * size);
+      b.region_base = b.region->get() + shift;
+      h.output = random_elements(dtype, region, rng);
+      char* inner = b.region_base + alias->offset_elements * size;
+      b.input_ptr = alias->input_inside_output ? inner : b.region_base;
+      b.output_ptr = alias->input_inside_output ? b.region_base : inner;
+      cudaMemcpy(b.region_base, h.output.data(), b.region_bytes, cudaMemcpyHostToDevice);
+    } else {
+      b.input_bytes = in * size;
+      b.output_bytes = outn * size;
+      h.input = random_elements(dtype, in, rng);
+      h.output = random_elements(dtype, outn, rng);
+      if (in > 0) {
+        b.input = std::make_unique<DeviceMemory>(devices[r], b.input_bytes + 2 * size);
+        b.input_ptr = b.input->get() + shift;
+        cudaMemcpy(const_cast<void*>(b.input_ptr), h.input.data(), b.input_bytes,
+                   cudaMemcpyHostToDevice);
+      }
+      if (outn > 0) {
+        b.output = std::make_unique<DeviceMemory>(devices[r], b.output_bytes + 2 * size);
+        b.output_ptr = b.output->get() + shift;
+        cudaMemcpy(b.output_ptr, h.output.data(), b.output_bytes, cudaMemcpyHostToDevice);
+      }
+    }
+  }
+}
+
+/// Rewrites the inputs on both sides (between graph replays), keeping the buffers.
+void refill_inputs(const ef::Program& p, DataType dtype, uint64_t seed, CallBuffers& bufs) {
+  std::mt19937_64 rng(seed);
+  const std::size_t size = ef::size_of(dtype);
+  for (int r = 0; r < p.nranks; ++r) {
+    auto& b = bufs.ranks[r];
+    auto& h = bufs.host[r];
+    if (b.shared) {
+      h.output = random_elements(dtype, b.region_bytes / size, rng);
+      cudaMemcpy(b.region_base, h.output.data(), b.region_bytes, cudaMemcpyHostToDevice);
+    } else {
+      h.input = random_elements(dtype, b.input_bytes / size, rng);
+      h.output = random_elements(dtype, b.output_bytes / size, rng);
+      if (b.input_bytes > 0)
+        cudaMemcpy(const_cast<void*>(b.input_ptr), h.input.data(), b.input_bytes,
+                   cudaMemcpyHostToDevice);
+      if (b.output_bytes > 0)
+        cudaMemcpy(b.output_ptr, h.output.data(), b.output_bytes, cudaMemcpyHostToDevice);
+    }
+  }
+}
+
+/// Empty when the GPU's buffers equal the host executor's, else the first difference.
+std::string compare(const ef::Program& p, DataType dtype, const CallBuffers& bufs) {
+  const std::size_t size = ef::size_of(dtype);
+  auto check = [&](int r, const char* what, const void* device, const std::vector<uint8_t>& want)
+      -> std::string {
+    std::vector<uint8_t> got(want.size());
+    if (!want.empty() &&
+        cudaMemcpy(got.data(), device, want.size(), cudaMemcpyDeviceToHost) != cudaSuccess)
+      return std::string("cudaMemcpy back failed: ") + cudaGetErrorString(cudaGetLastError());
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      if (got[i] == want[i]) continue;
+      const std::size_t e = i / size;
+      std::ostringstream o;
+      o << "rank " << r << " " << what << " element " << e << " of " << want.size() / size
+        << ": host 0x";
+      for (std::size_t k = size; k-- > 0;) o << std::hex << int{want[e * size + k]};
+      o << ", gpu 0x";
+      for (std::size_t k = size; k-- > 0;) o << std::hex << int{got[e * size + k]};
+      return o.str();
+    }
+    return {};
+  };
+  for (int r = 0; r < p.nranks; ++r) {
+    const auto& b = bufs.ranks[r];
+    const auto& h = bufs.host[r];
+    std::string d;
+    if (b.shared) {
+      d = check(r, "in-place region", b.region_base, h.output);
+    } else {
+      d = check(r, "output", b.output_ptr, h.output);
+      if (d.empty()) d = check(r, "input", b.input_ptr, h.input);
+    }
+    if (!d.empty()) return d;
+  }
+  return {};
+}
+
+device::RunArgs run_args(const ef::Program& p, const CallBuffers& bufs, uint64_t count,
+                         DataType dtype, RedOp op, bool inplace,
+                         const std::vector<cudaStream_t>& streams) {
+  device::RunArgs a;
+  a.count = count;
+  a.dtype = dtype;
+  a.op = op;
+  a.inplace = inplace;
+  if (op == RedOp::kPreMulSum)
+    for (int r = 0; r < p.nranks; ++r) a.premul_scalars.push_back(1.0 + 0.25 * (r % 4));
+  for (int r = 0; r < p.nranks; ++r) {
+    a.inputs.push_back(bufs.ranks[r].input_ptr);
+    a.outputs.push_back(bufs.ranks[r].output_ptr);
+  }
+  a.streams = streams;
+  return a;
+}
+
+host::ExecOptions host_options(const device::RunArgs& a, std::size_t slot_bytes) {
+  host::ExecOptions o;
+  o.count = a.count;
+  o.dtype = a.dtype;
+  o.op = a.op;
+  o.inplace = a.inplace;
+  o.premul_scalars = a.premul_scalars;
+  o.slot_bytes = slot_bytes;
+  o.connection_slots = ef::kDefaultConnectionSlots;
+  return o;
+}
+
+/// Streams for the executor's devices (default flags; destroyed with the fixture).
+class Streams {
+ public:
+  explicit Streams(const std::vector<int>& devices) {
+    for (int d : devices) {
+      cudaSetDevice(d);
+      cudaStream_t s = nullptr;
+      cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+      streams_.push_back(s);
+    }
+    cudaSetDevice(0);
+  }
+  ~Streams() {
+    for (cudaStream_t s : streams_) cudaStreamDestroy(s);
+  }
+  const std::vector<cudaStream_t>& get() const { return streams_; }
+
+ private:
+  std::vector<cudaStream_t> streams_;
+};
+
+struct MatrixEntry {
+  DataType dtype;
+  RedOp op;
+};
+constexpr MatrixEntry kMatrix[] = {
+    {DataType::kFloat32, RedOp::kSum},   {DataType::kBFloat16, RedOp::kMax},
+    {DataType::kInt32, RedOp::kProd},    {DataType::kFloat16, RedOp::kAvg},
+    {DataType::kFp8E4M3, RedOp::kSum},   {DataType::kFloat64, RedOp::kMin},
+    {DataType::kInt8, RedOp::kSum},      {DataType::kUint64, RedOp::kMax},
+    {DataType::kFp8E5M2, RedOp::kProd},  {DataType::kFloat32, RedOp::kPreMulSum},
+    {DataType::kInt32, RedOp::kAvg},
+};
+
+/// Small slots so that counts of a few hundred elements per chunk take several tiles.
+constexpr std::size_t kSmallSlotBytes = 256;
+
+/// Runs one call on the GPU and on the host and compares; returns a failure description.
+std::string run_and_compare(device::DeviceExecutor& executor, const ef::Program& p,
+                            const std::vector<int>& devices, const Streams& streams,
+                            uint64_t count, DataType dtype, RedOp op, bool inplace,
+                            bool misalign, uint64_t seed, std::size_t slot_bytes) {
+  CallBuffers bufs;
+  make_buffers(p, devices, count, dtype, inplace, misalign, seed, bufs);
+  const auto args = run_args(p, bufs, count, dtype, op, inplace, streams.get());
+  if (Status s = executor.run_and_wait(args); !s) return "GPU run failed: " + s.message();
+  if (count == 0) return compare(p, dtype, bufs);  // nothing runs: buffers stay as they were
+  auto result = host::execute(p, host_options(args, slot_bytes), bufs.host);
+  if (!result.status) return "host executor failed: " + result.status.message();
+  return compare(p, dtype, bufs);
+}
+
+std::string describe(DataType dtype, RedOp op, bool inplace, uint64_t count) {
+  return std::string(ef::to_string(dtype)) + "/" + std::string(ef::to_string(op)) +
+         (inplace ? " in-place" : " out-of-place") + " count " + std::to_string(count);
+}
+
+// ---- The matrix, per program and rank mapping ----
+
+struct Case {
+  std::string path;
+  bool spread;  ///< ranks over all GPUs (else all on GPU 0)
+};
+
+/// Readable parameter in test output (gtest would print the struct's bytes).
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << fs::path(c.path).filename().string() << (c.spread ? " over all GPUs" : " on GPU 0");
+}
+
+class ProgramOnGpus : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ProgramOnGpus, MatchesHostExecutorBitwise) {
+  SKIP_WITHOUT_GPU();
+  if (GetParam().spread && visible_gpus(nullptr) < 2) GTEST_SKIP() << "needs 2 or more GPUs";
+  const ef::Program& p = program_at(GetParam().path);
+  ASSERT_GT(p.nranks, 0);
+  const auto devices = map_ranks(p.nranks, GetParam().spread);
+  device::ExecutorConfig config;
+  config.slot_bytes = kSmallSlotBytes;
+  auto executor = device::DeviceExecutor::create(p, devices, config);
+  ASSERT_TRUE(executor.is_ok()) << executor.status().message();
+  Streams streams((*executor)->devices());
+
+  const uint64_t g = ef::count_granularity(p);
+  uint64_t seed = 1;
+  for (bool inplace : modes(p)) {
+    for (const auto& m : kMatrix) {
+      for (uint64_t count : {uint64_t{0}, g, 3 * g, 257 * g}) {
+        const std::string failure = run_and_compare(**executor, p, devices, streams, count,
+                                                    m.dtype, m.op, inplace, false, ++seed,
+                                                    kSmallSlotBytes);
+        ASSERT_TRUE(failure.empty()) << describe(m.dtype, m.op, inplace, count) << ": " << failure;
+      }
+    }
+  }
+}
+
+TEST_P(ProgramOnGpus, UnalignedUserBuffers) {
+  SKIP_WITHOUT_GPU();
+  if (GetParam().spread && visible_gpus(nullptr) < 2) GTEST_SKIP() << "needs 2 or more GPUs";
+  const ef::Program& p = program_at(GetParam().path);
+  const auto devices = map_ranks(p.nranks, GetParam().spread);
+  device::ExecutorConfig config;
+  config.slot_bytes = kSmallSlotBytes;
+  auto executor = device::DeviceExecutor::create(p, devices, config);
+  ASSERT_TRUE(executor.is_ok()) << executor.status().message();
+  Streams streams((*executor)->devices());
+  const uint64_t count = 257 * ef::count_granularity(p);
+  for (bool inplace : modes(p)) {
+    for (const auto& m : {MatrixEntry{DataType::kFloat32, RedOp::kSum},
+                          MatrixEntry{DataType::kFloat16, RedOp::kMin},
+                          MatrixEntry{DataType::kInt8, RedOp::kProd}}) {
+      const std::string failure = run_and_compare(**executor, p, devices, streams, count,
+                                                  m.dtype, m.op, inplace, true, 7,
+                                                  kSmallSlotBytes);
+      ASSERT_TRUE(failure.empty()) << "misaligned " << describe(m.dtype, m.op, inplace, count)
+                                   << ": " << failure;
+    }
+  }
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  for (const auto& f : program_files())
+    for (bool spread : {false, true}) cases.push_back({f, spread});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Programs, ProgramOnGpus, ::testing::ValuesIn(all_cases()),
+                         [](const auto& info) {
+                           std::string name = fs::path(info.param.path).stem().string() +
+                                              (info.param.spread ? "_spread" : "_gpu0");
+                           for (char& c : name)
+                             if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return name;
+                         });
+
+// ---- One executor, many calls ----
+
+std::string example(const char* name) { return source_dir() + "/examples/ef/" + name; }
+
+TEST(DeviceExecutor, LargeTilesWithDefaultSlots) {
+  // Chunks of ~300 KiB through 128 KiB slots: full 16-byte vector tiles and a partial last one.
+  SKIP_WITHOUT_GPU();
+  const ef::Program& p = program_at(example("ring_allreduce_4r_2ch.json"));
+  const auto devices = map_ranks(p.nranks, true);
+  auto executor = device::DeviceExecutor::create(p, devices);
+  ASSERT_TRUE(executor.is_ok()) << executor.status().message();
+  Streams streams((*executor)->devices());
+  const device::ExecutorConfig defaults;
+  const uint64_t count = ef::count_granularity(p) * 76807;
+  for (const auto& m : {MatrixEntry{DataType::kFloat32, RedOp::kSum},
+                        MatrixEntry{DataType::kBFloat16, RedOp::kPreMulSum},
+                        MatrixEntry{DataType::kUint8, RedOp::kMax}}) {
+    for (bool inplace : {false, true}) {
+      const std::string failure = run_and_compare(**executor, p, devices, streams, count, m.dtype,
+                                                  m.op, inplace, false, 11, defaults.slot_bytes);
+      ASSERT_TRUE(failure.empty()) << describe(m.dtype, m.op, inplace, count) << ": " << failure;
+    }
+  }
+}
+
+TEST(DeviceExecutor, RepeatedCallsReuseEpochsAndFifoPositions) {
+  SKIP_WITHOUT_GPU();
+  for (const std::string& path : {example("ring_allreduce_4r_2ch.json"),
+                                 example("allpairs_allreduce_3r.json"),
+                                 corpus_dir() + "/all-reduce-ring-simple.xml"}) {
+    const ef::Program& p = program_at(path);
+    const auto devices = map_ranks(p.nranks, true);
+    device::ExecutorConfig config;
+    config.slot_bytes = kSmallSlotBytes;
+    auto executor = device::DeviceExecutor::create(p, devices, config);
+    ASSERT_TRUE(executor.is_ok()) << executor.status().message();
+    Streams streams((*executor)->devices());
+    const uint64_t g = ef::count_granularity(p);
+    for (int call = 0; call < 10; ++call) {
+      // Varying counts change the tile count, so FIFO positions end at different places.
+      const uint64_t count = g * (1 + 37 * static_cast<uint64_t>(call));
+      const std::string failure =
+          run_and_compare(**executor, p, devices, streams, count, DataType::kFloat32,
+                          RedOp::kSum, call % 2 == 1, false, 100 + call, kSmallSlotBytes);
+      ASSERT_TRUE(failure.empty()) << path << " call " << call << ": " << failure;
+    }
+  }
+}
+
+TEST(DeviceExecutor, CudaGraphReplaysComputeFreshResults) {
+  SKIP_WITHOUT_GPU();
+  const ef::Program& p = program_at(example("ring_allreduce_4r_2ch.json"));
+  const auto devices = map_ranks(p.nranks, true);
+  device::ExecutorConfig config;
+  config.slot_bytes = kSmallSlotBytes;
+  auto executor = device::DeviceExecutor::create(p, devices, config);
+  ASSERT_TRUE(executor.is_ok()) << executor.status().message();
+  device::DeviceExecutor& ex = **executor;
+  Streams streams(ex.devices());
+  const uint64_t count = ef::count_granularity(p) * 1000;
+  const DataType dtype = DataType::kFloat32;
+  ASSERT_TRUE(ex.reserve(count, dtype).is_ok());
+
+  CallBuffers bufs;
+  make_buffers(p, devices, count, dtype, /*inplace=*/false, false, 5, bufs);
+  const auto args = run_args(p, bufs, count, dtype, RedOp::kSum, false, streams.get());
+  ASSERT_TRUE(ex.run_and_wait(args).is_ok());  // warm-up: picks the CTA size outside capture
+
+  // One graph per device stream (each device's launch is independent).
+  std::vector<cudaGraph_t> graphs(ex.devices().size());
+  std::vector<cudaGraphExec_t> execs(ex.devices().size());
+  for (std::size_t i = 0; i < ex.devices().size(); ++i) {
+    cudaSetDevice(ex.devices()[i]);
+    ASSERT_CUDA(cudaStreamBeginCapture(streams.get()[i], cudaStreamCaptureModeThreadLocal));
+  }
+  const Status captured = ex.run(args);
+  // End every capture before instantiating: instantiation is refused while any stream of
+  // the thread is still capturing.
+  for (std::size_t i = 0; i < ex.devices().size(); ++i) {
+    cudaSetDevice(ex.devices()[i]);
+    ASSERT_CUDA(cudaStreamEndCapture(streams.get()[i], &graphs[i]));
+  }
+  for (std::size_t i = 0; i < ex.devices().size(); ++i) {
+    cudaSetDevice(ex.devices()[i]);
+    ASSERT_CUDA(cudaGraphInstantiate(&execs[i], graphs[i], 0));
+  }
+  ASSERT_TRUE(captured.is_ok()) << captured.message();
+
+  for (int replay = 0; replay < 5; ++replay) {
+    refill_inputs(p, dtype, 1000 + replay, bufs);
+    for (std::size_t i = 0; i < ex.devices().size(); ++i) {
+      cudaSetDevice(ex.devices()[i]);
+      ASSERT_CUDA(cudaGraphLaunch(execs[i], streams.get()[i]));
+    }
+    const Status s = ex.wait(args);
+    ASSERT_TRUE(s.is_ok()) << s.message();
+    auto result = host::execute(p, host_options(args, kSmallSlotBytes), bufs.host);
+    ASSERT_TRUE(result.status.is_ok()) << result.status.message();
+    const std::string failure = compare(p, dtype, bufs);
+    ASSERT_TRUE(failure.empty()) << "replay " << replay << ": " << failure;
+  }
+  for (std::size_t i = 0; i < ex.devices().size(); ++i) {
+    cudaGraphExecDestroy(execs[i]);
+    cudaGraphDestroy(graphs[i]);
+  }
+}
+
+// ---- Failures: a program that blocks forever ----
+
+/// Two ranks that each receive before sending: validation's `deadlock` rule, run anyway.
+ef::Program receive_first_program() {
+  ef::Program p;
+  p.name = "receive_first";
+  p.collective = ef::Collective::kCustom;
+  p.nranks = 2;
+  p.nchunksperloop = 1;
+  p.inplace = false;
+  p.outofplace = true;
+  for (int r = 0; r < 2; ++r) {
+    ef::Rank rank;
+    rank.input_chunks = 1;
+    rank.output_chunks = 1;
+    ef::Threadblock tb;
+    tb.send_peer = 1 - r;
+    tb.recv_peer = 1 - r;
+    ef::Op recv;
+    recv.code = ef::OpCode::kRecv;
+    recv.dst = ef::BufferRef{ef::BufferKind::kOutput, 0};
+    ef::Op send;
+    send.code = ef::OpCode::kSend;
+    send.src = ef::BufferRef{ef::BufferKind::kInput, 0};
+    tb.ops = {recv, send};
+    rank.threadblocks.push_back(tb);
+    p.ranks.push_back(rank);
+  }
+  return p;
+}
+
+TEST(DeviceExecutor, RefusesBlockingProgramsUnlessAllowed) {
+  SKIP_WITHOUT_GPU();
+  auto refused = device::DeviceExecutor::create(receive_first_program(), {0, 0});
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("deadlock"), std::string::npos)
+      << refused.status().message();
+}
+
+struct BlockedCall {
+  std::unique_ptr<device::DeviceExecutor> executor;
+  std::unique_ptr<Streams> streams;
+  CallBuffers bufs;
+  device::RunArgs args;
+};
+
+void start_blocked_call(std::chrono::nanoseconds timeout, BlockedCall& call) {
+  const ef::Program p = receive_first_program();
+  const std::vector<int> devices = map_ranks(2, true);
+  device::ExecutorConfig config;
+  config.allow_blocking_programs = true;
+  auto executor = device::DeviceExecutor::create(p, devices, config);
+  ASSERT_TRUE(executor.is_ok()) << executor.status().message();
+  call.executor = std::move(executor.value());
+  call.streams = std::make_unique<Streams>(call.executor->devices());
+  make_buffers(p, devices, 64, DataType::kFloat32, false, false, 3, call.bufs);
+  call.args = run_args(p, call.bufs, 64, DataType::kFloat32, RedOp::kSum, false,
+                       call.streams->get());
+  call.args.timeout = timeout;
+}
+
+TEST(DeviceExecutor, TimeoutNamesTheBlockedThreadblock) {
+  SKIP_WITHOUT_GPU();
+  BlockedCall call;
+  start_blocked_call(std::chrono::milliseconds(200), call);
+  ASSERT_TRUE(call.executor);
+  const auto start = std::chrono::steady_clock::now();
+  const Status s = call.executor->run_and_wait(call.args);
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("timed out"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("threadblock 0 op 0 (recv) iteration 0"), std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("data on connection"), std::string::npos) << s.message();
+  EXPECT_LT(elapsed, std::chrono::seconds(2)) << s.message();
+
+  // Refused until reset; after reset it runs (and blocks) again.
+  EXPECT_FALSE(call.executor->run(call.args).is_ok());
+  ASSERT_TRUE(call.executor->reset().is_ok());
+  EXPECT_TRUE(call.executor->error_status().is_ok());
+  const Status again = call.executor->run_and_wait(call.args);
+  EXPECT_NE(again.message().find("timed out"), std::string::npos) << again.message();
+}
+
+TEST(DeviceExecutor, AbortStopsABlockedCallPromptly) {
+  SKIP_WITHOUT_GPU();
+  BlockedCall call;
+  start_blocked_call(std::chrono::seconds(60), call);
+  ASSERT_TRUE(call.executor);
+  ASSERT_TRUE(call.executor->run(call.args).is_ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const auto start = std::chrono::steady_clock::now();
+  std::thread aborter([&] { call.executor->abort(); });
+  const Status s = call.executor->wait(call.args);
+  aborter.join();
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("aborted"), std::string::npos) << s.message();
+  EXPECT_LT(elapsed, std::chrono::seconds(1)) << s.message();
+  ASSERT_TRUE(call.executor->reset().is_ok());
+
+  // The GPUs are healthy afterwards: a good program still matches the host.
+  const ef::Program& p = program_at(example("ring_allreduce_4r_2ch.json"));
+  const auto devices = map_ranks(p.nranks, true);
+  auto executor = device::DeviceExecutor::create(p, devices);
+  ASSERT_TRUE(executor.is_ok()) << executor.status().message();
+  Streams streams((*executor)->devices());
+  const std::string failure =
+      run_and_compare(**executor, p, devices, streams, ef::count_granularity(p) * 5,
+                      DataType::kFloat32, RedOp::kSum, false, false, 9,
+                      device::ExecutorConfig{}.slot_bytes);
+  EXPECT_TRUE(failure.empty()) << failure;
+}
+
+}  // namespace
+}  // namespace efccl
