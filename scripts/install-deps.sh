@@ -3,7 +3,7 @@
 # already present are not reinstalled, and apt is not touched when nothing is missing.
 set -euo pipefail
 
-packages=(build-essential cmake g++ python3 googletest libgtest-dev nlohmann-json3-dev
+packages=(build-essential cmake g++ python3 python3-dev pybind11-dev googletest libgtest-dev nlohmann-json3-dev
           clang libclang-rt-14-dev)
 
 missing=()

@@ -200,4 +200,27 @@ TEST_F(CliTest, CheckPrintsVerdictTable) {
   EXPECT_NE(o.out.find("20 runs passed, 0 failed"), std::string::npos) << o.out;
 }
 
+TEST_F(CliTest, ListsAndGeneratesLibraryAlgorithms) {
+  auto o = run("list-algorithms");
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_NE(o.out.find("ring_allreduce"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("direct_alltoall"), std::string::npos) << o.out;
+
+  const auto json = dir_ / "ring.json", xml = dir_ / "ring.xml";
+  o = run("generate ring_allreduce --ranks 5 --instances 2 -o " + json.string());
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  o = run("generate ring_allreduce --ranks 5 --instances 2 --protocol LL -o " + xml.string());
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_NE(read_file(xml).find("proto=\"LL\""), std::string::npos);
+  for (const auto& f : {json, xml}) {
+    o = run("run-host " + f.string() + " --dtype int32 --op prod");
+    EXPECT_EQ(o.exit_code, 0) << o.out << o.err;
+  }
+  o = run("generate no_such_algorithm --ranks 2 -o " + json.string());
+  EXPECT_EQ(o.exit_code, 1);
+  EXPECT_NE(o.err.find("unknown algorithm"), std::string::npos) << o.err;
+  EXPECT_EQ(run("generate ring_allreduce -o " + json.string()).exit_code, 2);  // no --ranks
+  EXPECT_EQ(run("generate ring_allreduce --ranks 0 -o " + json.string()).exit_code, 2);
+}
+
 }  // namespace

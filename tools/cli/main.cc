@@ -16,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include "efccl/algorithms/registry.h"
 #include "efccl/ef/datatype.h"
 #include "efccl/ef/json_io.h"
 #include "efccl/ef/load.h"
@@ -47,6 +48,11 @@ constexpr std::string_view kUsage =
     "  import-msccl IN.xml -o OUT.json\n"
     "  export-msccl IN.json -o OUT.xml\n"
     "  show FILE                   human summary of a program\n"
+    "  list-algorithms             the built-in algorithm library\n"
+    "  generate NAME --ranks N [--nodes N --gpus-per-node G] [--instances R] [--channels C]\n"
+    "           [--protocol Simple|LL|LL128] [--root R] [--inplace] -o FILE\n"
+    "                              write a library algorithm as EF JSON (.json) or MSCCL XML\n"
+    "                              (.xml), chosen by the output's extension\n"
     "  help                        this text\n"
     "\n"
     "Datatypes: int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 f8e4m3 f8e5m2\n"
@@ -357,6 +363,72 @@ int cmd_show(const std::vector<std::string>& argv) {
   return kExitOk;
 }
 
+int cmd_list_algorithms(const std::vector<std::string>& argv) {
+  Args args(argv, {}, {});
+  if (!args.positional().empty()) throw UsageError{"list-algorithms takes no arguments"};
+  const auto algorithms = efccl::algorithms::list_algorithms();
+  for (const auto& a : algorithms) {
+    std::string range = std::to_string(a.default_min_bytes) + ".." +
+                        (a.default_max_bytes ? std::to_string(*a.default_max_bytes) : "");
+    std::cout << pad(a.name, 22) << pad(std::string(ef::to_string(a.collective)), 14)
+              << pad(range, 16) << a.description << '\n';
+  }
+  return kExitOk;
+}
+
+/// An int32 flag value in [min, max].
+int32_t parse_i32(std::string_view flag, std::string_view text, int32_t min, int32_t max) {
+  const uint64_t v = parse_u64(flag, text);
+  if (v < static_cast<uint64_t>(min) || v > static_cast<uint64_t>(max))
+    throw UsageError{std::string(flag) + ": expected " + std::to_string(min) + ".." +
+                     std::to_string(max) + ", got " + std::string(text)};
+  return static_cast<int32_t>(v);
+}
+
+int cmd_generate(const std::vector<std::string>& argv) {
+  Args args(argv,
+            {"--ranks", "--nodes", "--gpus-per-node", "--instances", "--channels", "--protocol",
+             "--root", "-o"},
+            {"--inplace"});
+  if (args.positional().size() != 1) throw UsageError{"generate needs exactly one NAME"};
+  if (!args.value("--ranks")) throw UsageError{"generate needs --ranks N"};
+  if (!args.value("-o")) throw UsageError{"generate needs -o FILE"};
+  efccl::algorithms::AlgorithmParams params;
+  params.ranks = parse_i32("--ranks", *args.value("--ranks"), 1, 4096);
+  if (auto v = args.value("--nodes")) params.nodes = parse_i32("--nodes", *v, 1, 4096);
+  if (auto v = args.value("--gpus-per-node"))
+    params.gpus_per_node = parse_i32("--gpus-per-node", *v, 1, 4096);
+  if (auto v = args.value("--instances")) params.instances = parse_i32("--instances", *v, 1, 64);
+  if (auto v = args.value("--channels")) params.channels = parse_i32("--channels", *v, 1, 64);
+  if (auto v = args.value("--root")) params.root = parse_i32("--root", *v, 0, 4095);
+  if (auto v = args.value("--protocol")) {
+    auto protocol = ef::parse_protocol(*v);
+    if (!protocol) throw UsageError{"--protocol: expected Simple, LL or LL128, got '" + *v + "'"};
+    params.protocol = *protocol;
+  }
+  params.inplace = args.has("--inplace");
+
+  auto program = efccl::algorithms::generate_algorithm(args.positional()[0], params);
+  if (!program) {
+    std::cerr << "efccl generate: " << program.status().message() << '\n';
+    return kExitFailed;
+  }
+  const std::string out = *args.value("-o");
+  const bool xml = out.size() >= 4 && out.compare(out.size() - 4, 4, ".xml") == 0;
+  std::string text;
+  if (xml) {
+    auto saved = ef::save_msccl_xml(*program);
+    if (!saved) {
+      std::cerr << "efccl generate: cannot write MSCCL XML: " << saved.status().message() << '\n';
+      return kExitFailed;
+    }
+    text = std::move(*saved);
+  } else {
+    text = ef::save_json(*program);
+  }
+  return write_file(out, text) ? kExitOk : kExitFailed;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -374,6 +446,8 @@ int main(int argc, char** argv) {
     if (command == "import-msccl") return cmd_convert(args, true);
     if (command == "export-msccl") return cmd_convert(args, false);
     if (command == "show") return cmd_show(args);
+    if (command == "list-algorithms") return cmd_list_algorithms(args);
+    if (command == "generate") return cmd_generate(args);
     if (command == "help" || command == "--help" || command == "-h") {
       std::cout << kUsage;
       return kExitOk;
