@@ -111,10 +111,12 @@ uint64_t api_input_elements(const Program& p, int32_t rank, uint64_t count) {
   switch (p.collective) {
     case Collective::kAllReduce:
     case Collective::kAllGather:
-    case Collective::kBroadcast:
     case Collective::kReduce:
     case Collective::kGather:
       return count;
+    case Collective::kBroadcast:
+      // NCCL ignores sendbuff off the root: a program must not touch the user's memory there.
+      return rank == p.root ? count : 0;
     case Collective::kReduceScatter:
     case Collective::kAllToAll:
       return count * n;

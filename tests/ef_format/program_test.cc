@@ -47,6 +47,10 @@ TEST(ApiElements, RootedCollectivesHaveNoBufferOffRoot) {
   EXPECT_EQ(api_input_elements(reduce, 0, 8), 8u);
   EXPECT_EQ(api_output_elements(reduce, 0, 8), 0u);
   EXPECT_EQ(api_output_elements(reduce, 2, 8), 8u);
+  auto bcast = shaped(Collective::kBroadcast, 4, 4, /*root=*/1);
+  EXPECT_EQ(api_input_elements(bcast, 1, 8), 8u);
+  EXPECT_EQ(api_input_elements(bcast, 0, 8), 0u);  // NCCL ignores sendbuff off the root
+  EXPECT_EQ(api_output_elements(bcast, 0, 8), 8u);
   auto gather = shaped(Collective::kGather, 4, 4, 1);
   EXPECT_EQ(api_output_elements(gather, 1, 5), 20u);
   EXPECT_EQ(api_output_elements(gather, 0, 5), 0u);

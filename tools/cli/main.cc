@@ -44,7 +44,8 @@ constexpr std::string_view kUsage =
     "                              run on the host executor with random inputs and verify;\n"
     "                              prints one line starting with PASS or FAIL\n"
     "  check FILE...               run-host over a matrix of datatypes, ops and every mode\n"
-    "                              the file allows; prints a verdict table\n"
+    "                              the file allows, each also tiled into 10 pipelined\n"
+    "                              pieces per chunk; prints a verdict table\n"
     "  import-msccl IN.xml -o OUT.json\n"
     "  export-msccl IN.json -o OUT.xml\n"
     "  show FILE                   human summary of a program\n"
@@ -157,8 +158,16 @@ std::vector<double> default_premul_scalars(int nranks) {
   return s;
 }
 
-/// The count run-host uses when none is given: three elements per chunk.
-uint64_t default_count(const ef::Program& p) { return ef::count_granularity(p) * 3; }
+/// The count run-host uses when none is given: 64 elements per chunk, enough that a program
+/// touching the wrong chunk or element cannot pass by coincidence.
+constexpr uint64_t kDefaultChunkElements = 64;
+uint64_t default_count(const ef::Program& p) {
+  return ef::count_granularity(p) * kDefaultChunkElements;
+}
+
+/// `check`'s second run of every cell: slots of 7 elements, so every chunk is cut into
+/// ceil(64 / 7) = 10 tiles, the last one partial (pipelining and back-pressure exercised).
+constexpr std::size_t kTiledSlotElements = 7;
 
 host::ExecOptions base_options(const ef::Program& p, ef::DataType dtype, ef::RedOp op,
                                bool inplace) {
@@ -265,8 +274,12 @@ int cmd_check(const std::vector<std::string>& argv) {
                          pad(std::to_string(program->nranks), 6) +
                          pad(inplace ? "inplace" : "outofplace", 11);
       for (const auto& m : kCheckMatrix) {
-        auto result =
-            host::run_and_verify(*program, base_options(*program, m.dtype, m.op, inplace), seed);
+        auto options = base_options(*program, m.dtype, m.op, inplace);
+        auto result = host::run_and_verify(*program, options, seed);
+        if (result.pass) {  // the same call again, tiled
+          options.slot_bytes = kTiledSlotElements * ef::size_of(m.dtype);
+          result = host::run_and_verify(*program, options, seed + 1);
+        }
         line += pad(result.pass ? "PASS" : "FAIL", 15);
         if (result.pass) {
           ++passes;

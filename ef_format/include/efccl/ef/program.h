@@ -167,7 +167,8 @@ std::optional<uint64_t> chunk_elements(const Program& p, uint64_t count);
 /// The smallest NCCL count > 0 this program can run (so that every chunk has >= 1 element).
 uint64_t count_granularity(const Program& p);
 /// Elements of the rank's input / output buffer that the NCCL API defines for `count`
-/// (0 where the API has none, e.g. the output of a non-root rank of reduce).
+/// (0 where the API has none or NCCL ignores it, e.g. the output of a non-root rank of reduce
+/// or the input of a non-root rank of broadcast).
 uint64_t api_input_elements(const Program& p, int32_t rank, uint64_t count);
 uint64_t api_output_elements(const Program& p, int32_t rank, uint64_t count);
 /// For in-place calls: where the input buffer starts inside the output buffer, in elements,
