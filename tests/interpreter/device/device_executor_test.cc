@@ -486,7 +486,8 @@ INSTANTIATE_TEST_SUITE_P(Programs, ProgramOnGpus, ::testing::ValuesIn(all_cases(
 std::string example(const char* name) { return source_dir() + "/examples/ef/" + name; }
 
 TEST(DeviceExecutor, LargeTilesWithDefaultSlots) {
-  // Chunks of ~300 KiB through 128 KiB slots: full 16-byte vector tiles and a partial last one.
+  // Chunks of ~1.2 MB (float) through the default 512 KiB slots: full 16-byte vector tiles and
+  // a partial last one.
   SKIP_WITHOUT_GPU();
   const ef::Program& p = program_at(example("ring_allreduce_4r_2ch.json"));
   const auto devices = map_ranks(p.nranks, true);
@@ -494,7 +495,7 @@ TEST(DeviceExecutor, LargeTilesWithDefaultSlots) {
   ASSERT_TRUE(executor.is_ok()) << executor.status().message();
   Streams streams((*executor)->devices());
   const device::ExecutorConfig defaults;
-  const uint64_t count = ef::count_granularity(p) * 76807;
+  const uint64_t count = ef::count_granularity(p) * 307229;
   for (const auto& m : {MatrixEntry{DataType::kFloat32, RedOp::kSum},
                         MatrixEntry{DataType::kBFloat16, RedOp::kPreMulSum},
                         MatrixEntry{DataType::kUint8, RedOp::kMax}}) {
@@ -615,6 +616,8 @@ ef::Program receive_first_program() {
     tb.ops = {recv, send};
     rank.threadblocks.push_back(tb);
     p.ranks.push_back(rank);
+    // What it would compute if it could run: each rank's output is the other's input.
+    p.postconditions.push_back({r, 0, {ef::ChunkSource{1 - r, 0}}});
   }
   return p;
 }
