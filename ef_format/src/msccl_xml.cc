@@ -22,6 +22,7 @@ constexpr int64_t kInt32Min = std::numeric_limits<int32_t>::min();
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 constexpr int64_t kMaxRanks = 4096;
 constexpr int64_t kMaxChannels = 1024;
+constexpr std::size_t kMaxNameBytes = 256;  ///< as EF JSON (json_io.cc)
 
 constexpr std::array<std::string_view, 14> kAlgoAttributes = {
     "name",     "proto",    "nchannels", "nchunksperloop", "ngpus",         "coll",  "inplace",
@@ -242,7 +243,13 @@ std::optional<Program> Importer::run() {
   Program program;
   AttributeReader attributes(*this, doc_, algo, algo_path, kAlgoAttributes);
   attributes.report_unknown();
-  program.name = std::string(attributes.text("name", false).value_or(""));
+  // EF JSON's limit (docs/ef-format.md §1): an imported name must survive export to JSON.
+  if (const auto name = attributes.text("name", false); name && name->size() > kMaxNameBytes) {
+    attributes.report("name", "expected at most " + std::to_string(kMaxNameBytes) +
+                                  " bytes, found " + std::to_string(name->size()));
+  } else {
+    program.name = std::string(name.value_or(""));
+  }
   if (const auto proto = attributes.text("proto", true)) {
     if (const auto parsed = parse_protocol(*proto)) {
       program.protocol = *parsed;

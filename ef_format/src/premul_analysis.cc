@@ -16,15 +16,17 @@
 //
 // Granularity: flags are per operand, not per chunk. An operand of count c is pristine only
 // when all c chunks are input chunks (through in-place aliasing, too) and none was written
-// before; a range mixing written and unwritten chunks counts as not pristine. A correct
-// program can contain such a read only when one op moves a raw input chunk together with an
-// already combined one, which scaling per operand cannot express; generated and MSCCL
-// programs move each chunk's raw value and its partial results in separate ops.
+// before. A range mixing pristine chunks with written (or non-input) ones is reported as
+// mixed: one op would move a raw input chunk together with an already combined one, which
+// scaling per operand cannot express, so pre-multiplying engines refuse such programs.
+// Generated and MSCCL programs move each chunk's raw value and its partial results in
+// separate ops.
 #include "efccl/ef/premul_analysis.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "wait_for_graph.h"
 
@@ -164,11 +166,15 @@ class SegmentNumbering {
       cover(reads, a->dst_read.range);
     }
     tracked_before_.assign(points_.size(), 0);
+    tracked_chunks_before_.assign(points_.size(), 0);
     int64_t w = 0, r = 0;
     for (std::size_t s = 0; s + 1 < points_.size(); ++s) {
       w += writes[s];
       r += reads[s];
-      tracked_before_[s + 1] = tracked_before_[s] + (w > 0 && r > 0 ? 1 : 0);
+      const bool tracked = w > 0 && r > 0;
+      tracked_before_[s + 1] = tracked_before_[s] + (tracked ? 1 : 0);
+      tracked_chunks_before_[s + 1] =
+          tracked_chunks_before_[s] + (tracked ? points_[s + 1] - points_[s] : 0);
     }
   }
 
@@ -180,6 +186,13 @@ class SegmentNumbering {
     return {first_id_ + tracked_before_[index(r.begin)], first_id_ + tracked_before_[index(r.end)]};
   }
 
+  /// Whether `r` (a range this numbering was built from) holds chunks no op writes: those
+  /// are pristine for every reader.
+  bool has_untracked(const ChunkRange& r) const {
+    if (r.empty()) return false;
+    return r.end - r.begin > tracked_chunks_before_[index(r.end)] - tracked_chunks_before_[index(r.begin)];
+  }
+
  private:
   std::size_t index(int64_t point) const {
     return static_cast<std::size_t>(std::lower_bound(points_.begin(), points_.end(), point) -
@@ -189,21 +202,23 @@ class SegmentNumbering {
   std::size_t first_id_;
   std::vector<int64_t> points_;               ///< sorted segment boundaries
   std::vector<std::size_t> tracked_before_;   ///< tracked segments left of each boundary
+  std::vector<int64_t> tracked_chunks_before_;  ///< chunks in those segments
 };
 
-/// Whether any bit of [begin, end) ∩ [base, base + 64 * words) is set in `row`.
-bool any_bit(const uint64_t* row, std::size_t words, std::size_t base, IdRange ids) {
+/// How many bits of [begin, end) ∩ [base, base + 64 * words) are set in `row`.
+std::size_t count_bits(const uint64_t* row, std::size_t words, std::size_t base, IdRange ids) {
   const std::size_t lo = std::max(ids.begin, base);
   const std::size_t hi = std::min(ids.end, base + 64 * words);
+  std::size_t count = 0;
   for (std::size_t b = lo; b < hi;) {
     const std::size_t word = (b - base) / 64;
     const std::size_t bit = (b - base) % 64;
     const std::size_t n = std::min<std::size_t>(64 - bit, hi - b);
     const uint64_t mask = (n == 64 ? ~uint64_t{0} : ((uint64_t{1} << n) - 1)) << bit;
-    if (row[word] & mask) return true;
+    count += static_cast<std::size_t>(__builtin_popcountll(row[word] & mask));
     b += n;
   }
-  return false;
+  return count;
 }
 
 /// Sets the bits of [begin, end) ∩ [base, base + 64 * words) in `row`.
@@ -244,6 +259,7 @@ PremulMap analyze_premul(const Program& program, bool inplace) {
   // Tracked segment ids per op (graph ids run rank by rank).
   struct OpIds {
     IdRange src, dst, written;
+    bool src_untracked = false, dst_untracked = false;  ///< reads chunks no op writes
   };
   std::vector<OpIds> ids(n_ops);
   std::size_t n_ids = 0;
@@ -251,14 +267,16 @@ PremulMap analyze_premul(const Program& program, bool inplace) {
     const SegmentNumbering segments(by_rank[r], n_ids);
     for (; x < n_ops && static_cast<std::size_t>(graph.position(x).rank) == r; ++x)
       ids[x] = {segments.ids(access[x].src_read.range), segments.ids(access[x].dst_read.range),
-                segments.ids(access[x].written)};
+                segments.ids(access[x].written), segments.has_untracked(access[x].src_read.range),
+                segments.has_untracked(access[x].dst_read.range)};
     n_ids += segments.tracked();
   }
 
   // Forward dataflow in column batches: row x holds the tracked segments written by x or by
   // any op that happens before x.
   const std::vector<std::size_t> order = graph.topological_order();
-  std::vector<char> src_written(n_ops, 0), dst_written(n_ops, 0);
+  // Tracked segments of each read operand written before it.
+  std::vector<std::size_t> src_written(n_ops, 0), dst_written(n_ops, 0);
   const std::size_t total_words = (n_ids + 63) / 64;
   const std::size_t words =
       std::min(total_words, std::max<std::size_t>(1, kMaxBitsetWords / std::max<std::size_t>(n_ops, 1)));
@@ -271,8 +289,8 @@ PremulMap analyze_premul(const Program& program, bool inplace) {
         const uint64_t* pred = rows.data() + p * words;
         for (std::size_t w = 0; w < words; ++w) row[w] |= pred[w];
       }
-      if (any_bit(row, words, base, ids[x].src)) src_written[x] = 1;
-      if (any_bit(row, words, base, ids[x].dst)) dst_written[x] = 1;
+      src_written[x] += count_bits(row, words, base, ids[x].src);
+      dst_written[x] += count_bits(row, words, base, ids[x].dst);
       set_bits(row, words, base, ids[x].written);
     }
   }
@@ -291,10 +309,53 @@ PremulMap analyze_premul(const Program& program, bool inplace) {
     const detail::OpPosition& at = graph.position(x);
     PremulFlags& flags = result[at.rank][at.tb][at.op];
     const OpAccess& a = access[x];
-    flags.src = a.reads_src && a.src_read.all_input && !src_written[x];
-    flags.dst = a.reads_dst && a.dst_read.all_input && !dst_written[x];
+    flags.src = a.reads_src && a.src_read.all_input && src_written[x] == 0;
+    flags.dst = a.reads_dst && a.dst_read.all_input && dst_written[x] == 0;
+    // Mixed: some chunk pristine (never written, or tracked but not yet written) and some not
+    // (written before, or not an input chunk at all).
+    const auto mixed = [](const InputRange& read, IdRange tracked, bool untracked,
+                          std::size_t written) {
+      if (read.range.empty()) return false;
+      const bool some_pristine = untracked || written < tracked.end - tracked.begin;
+      const bool some_not = !read.all_input || written > 0;
+      return some_pristine && some_not;
+    };
+    flags.src_mixed =
+        a.reads_src && mixed(a.src_read, ids[x].src, ids[x].src_untracked, src_written[x]);
+    flags.dst_mixed =
+        a.reads_dst && mixed(a.dst_read, ids[x].dst, ids[x].dst_untracked, dst_written[x]);
   }
   return result;
+}
+
+std::string describe_mixed_operand(const Program& program, const PremulMap& map, bool inplace) {
+  for (std::size_t r = 0; r < map.size() && r < program.ranks.size(); ++r) {
+    const auto& tbs = program.ranks[r].threadblocks;
+    for (std::size_t t = 0; t < map[r].size() && t < tbs.size(); ++t) {
+      for (std::size_t i = 0; i < map[r][t].size() && i < tbs[t].ops.size(); ++i) {
+        const PremulFlags& f = map[r][t][i];
+        if (!f.src_mixed && !f.dst_mixed) continue;
+        const Op& op = tbs[t].ops[i];
+        const bool src = f.src_mixed && op.src.has_value();
+        const std::optional<BufferRef>& ref = src ? op.src : op.dst;
+        std::string message = "rank " + std::to_string(r) + " tb " + std::to_string(t) + " op " +
+                              std::to_string(i) + " (" + std::string(to_string(op.code)) +
+                              "): " + (src ? "src" : "dst");
+        const InputRange read =
+            ref ? InputMap(program, r, inplace).map(*ref, op.count) : InputRange{};
+        if (ref && ref->buffer != BufferKind::kInput)
+          message += " (" + std::string(to_string(ref->buffer)) + " chunks " +
+                     std::to_string(ref->offset) + ".." +
+                     std::to_string(ref->offset + op.count - 1) + ", in place)";
+        message += " reads input chunks " + std::to_string(read.range.begin) + ".." +
+                   std::to_string(read.range.end - 1) +
+                   (read.all_input ? " of which some are already written"
+                                   : " together with chunks outside the input");
+        return message + ": premulsum/avg cannot scale it; split the op";
+      }
+    }
+  }
+  return {};
 }
 
 }  // namespace efccl::ef

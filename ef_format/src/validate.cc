@@ -211,6 +211,9 @@ class CapacitySimulation {
     const std::vector<Op>* ops = nullptr;
     std::size_t pc = 0;       ///< current op
     bool started = false;     ///< the current op's dependencies were met
+    /// Dependencies of the current op known completed: completion is monotone, so each is
+    /// checked until met and never again (a rescan per visit is quadratic in huge dep lists).
+    std::size_t deps_met = 0;
     int64_t remaining = 0;    ///< units of the current op not yet moved (once started)
     int64_t in = -1, out = -1;  ///< connection indices
     bool finished() const { return pc == ops->size(); }
@@ -230,8 +233,8 @@ class CapacitySimulation {
     while (!s.finished()) {
       const Op& op = (*s.ops)[s.pc];
       if (!s.started) {
-        for (const Dependency& d : op.deps)
-          if (!completed(s.rank, d)) return progressed;
+        for (; s.deps_met < op.deps.size(); ++s.deps_met)
+          if (!completed(s.rank, op.deps[s.deps_met])) return progressed;
         s.started = true;
         s.remaining = op.count;
         event = progressed = true;
@@ -248,6 +251,7 @@ class CapacitySimulation {
       if (s.remaining > 0) return progressed;
       ++s.pc;
       s.started = false;
+      s.deps_met = 0;
     }
     return progressed;
   }
@@ -280,8 +284,8 @@ class CapacitySimulation {
     std::string out = "rank " + std::to_string(s.rank) + " tb " + std::to_string(s.tb) + " op " +
                       std::to_string(s.pc) + " (" + op_name(op.code) + ") waits for ";
     if (!s.started) {
-      for (const Dependency& d : op.deps)
-        if (!completed(s.rank, d))
+      for (std::size_t k = s.deps_met; k < op.deps.size(); ++k)
+        if (const Dependency& d = op.deps[k]; !completed(s.rank, d))
           return out + "its dependency tb " + std::to_string(d.tb) + " op " +
                  std::to_string(d.op);
       return out + "its dependencies";
@@ -386,7 +390,15 @@ class Validator {
       report(top("min_bytes"), rule,
              "min_bytes " + std::to_string(p_.min_bytes) + " is larger than max_bytes " +
                  std::to_string(*p_.max_bytes));
-    if (!p_.ranks.empty() && (p_.root < 0 || static_cast<std::size_t>(p_.root) >= p_.ranks.size()))
+    const bool rooted = p_.collective == Collective::kBroadcast ||
+                        p_.collective == Collective::kReduce ||
+                        p_.collective == Collective::kGather || p_.collective == Collective::kScatter;
+    if (is_known(p_.collective) && !rooted && p_.root != 0)
+      report(top("root"), rule,
+             "root is " + std::to_string(p_.root) + "; expected 0: " +
+                 std::string(to_string(p_.collective)) + " has no root");
+    else if (!p_.ranks.empty() &&
+             (p_.root < 0 || static_cast<std::size_t>(p_.root) >= p_.ranks.size()))
       report(top("root"), rule,
              "root is " + std::to_string(p_.root) + "; expected a rank in 0.." + last_rank());
   }
@@ -510,6 +522,12 @@ class Validator {
                    " postconditions; only custom programs may have them");
       return;
     }
+    if (p_.postconditions.empty())
+      report(top(p_.source.format == SourceMap::Format::kMscclXml ? "collective"
+                                                                    : "postconditions"),
+             rule,
+             "a custom program has no postconditions; expected at least one (without them "
+             "nothing defines its result and every run would verify)");
     const auto rank_ok = [&](int32_t rank) {
       return rank >= 0 && static_cast<std::size_t>(rank) < p_.ranks.size();
     };

@@ -181,6 +181,19 @@ TEST(MscclXmlImport, NamesTheElementPathAttributeAndLine) {
             "0 ... 9223372036854775807, found \"12abc\" [schema]");
 }
 
+TEST(MscclXmlImport, RejectsNamesLongerThanEfJsonAllows) {
+  // EF JSON limits names to 256 bytes; a longer imported name would make import-msccl write
+  // JSON that cannot be loaded back.
+  const std::string at_limit(256, 'n');
+  const Program p = load_ok(base_with("name=\"pair\"", "name=\"" + at_limit + "\""));
+  EXPECT_EQ(p.name, at_limit);
+  const Diagnostic d = load_error(base_with("name=\"pair\"", "name=\"" + at_limit + "x\""),
+                                  "algo@name (line 1)", "at most 256 bytes, found 257");
+  EXPECT_EQ(d.rule, "schema");
+  // The limit counts the decoded bytes (an entity is one byte), as JSON's does.
+  load_ok(base_with("name=\"pair\"", "name=\"" + std::string(255, 'n') + "&amp;\""));
+}
+
 TEST(MscclXmlImport, RejectsIntegersOutOfRange) {
   load_error(base_with("dstoff=\"1\"", "dstoff=\"99999999999999999999\""),
              "algo/gpu[id=0]/tb[id=1]/step[s=1]@dstoff (line 8)", "99999999999999999999");

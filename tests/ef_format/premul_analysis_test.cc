@@ -114,6 +114,7 @@ Program reduce_then_send(bool ordered) {
   p.ranks[0].threadblocks = {make_tb(-1, -1, {reduce(in(1), in(0))}),
                              make_tb(1, -1, {send(in(0), 1, deps), send(in(1))})};
   p.ranks[1].threadblocks = {make_tb(-1, 0, {recv(out(0)), recv(out(1))})};
+  p.postconditions = {{1, 1, {{0, 1}}}};  // custom programs need one (validate)
   return p;
 }
 
@@ -136,7 +137,63 @@ TEST(PremulAnalysis, ARangeWithAWrittenChunkIsNotPristine) {
   p.ranks[0].threadblocks[1].ops = {send(in(0), 2, {{0, 0}})};
   p.ranks[1].threadblocks[0].ops = {recv(out(0), 2)};
   ASSERT_TRUE(validate(p).empty());
-  EXPECT_EQ(flags_of(analyze_premul(p, false), 0, 1), "-");
+  const PremulMap map = analyze_premul(p, false);
+  EXPECT_EQ(flags_of(map, 0, 1), "-");
+  // Chunk 0 written, chunk 1 pristine: the operand is mixed, and the description names it.
+  EXPECT_TRUE(map[0][1][0].src_mixed);
+  EXPECT_FALSE(map[0][1][0].dst_mixed);
+  EXPECT_FALSE(map[0][0][0].src_mixed || map[0][0][0].dst_mixed);
+  EXPECT_EQ(describe_mixed_operand(p, map, false),
+            "rank 0 tb 1 op 0 (send): src reads input chunks 0..1 of which some are already "
+            "written: premulsum/avg cannot scale it; split the op");
+}
+
+TEST(PremulAnalysis, SplitOrUniformRangesAreNotMixed) {
+  // The split version (one op per chunk) has no mixed operand; neither has a range all
+  // written or all pristine.
+  const Program split = reduce_then_send(true);
+  const PremulMap map = analyze_premul(split, false);
+  for (const auto& tb : map[0])
+    for (const PremulFlags& f : tb) EXPECT_FALSE(f.src_mixed || f.dst_mixed);
+  EXPECT_EQ(describe_mixed_operand(split, map, false), "");
+
+  Program all_written = reduce_then_send(true);
+  all_written.ranks[0].threadblocks[0].ops = {copy(in(0), in(1)), reduce(in(1), in(0))};
+  all_written.ranks[0].threadblocks[1].ops = {send(in(0), 2, {{0, 1}})};
+  all_written.ranks[1].threadblocks[0].ops = {recv(out(0), 2)};
+  ASSERT_TRUE(validate(all_written).empty());
+  const PremulMap written = analyze_premul(all_written, false);
+  EXPECT_FALSE(written[0][1][0].src || written[0][1][0].src_mixed);
+
+  Program unordered = reduce_then_send(false);  // the write does not happen before the read
+  unordered.ranks[0].threadblocks[1].ops = {send(in(0), 2)};
+  unordered.ranks[1].threadblocks[0].ops = {recv(out(0), 2)};
+  const PremulMap pristine = analyze_premul(unordered, false);
+  EXPECT_TRUE(pristine[0][1][0].src);
+  EXPECT_FALSE(pristine[0][1][0].src_mixed);
+}
+
+TEST(PremulAnalysis, InPlaceRangeReachingPastTheInputIsMixed) {
+  // Custom in place: rank 0's output (2 chunks) aliases its input (1 chunk) at chunk 0, so a
+  // send of output chunks 0..1 reads a pristine input chunk together with a non-input chunk.
+  Program p = make_program(Collective::kCustom, 2, 1);
+  p.inplace = true;
+  p.outofplace = true;
+  p.ranks[0].input_chunks = 1;
+  p.ranks[0].output_chunks = 2;
+  p.ranks[1].output_chunks = 2;
+  p.ranks[0].threadblocks = {make_tb(1, -1, {send(out(0), 2)})};
+  p.ranks[1].threadblocks = {make_tb(-1, 0, {recv(out(0), 2)})};
+  p.postconditions = {{1, 0, {{0, 0}}}};
+  ASSERT_TRUE(validate(p).empty());
+  const PremulMap inplace = analyze_premul(p, true);
+  EXPECT_TRUE(inplace[0][0][0].src_mixed);
+  EXPECT_EQ(describe_mixed_operand(p, inplace, true),
+            "rank 0 tb 0 op 0 (send): src (output chunks 0..1, in place) reads input chunks 0..0 "
+            "together with chunks outside the input: premulsum/avg cannot scale it; split the op");
+  const PremulMap outofplace = analyze_premul(p, false);
+  EXPECT_FALSE(outofplace[0][0][0].src_mixed);
+  EXPECT_EQ(describe_mixed_operand(p, outofplace, false), "");
 }
 
 TEST(PremulAnalysis, HappensBeforeCrossesRanks) {
@@ -149,6 +206,7 @@ TEST(PremulAnalysis, HappensBeforeCrossesRanks) {
   p.ranks[0].threadblocks = {make_tb(1, -1, {copy(in(1), in(0)), send(in(1))}),
                              make_tb(-1, 1, {recv(out(1)), copy(in(0), out(0)), copy(in(1), out(0))})};
   p.ranks[1].threadblocks = {make_tb(0, 0, {recv(out(0)), send(out(0))})};
+  p.postconditions = {{1, 0, {{0, 1}}}};
   ASSERT_TRUE(validate(p).empty());
   const PremulMap map = analyze_premul(p, false);
   EXPECT_EQ(flags_of(map, 0, 0), "S S");
@@ -232,6 +290,8 @@ TEST(PremulAnalysis, LongChainTakesSeveralBitsetBatches) {
   const int n = 40000;
   Program p = make_program(Collective::kCustom, 1, n + 1);
   p.ranks[0].input_chunks = n + 1;
+  p.ranks[0].output_chunks = 1;
+  p.postconditions = {{0, 0, {{0, 0}}}};
   std::vector<Op> ops;
   for (int k = 0; k < n; ++k) ops.push_back(reduce(in(k), in(k + 1)));
   p.ranks[0].threadblocks = {make_tb(-1, -1, std::move(ops))};

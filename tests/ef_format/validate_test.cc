@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <limits>
 #include <random>
@@ -135,7 +137,8 @@ TEST(Validate, ProgramShape) {
 
   p = ring_allreduce_2();
   p.root = 2;
-  EXPECT_EQ(expect_rule(p, "program-shape", "/root"), "root is 2; expected a rank in 0..1");
+  EXPECT_EQ(expect_rule(p, "program-shape", "/root"),
+            "root is 2; expected 0: allreduce has no root");
 
   p = ring_allreduce_2();
   p.nchannels = 0;
@@ -344,6 +347,7 @@ Program echo(int64_t count) {
   p.ranks[0].threadblocks = {
       make_tb(1, 1, {make_op(OpCode::kRecvReduceSend, in(0), std::nullopt, count)})};
   p.ranks[1].threadblocks = {make_tb(0, 0, {send(in(0), count), recv(out(0), count)})};
+  p.postconditions = {{1, 0, {{1, 0}}}};
   return p;
 }
 
@@ -365,6 +369,7 @@ TEST(Validate, CapacityWithHugeCountsIsFast) {
   chain.ranks[1].threadblocks = {
       make_tb(2, 0, {make_op(OpCode::kRecvCopySend, std::nullopt, out(0), huge)})};
   chain.ranks[2].threadblocks = {make_tb(-1, 1, {recv(out(0), huge)})};
+  chain.postconditions = {{2, 0, {{0, 0}}}};
   EXPECT_EQ(dump(validate(chain)), "");
 
   const std::string message = expect_rule(echo(huge), "capacity", "/ranks/0/threadblocks/0/ops/0");
@@ -402,6 +407,77 @@ TEST(Validate, Postcondition) {
   expect_rule(custom, "postcondition", "/postconditions/0/sources/1");
   custom.postconditions = {{1, 0, {{0, 0}}}, {1, 0, {{0, 0}}}};
   expect_rule(custom, "postcondition", "/postconditions/1");
+}
+
+TEST(Validate, CustomNeedsAtLeastOnePostcondition) {
+  // Without postconditions nothing defines a custom program's result: every run would pass.
+  Program custom = make_program(Collective::kCustom, 2, 1);
+  custom.ranks[0].input_chunks = 1;
+  custom.ranks[1].output_chunks = 1;
+  custom.ranks[0].threadblocks = {make_tb(1, -1, {send(in(0))})};
+  custom.ranks[1].threadblocks = {make_tb(-1, 0, {recv(out(0))})};
+  EXPECT_NE(expect_rule(custom, "postcondition", "/postconditions").find("at least one"),
+            std::string::npos);
+  custom.postconditions = {{1, 0, {{0, 0}}}};
+  EXPECT_EQ(dump(validate(custom)), "");
+
+  // The same (rank, index) twice, even with different sources, is rejected.
+  custom.postconditions = {{1, 0, {{0, 0}}}, {1, 0, {{1, 0}}}};
+  custom.ranks[1].input_chunks = 1;
+  EXPECT_NE(expect_rule(custom, "postcondition", "/postconditions/1").find("already has"),
+            std::string::npos);
+
+  // An imported MSCCL custom program cannot carry postconditions: reported at coll.
+  custom.postconditions.clear();
+  custom.source.format = SourceMap::Format::kMscclXml;
+  expect_rule(custom, "postcondition", "algo@coll");
+}
+
+TEST(Validate, RootMustBeZeroWithoutARootedCollective) {
+  for (const Collective c : {Collective::kAllReduce, Collective::kAllGather,
+                             Collective::kReduceScatter, Collective::kAllToAll,
+                             Collective::kCustom}) {
+    Program p = make_program(c, 2, 2);
+    p.root = 1;  // a rank in range, but meaningless for this collective
+    const Diagnostics d = validate(p);
+    const Diagnostic* root = nullptr;
+    for (const Diagnostic& x : d)
+      if (x.location == "/root") root = &x;
+    ASSERT_NE(root, nullptr) << to_string(c) << ": " << dump(d);
+    EXPECT_EQ(root->rule, "program-shape");
+    EXPECT_EQ(root->message,
+              "root is 1; expected 0: " + std::string(to_string(c)) + " has no root");
+  }
+  // Rooted collectives accept any rank as root.
+  for (const Collective c :
+       {Collective::kBroadcast, Collective::kReduce, Collective::kGather, Collective::kScatter}) {
+    Program p = make_program(c, 2, 2);
+    p.root = 1;
+    const Diagnostics d = validate(p);
+    for (const Diagnostic& x : d) EXPECT_NE(x.location, "/root") << x.to_string();
+  }
+}
+
+TEST(Validate, HugeDependencyListIsLinear) {
+  // A nop depending on 200000 sends that trickle through 8 slots, 8 per sweep: rescanning the
+  // met head of the list on every visit is quadratic (seconds here); a cursor is linear.
+  const int deps = 200000;
+  Program p = make_program(Collective::kCustom, 2, 1);
+  p.ranks[0].input_chunks = 1;
+  p.ranks[1].output_chunks = 1;
+  std::vector<Dependency> on_all;
+  for (int i = 0; i < deps; ++i) on_all.push_back({1, i});
+  p.ranks[0].threadblocks = {
+      make_tb(-1, -1, {make_op(OpCode::kNop, {}, {}, 0, std::move(on_all))}),
+      make_tb(1, -1, std::vector<Op>(static_cast<std::size_t>(deps), send(in(0))))};
+  p.ranks[1].threadblocks = {
+      make_tb(-1, 0, std::vector<Op>(static_cast<std::size_t>(deps), recv(out(0))))};
+  p.postconditions = {{1, 0, {{0, 0}}}};
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(dump(validate(p)), "");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 1.0);  // linear: tens of milliseconds; quadratic: several seconds
 }
 
 TEST(Validate, Hasdep) {

@@ -143,7 +143,12 @@ StatusOr<ef::Program> compile_once(const Spec& spec, Dag dag, const Attempt& att
   p.protocol = spec.protocol;
   p.nranks = spec.nranks;
   p.nchunksperloop = dag.layout.nchunks;
-  p.root = spec.options.root;
+  // Only rooted collectives carry a root (validation's program-shape rule).
+  const bool rooted = spec.collective == ef::Collective::kBroadcast ||
+                      spec.collective == ef::Collective::kReduce ||
+                      spec.collective == ef::Collective::kGather ||
+                      spec.collective == ef::Collective::kScatter;
+  p.root = rooted ? spec.options.root : 0;
   p.outofplace = dag.modes[0];
   p.inplace = dag.modes[1];
   p.min_bytes = spec.options.min_bytes;

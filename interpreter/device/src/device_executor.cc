@@ -207,6 +207,9 @@ struct DeviceExecutor::Impl {
   std::vector<int> rank_local_device;  ///< rank -> index into locals
   std::vector<int> rank_local_index;   ///< rank -> index into that device's ranks
   std::size_t slot_stride = 0;
+  /// Per mode (out-of-place, in-place): the first operand premulsum/avg cannot scale because
+  /// it mixes pristine and written input chunks (ef::describe_mixed_operand); empty if none.
+  std::string premul_mixed[2];
   MappedHostBuffer host_mapped;  ///< StopSignals, then one ErrorRecord per device
 
   StopSignals* signals() const { return reinterpret_cast<StopSignals*>(host_mapped.get()); }
@@ -407,6 +410,8 @@ Status DeviceExecutor::Impl::build() {
   std::optional<ef::PremulMap> outofplace_map, inplace_map;
   if (p.outofplace) outofplace_map = ef::analyze_premul(p, /*inplace=*/false);
   if (p.inplace) inplace_map = ef::analyze_premul(p, /*inplace=*/true);
+  if (outofplace_map) premul_mixed[0] = ef::describe_mixed_operand(p, *outofplace_map, false);
+  if (inplace_map) premul_mixed[1] = ef::describe_mixed_operand(p, *inplace_map, true);
 
   for (std::size_t i = 0; i < locals.size(); ++i) {
     if (Status s = build_device(locals[i], connections, outofplace_map ? &*outofplace_map : nullptr,
@@ -770,6 +775,8 @@ Status DeviceExecutor::run(const RunArgs& args) {
   const bool integer_avg = reduces && args.op == ef::RedOp::kAvg && is_integer(args.dtype);
   const bool premul = reduces && (args.op == ef::RedOp::kPreMulSum ||
                                   (args.op == ef::RedOp::kAvg && !is_integer(args.dtype)));
+  if (premul && !m.premul_mixed[args.inplace ? 1 : 0].empty())
+    return Status::error(m.premul_mixed[args.inplace ? 1 : 0]);
   int reduction = kReduceSum;
   if (args.op == ef::RedOp::kProd) reduction = kReduceProd;
   if (args.op == ef::RedOp::kMin) reduction = kReduceMin;

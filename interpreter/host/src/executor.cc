@@ -165,6 +165,9 @@ struct ThreadblockState {
   uint64_t iteration = 0;
   std::size_t op = 0;
   int64_t unit = 0;  ///< units of the current op done in this iteration; > 0: op started
+  /// Dependencies of the current op known met in this iteration: completion only grows, so
+  /// each dependency is checked until met and never again (reset when the op changes).
+  std::size_t deps_met = 0;
   bool done = false;
 };
 
@@ -197,10 +200,10 @@ class Execution {
   }
   Status prepare_buffers(int rank, RankBuffers& buffers);
   void prepare_connections();
-  void prepare_premul();
+  Status prepare_premul();
 
   bool advance(ThreadblockState& t);
-  bool dependencies_met(const ThreadblockState& t, const ef::Op& op) const;
+  bool dependencies_met(ThreadblockState& t, const ef::Op& op) const;
   bool try_unit(ThreadblockState& t, const ef::Op& op);
   uint8_t* element(int rank, const ef::BufferRef& ref, int64_t unit);
   const uint8_t* src_operand(const ThreadblockState& t, const uint8_t* src, std::size_t n);
@@ -324,12 +327,16 @@ void Execution::prepare_connections() {
   }
 }
 
-void Execution::prepare_premul() {
+Status Execution::prepare_premul() {
   const bool premul = ef::collective_reduces(program_.collective) &&
                       (options_.op == ef::RedOp::kPreMulSum ||
                        (options_.op == ef::RedOp::kAvg && ef::is_floating(options_.dtype)));
-  if (!premul) return;
+  if (!premul) return Status::ok();
   const ef::PremulMap map = ef::analyze_premul(program_, options_.inplace);
+  // An operand mixing pristine and written input chunks would be scaled not at all.
+  if (std::string mixed = ef::describe_mixed_operand(program_, map, options_.inplace);
+      !mixed.empty())
+    return Status::error(mixed);
   premul_.assign(completed_.size(), ef::PremulFlags{});
   for (const ThreadblockState& t : tbs_) {
     const auto r = static_cast<std::size_t>(t.rank);
@@ -346,6 +353,7 @@ void Execution::prepare_premul() {
       scalars_[r] = options_.premul_scalars[r];
     }
   }
+  return Status::ok();
 }
 
 Status Execution::prepare(std::vector<RankBuffers>& buffers) {
@@ -368,7 +376,7 @@ Status Execution::prepare(std::vector<RankBuffers>& buffers) {
       }
     }
     prepare_connections();
-    prepare_premul();
+    if (Status s = prepare_premul(); !s) return s;
     operand_tile_.resize(tile_bytes_);
     result_tile_.resize(tile_bytes_);
   } catch (const std::bad_alloc&) {
@@ -383,8 +391,9 @@ uint8_t* Execution::element(int rank, const ef::BufferRef& ref, int64_t unit) {
   return base(rank, ref.buffer) + (chunk * chunk_elements_ + tile_start_now_) * element_size_;
 }
 
-bool Execution::dependencies_met(const ThreadblockState& t, const ef::Op& op) const {
-  for (const ef::Dependency& d : op.deps) {
+bool Execution::dependencies_met(ThreadblockState& t, const ef::Op& op) const {
+  for (; t.deps_met < op.deps.size(); ++t.deps_met) {
+    const ef::Dependency& d = op.deps[t.deps_met];
     const ThreadblockState& target = tbs_[t.rank_first_tb + static_cast<std::size_t>(d.tb)];
     if (completed_[target.first_op + static_cast<std::size_t>(d.op)] <= t.iteration) return false;
   }
@@ -485,6 +494,7 @@ bool Execution::advance(ThreadblockState& t) {
     completed_[t.first_op + t.op] = t.iteration + 1;
     progressed = true;
     t.unit = 0;
+    t.deps_met = 0;  // the next op, or this one in the next iteration, starts over
     if (++t.op == ops.size()) {
       t.op = 0;
       t.done = ++t.iteration == iterations_;
@@ -497,7 +507,8 @@ std::string Execution::waits_for(const ThreadblockState& t) const {
   const ef::Op& op = t.def->ops[t.op];
   std::ostringstream s;
   if (t.unit == 0) {
-    for (const ef::Dependency& d : op.deps) {
+    for (std::size_t k = t.deps_met; k < op.deps.size(); ++k) {
+      const ef::Dependency& d = op.deps[k];
       const ThreadblockState& target = tbs_[t.rank_first_tb + static_cast<std::size_t>(d.tb)];
       if (completed_[target.first_op + static_cast<std::size_t>(d.op)] <= t.iteration) {
         s << "dependency tb " << d.tb << " op " << d.op << " to complete iteration " << t.iteration;

@@ -1,6 +1,8 @@
 // run_and_verify: seeded inputs, one execution, and a comparison with the collective's definition
 // (docs/ef-format.md §6) computed independently of the program: exact integer arithmetic, and
-// double precision with a proven rounding bound for floating reductions.
+// for floating reductions inputs chosen so that the result is one exact value whatever the
+// reduction order (a rounding bound only for sources the generator cannot shape, and a bound
+// as large as the result is a failure, never a pass).
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -218,55 +220,113 @@ void for_each_defined_output(const ef::Program& p, uint64_t count, uint64_t chun
 
 // ---- Inputs ----
 
-/// Fills one rank's input so that the expected result can be computed exactly where possible:
+/// splitmix64: a per-element hash, so that values every rank agrees on (an element's sign, its
+/// contributing ranks) need no shared state between the ranks' fills.
+uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+/// Fills each rank's input so that the expected result can be computed exactly, for any number
+/// of ranks and any reduction order:
 /// * no reduction, or integers: random bits (copies must be bit-exact; integer arithmetic wraps
 ///   exactly whatever the values);
-/// * floating sum/avg/premulsum: integers in [-L, L] with n * L <= 2^precision, so that every
-///   partial sum in any order is exact (unless the scalars make the terms inexact);
-/// * floating prod: +-2^e with n * |e| within the normal range, so every partial product is exact;
-/// * floating min/max: random finite encodings (subnormals and signed zeros included).
+/// * floating min/max: random finite encodings (subnormals and signed zeros included);
+/// * floating sum/avg/premulsum and prod: per element only `active` ranks contribute a value
+///   that changes the result (the others hold 0 for sums, +-1 for products), all of the same
+///   sign (sums) or exponent direction (products), so that
+///   - sum: at most `active` terms of magnitude <= L with active * L <= 2^precision: every
+///     partial sum in every order is an exactly representable integer;
+///   - avg/premulsum: at most 2 nonzero terms: each term is rounded once and the one addition
+///     is commutative, so the result is one correctly rounded value whatever the order;
+///   - prod: +-2^e with e of one direction and sum of |e| within the normal range: exact.
+///   Because the contributions share one sign, a result is never a cancellation: dropping or
+///   duplicating a contribution always changes it, and a rank's own input alone (a "copy")
+///   never equals the reduction of two or more.
+/// An element's key (its index in the API input; for custom programs its position inside its
+/// chunk, which is what a postcondition's sources share) selects the contributing ranks by
+/// rotation, so every run of ceil(n / active) consecutive keys covers every rank.
 class InputGenerator {
  public:
-  InputGenerator(DataType t, RedOp op, bool reduces, int nranks, uint64_t seed)
-      : type_(t), op_(op), reduces_(reduces), nranks_(nranks), rng_(seed) {}
+  InputGenerator(DataType t, RedOp op, bool reduces, int nranks, uint64_t seed,
+                 uint64_t key_modulus)
+      : type_(t),
+        op_(op),
+        reduces_(reduces),
+        n_(static_cast<uint64_t>(std::max(nranks, 1))),
+        key_modulus_(key_modulus),
+        seed_(mix(seed)),
+        rng_(seed) {
+    const FloatFormat f = float_format(t);
+    const uint64_t exact_integers = uint64_t{1} << std::min(f.precision, 62);
+    if (op == RedOp::kProd) {
+      const auto budget = static_cast<uint64_t>(f.product_exponent_budget);
+      active_ = std::min<uint64_t>(n_, std::max<uint64_t>(2, budget / 3));
+      limit_ = std::min<uint64_t>(3, budget / active_);  // >= 1: every budget is >= 6
+    } else if (op == RedOp::kSum) {
+      limit_ = f.precision <= 4 ? 4 : 8;
+      active_ = std::min<uint64_t>(n_, std::max<uint64_t>(2, exact_integers / limit_));
+    } else {  // avg, premulsum
+      limit_ = f.precision <= 4 ? 4 : 8;
+      active_ = std::min<uint64_t>(n_, 2);
+    }
+    offset_ = seed_ % n_;
+  }
 
-  void fill(uint8_t* data, uint64_t elements) {
+  void fill(int rank, uint8_t* data, uint64_t elements) {
     const std::size_t size = ef::size_of(type_);
     if (!reduces_ || !ef::is_floating(type_)) {
       for (uint64_t i = 0; i < elements; ++i) write_bits(rng_(), data + i * size, size);
       return;
     }
-    const FloatFormat f = float_format(type_);
-    const auto n = static_cast<uint64_t>(nranks_);
     for (uint64_t i = 0; i < elements; ++i) {
       uint8_t* element = data + i * size;
       if (op_ == RedOp::kMin || op_ == RedOp::kMax) {
         do {
           write_bits(rng_(), element, size);
         } while (!std::isfinite(read_float(type_, element)));
-      } else if (op_ == RedOp::kProd) {
-        const auto budget = static_cast<uint64_t>(f.product_exponent_budget);
-        const auto max_exponent = static_cast<int>(std::min<uint64_t>(3, budget / n));
-        const auto span = static_cast<uint64_t>(2 * max_exponent + 1);
-        const int exponent = static_cast<int>(rng_() % span) - max_exponent;
+        continue;
+      }
+      const uint64_t key = key_modulus_ != 0 ? i % key_modulus_ : i;
+      const uint64_t shared = mix(seed_ ^ key);  // the same on every rank
+      const bool negative = (shared & 1) != 0;
+      const bool active = is_active(rank, key);
+      if (op_ == RedOp::kProd) {
         const double sign = (rng_() & 1) != 0 ? -1.0 : 1.0;
+        int exponent = 0;
+        if (active) {
+          exponent = 1 + static_cast<int>(rng_() % limit_);
+          if (negative) exponent = -exponent;
+        }
         write_float(type_, sign * std::ldexp(1.0, exponent), element);
       } else {
-        const uint64_t limit =
-            std::clamp<uint64_t>((uint64_t{1} << std::min(f.precision, 62)) / n, 1, 8);
-        const auto value =
-            static_cast<int64_t>(rng_() % (2 * limit + 1)) - static_cast<int64_t>(limit);
-        write_float(type_, static_cast<double>(value), element);
+        double value = 0.0;
+        if (active) value = static_cast<double>(1 + rng_() % limit_) * (negative ? -1.0 : 1.0);
+        write_float(type_, value, element);
       }
     }
   }
 
  private:
+  /// Whether `rank` contributes at `key`: ranks offset + key * active + j (mod n), j < active.
+  bool is_active(int rank, uint64_t key) const {
+    const uint64_t first = (offset_ + (key % n_) * active_) % n_;
+    const uint64_t distance = (static_cast<uint64_t>(rank) % n_ + n_ - first) % n_;
+    return distance < active_;
+  }
+
   DataType type_;
   RedOp op_;
   bool reduces_;
-  int nranks_;
+  uint64_t n_;
+  uint64_t key_modulus_;  ///< 0: an element's key is its index
+  uint64_t seed_;
   std::mt19937_64 rng_;
+  uint64_t active_ = 1;  ///< ranks contributing per element
+  uint64_t limit_ = 1;   ///< largest magnitude (sums) or exponent (products)
+  uint64_t offset_ = 0;
 };
 
 // ---- Comparison ----
@@ -384,6 +444,17 @@ class Verifier {
     }
     const double value = read_float(t, got);
     const auto [exact, tolerance] = floating_result(inputs, sources);
+    // A bound as large as the result would accept a result missing contributions (or a plain
+    // copy of one input): the element cannot be verified, which is a failure, never a pass.
+    if (tolerance > 0 && tolerance >= std::fabs(exact)) {
+      char text[160];
+      std::snprintf(text, sizeof text,
+                    "%.17g +- %.3g (unverifiable: the rounding bound is not smaller than the "
+                    "result)",
+                    exact, tolerance);
+      mismatches.add(r, index, text, format_element(t, got));
+      return;
+    }
     if (std::isnan(value) || std::fabs(value - exact) > tolerance) {
       char text[96];
       std::snprintf(text, sizeof text, "%.17g", exact);
@@ -461,35 +532,77 @@ class Verifier {
       for (const Source& s : sources) product *= read_float(t, input(inputs, s));
       return {product, 0.0};
     }
-    // sum, avg and premulsum: terms x_q * s_q with s_q the scalar rounded to the type.
+    // sum, avg and premulsum: each term is x_q * s_q (s_q the scalar as the type holds it)
+    // rounded once to the type, exactly as a pristine read under a pre-multiplying operator;
+    // with s_q = 1 the term is x_q. The terms are exact values of the type.
     const FloatFormat f = float_format(t);
+    std::vector<double> terms;
     double sum = 0.0, magnitude = 0.0;
     int grain = std::numeric_limits<int>::max();  // exponent of the coarsest common power of two
     for (const Source& s : sources) {
-      const double term =
-          read_float(t, input(inputs, s)) * scalar_values_[static_cast<std::size_t>(s.rank)];
+      const double x = read_float(t, input(inputs, s));
+      const double scalar = scalar_values_[static_cast<std::size_t>(s.rank)];
+      // x * scalar is exact in double for every type but double, whose product is the
+      // type's own rounding.
+      const double term = scalar == 1.0 ? x : round_to_type(t, x * scalar, 0.0);
+      if (term == 0.0) continue;  // adding a zero to anything nonzero is exact
+      terms.push_back(term);
       sum += term;
       magnitude += std::fabs(term);
-      if (term != 0.0) grain = std::min(grain, lowest_bit_exponent(term));
+      grain = std::min(grain, lowest_bit_exponent(term));
     }
+    if (terms.empty()) return {0.0, 0.0};
     // Exact case: all terms are multiples of 2^grain (representable: grain is no finer than the
     // smallest subnormal) and the sum of magnitudes is at most 2^precision of them, so every
-    // term and every partial sum, in any order, is representable: no rounding happens.
-    if (grain == std::numeric_limits<int>::max() ||
-        (grain >= f.min_subnormal_exponent && magnitude <= std::ldexp(1.0, f.precision + grain) &&
-         magnitude <= f.max_finite))
+    // partial sum, in any order, is representable: no rounding happens.
+    if (grain >= f.min_subnormal_exponent && magnitude <= std::ldexp(1.0, f.precision + grain) &&
+        magnitude <= f.max_finite)
       return {sum, 0.0};
-    // Otherwise the standard bound, with m = number of terms and u = 2^-precision: each term
-    // x*s is rounded once (error <= u|x*s| + eta, eta = half the smallest subnormal, for
-    // underflow); the m-1 additions in any order each err by at most u times a partial sum,
-    // and every partial sum is at most (1+u)^m * (sum of |terms| + m*eta). The double reference
-    // itself adds at most m * 2^-52 * sum of |terms|.
-    const auto m = static_cast<double>(sources.size());
+    // One or two terms: whatever the order, the result is the one correctly rounded sum.
+    if (terms.size() == 1) return {terms[0], 0.0};
+    if (terms.size() == 2) {
+      const double a = terms[0], b = terms[1];
+      const double s = a + b;  // TwoSum: s + error == a + b exactly
+      const double bb = s - a;
+      const double error = (a - (s - bb)) + (b - bb);
+      return {round_to_type(t, s, error), 0.0};
+    }
+    // Otherwise (only for inputs the generator does not make, e.g. custom postconditions naming
+    // one rank's chunks several times) the standard bound for m exact terms and u =
+    // 2^-precision: the m-1 additions in any order each err by at most u times a partial sum,
+    // and every partial sum is at most (1+u)^(m-1) * sum of |terms| (additions never underflow
+    // inexactly). The double reference adds at most m * 2^-52 * sum of |terms|.
+    const auto m = static_cast<double>(terms.size());
     const double u = std::ldexp(1.0, -f.precision);
-    const double eta = std::ldexp(1.0, f.min_subnormal_exponent - 1);
-    const double bound = m * u * std::pow(1.0 + u, m) * (magnitude + m * eta) + m * eta +
+    const double bound = (m - 1) * u * std::pow(1.0 + u, m - 1) * magnitude +
                          m * std::ldexp(1.0, -52) * magnitude;
     return {sum, bound};
+  }
+
+  /// The value of type t nearest (ties to even) to v + error, where v is the double nearest to
+  /// the exact value v + error (|error| <= half an ulp of v). Narrow types go through
+  /// round-to-odd at 53 and 24 bits, which keeps the final rounding free of double rounding.
+  static double round_to_type(DataType t, double v, double error) {
+    if (t == DataType::kFloat64 || !std::isfinite(v)) return v;
+    if (error != 0.0) {
+      // Round to odd at 53 bits: of v and its neighbour towards the exact value, the odd one.
+      int exponent = 0;
+      const double mantissa = std::frexp(std::fabs(v), &exponent);
+      if ((static_cast<uint64_t>(std::ldexp(mantissa, 53)) & 1) == 0)
+        v = std::nextafter(v, error > 0 ? std::numeric_limits<double>::infinity()
+                                         : -std::numeric_limits<double>::infinity());
+    }
+    if (t == DataType::kFloat32) return static_cast<float>(v);
+    // Round to odd at float's 24 bits (far more than p + 2 for every narrow type, subnormals
+    // included), then once to the type.
+    float odd = static_cast<float>(v);
+    if (std::isfinite(odd) && static_cast<double>(odd) != v) {
+      if (std::fabs(static_cast<double>(odd)) > std::fabs(v)) odd = std::nextafter(odd, 0.0f);
+      odd = std::bit_cast<float>(std::bit_cast<uint32_t>(odd) | 1u);
+    }
+    uint8_t bytes[8] = {};
+    write_float(t, odd, bytes);
+    return read_float(t, bytes);
   }
 
   const ef::Program& program_;
@@ -513,7 +626,11 @@ VerifyResult run_and_verify(const ef::Program& program, const ExecOptions& optio
   }
   const std::size_t size = ef::size_of(options.dtype);
   const bool reduces = collective_reduces(program.collective);
-  InputGenerator generator(options.dtype, options.op, reduces, program.nranks, seed);
+  // Custom postconditions combine chunks at different indices; what their sources share is
+  // the position inside the chunk.
+  const uint64_t chunk_elements = *ef::chunk_elements(program, options.count);
+  InputGenerator generator(options.dtype, options.op, reduces, program.nranks, seed,
+                           program.collective == Collective::kCustom ? chunk_elements : 0);
   // The API inputs as they were before the call (in-place calls overwrite them).
   std::vector<std::vector<uint8_t>> inputs(static_cast<std::size_t>(program.nranks));
   for (int r = 0; r < program.nranks; ++r) {
@@ -521,7 +638,7 @@ VerifyResult run_and_verify(const ef::Program& program, const ExecOptions& optio
     const ApiLayout l = api_layout(program, r, options.count, options.inplace);
     std::fill(b.output.begin(), b.output.end(), kPoisonByte);
     uint8_t* in = l.shared ? b.output.data() + l.input_offset * size : b.input.data();
-    generator.fill(in, l.input_elements);
+    generator.fill(r, in, l.input_elements);
     inputs[static_cast<std::size_t>(r)].assign(in, in + l.input_elements * size);
   }
 
@@ -530,7 +647,7 @@ VerifyResult run_and_verify(const ef::Program& program, const ExecOptions& optio
     result.message = "FAIL: " + result.exec.status.message();
     return result;
   }
-  const Verifier verifier(program, options, *ef::chunk_elements(program, options.count));
+  const Verifier verifier(program, options, chunk_elements);
   const Mismatches mismatches = verifier.compare(inputs, *buffers);
   if (mismatches.count() > 0) {
     result.message = mismatches.message();

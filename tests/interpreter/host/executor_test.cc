@@ -641,6 +641,161 @@ TEST(Executor, AllowedModesFollowTheProgramFlags) {
   EXPECT_EQ(allowed_inplace_modes(p), (std::vector<bool>{false}));
 }
 
+// ---- Wrong programs the verifier must catch (negative tests) ----
+
+const std::vector<RedOp> kAllOps = {RedOp::kSum, RedOp::kProd, RedOp::kMin,
+                                    RedOp::kMax, RedOp::kAvg,  RedOp::kPreMulSum};
+constexpr int kRankCounts[] = {2, 3, 8, 17, 32};
+
+/// An "allreduce" in which every rank copies its own input to its output: no communication.
+ef::Program copy_only_allreduce(int n) {
+  ef::Program p = make_program(Collective::kAllReduce, n, 1);
+  for (int r = 0; r < n; ++r) {
+    rank_of(p, r).input_chunks = rank_of(p, r).output_chunks = 1;
+    rank_of(p, r).threadblocks.push_back(threadblock(-1, -1, {copy(in(0), out(0))}));
+  }
+  return p;
+}
+
+/// Expects run_and_verify to report a mismatch (not an execution error, not a pass), and the
+/// inputs to be strong enough that no element was left unverifiable.
+void expect_verify_fails(const ef::Program& p, DataType t, RedOp op, bool inplace,
+                         const std::string& what) {
+  ExecOptions o = options_for(p, t, op, inplace, 64);  // 64 elements per chunk, as run-host
+  const VerifyResult v = run_and_verify(p, o, 1234);
+  EXPECT_FALSE(v.pass) << what << " n=" << p.nranks << " " << ef::to_string(t) << " "
+                       << ef::to_string(op) << ": " << v.message;
+  EXPECT_TRUE(v.exec.status.is_ok()) << v.exec.status.message();
+  EXPECT_EQ(v.message.rfind("FAIL: rank ", 0), 0u) << v.message;
+  EXPECT_EQ(v.message.find("unverifiable"), std::string::npos) << v.message;
+}
+
+TEST(ExecutorNegative, CopyOnlyAllReduceFailsForEveryTypeOperatorAndRankCount) {
+  // Narrow floats used to accept it once n > 2^precision: the rounding bound of a sum of
+  // n terms grew larger than the sum itself.
+  for (const int n : kRankCounts) {
+    const ef::Program p = copy_only_allreduce(n);
+    expect_valid(p);
+    for (const DataType t : kAllTypes)
+      for (const RedOp op : kAllOps) expect_verify_fails(p, t, op, false, "copy-only");
+  }
+}
+
+TEST(ExecutorNegative, CopyOnlyAllReduceFailsInPlaceToo) {
+  // In place the output already holds the rank's own input: no op at all "computes" a copy.
+  for (const int n : {2, 17, 32}) {
+    ef::Program p = copy_only_allreduce(n);
+    p.inplace = true;
+    for (const DataType t : kAllTypes)
+      for (const RedOp op : kAllOps) expect_verify_fails(p, t, op, true, "copy-only in place");
+  }
+}
+
+/// The ring allreduce with rank `victim`'s contribution to one chunk dropped: its rrcs (which
+/// folds its input into the chunk that then circulates) becomes a plain rcs.
+ef::Program ring_allreduce_missing_one_reduce(int n, int victim) {
+  ef::Program p = ring_allreduce(n);
+  for (ef::Op& op : rank_of(p, victim).threadblocks[0].ops)
+    if (op.code == OpCode::kRecvReduceCopySend) {
+      op.code = OpCode::kRecvCopySend;
+      op.src.reset();
+    }
+  return p;
+}
+
+TEST(ExecutorNegative, MissingOneReduceFailsForEveryType) {
+  for (const int n : kRankCounts) {
+    const ef::Program p = ring_allreduce_missing_one_reduce(n, n / 2);
+    expect_valid(p);
+    for (const DataType t : kAllTypes) {
+      expect_verify_fails(p, t, RedOp::kSum, false, "missing reduce");
+      if (ef::is_floating(t)) {
+        expect_verify_fails(p, t, RedOp::kAvg, false, "missing reduce");
+        expect_verify_fails(p, t, RedOp::kPreMulSum, false, "missing reduce");
+      }
+    }
+  }
+}
+
+TEST(ExecutorNegative, CorrectRingPassesAtEveryRankCount) {
+  // The counterpart of the negative tests: the inputs that expose those programs still let a
+  // correct one pass exactly, for every operator, at rank counts beyond 2^precision.
+  for (const int n : {17, 32}) {
+    const ef::Program p = ring_allreduce(n);
+    for (const DataType t : kAllTypes)
+      for (const RedOp op : kAllOps) {
+        ExecOptions o = options_for(p, t, op, false, 64);
+        if (op == RedOp::kPreMulSum)
+          for (int r = 0; r < n; ++r) o.premul_scalars.push_back(r % 3 == 0 ? 0.5 : -3.0);
+        const VerifyResult v = run_and_verify(p, o, 77);
+        EXPECT_TRUE(v.pass) << "n=" << n << " " << ef::to_string(t) << " "
+                            << ef::to_string(op) << ": " << v.message;
+      }
+  }
+}
+
+// ---- premulsum/avg with an operand mixing pristine and written input ----
+
+/// Rank 1 sends its input to rank 0, which stores it in its input chunk 1 and then sends its
+/// input chunks 0..1 to rank 1: with `split`, as two sends of one chunk (the first pristine,
+/// the second written), otherwise as one send of two chunks (mixed).
+ef::Program mixed_send(bool split) {
+  ef::Program p = make_program(Collective::kCustom, 2, 1);
+  rank_of(p, 0).input_chunks = 2;
+  rank_of(p, 1).input_chunks = 1;
+  rank_of(p, 1).output_chunks = 2;
+  std::vector<ef::Op> sends;
+  if (split) {
+    sends = {make_op(OpCode::kSend, in(0), std::nullopt, 1, {{0, 0}}), send(in(1))};
+  } else {
+    sends = {make_op(OpCode::kSend, in(0), std::nullopt, 2, {{0, 0}})};
+  }
+  rank_of(p, 0).threadblocks = {threadblock(-1, 1, {recv(in(1))}), threadblock(1, -1, sends)};
+  std::vector<ef::Op> recvs;
+  if (split) {
+    recvs = {recv(out(0)), recv(out(1))};
+  } else {
+    recvs = {recv(out(0), 2)};
+  }
+  rank_of(p, 1).threadblocks = {threadblock(0, -1, {send(in(0))}), threadblock(-1, 0, recvs)};
+  p.postconditions = {{1, 0, {{0, 0}}}, {1, 1, {{1, 0}}}};
+  return p;
+}
+
+TEST(Executor, PreMultiplyingAMixedOperandIsRefusedNamingTheOp) {
+  const ef::Program mixed = mixed_send(false);
+  expect_valid(mixed);
+  for (const DataType t : {DataType::kFloat32, DataType::kFp8E4M3, DataType::kInt32})
+    for (const RedOp op : {RedOp::kAvg, RedOp::kPreMulSum}) {
+      if (op == RedOp::kAvg && !ef::is_floating(t)) continue;  // integer avg does not scale
+      const VerifyResult v = run_and_verify(mixed, options_for(mixed, t, op, false), 5);
+      EXPECT_FALSE(v.pass);
+      EXPECT_NE(v.message.find("rank 0 tb 1 op 0 (send): src reads input chunks 0..1 of which "
+                               "some are already written: premulsum/avg cannot scale it; "
+                               "split the op"),
+                std::string::npos)
+          << ef::to_string(t) << " " << ef::to_string(op) << ": " << v.message;
+    }
+  // Operators that do not scale run it (and it is correct for them).
+  for (const RedOp op : {RedOp::kSum, RedOp::kMax}) {
+    const VerifyResult v = run_and_verify(mixed, options_for(mixed, DataType::kFloat32, op, false), 5);
+    EXPECT_TRUE(v.pass) << v.message;
+  }
+  // Integer avg divides after the program: nothing to scale, so nothing to refuse.
+  EXPECT_TRUE(
+      run_and_verify(mixed, options_for(mixed, DataType::kInt32, RedOp::kAvg, false), 5).pass);
+
+  const ef::Program split = mixed_send(true);
+  expect_valid(split);
+  for (const DataType t : kAllTypes)
+    for (const RedOp op : {RedOp::kAvg, RedOp::kPreMulSum}) {
+      ExecOptions o = options_for(split, t, op, false);
+      if (op == RedOp::kPreMulSum) o.premul_scalars = {2.0, -0.5};
+      const VerifyResult v = run_and_verify(split, o, 5);
+      EXPECT_TRUE(v.pass) << ef::to_string(t) << " " << ef::to_string(op) << ": " << v.message;
+    }
+}
+
 // ---- Scale ----
 
 TEST(Executor, LargeProgramRunsQuickly) {
@@ -656,6 +811,33 @@ TEST(Executor, LargeProgramRunsQuickly) {
   ASSERT_TRUE(r.status.is_ok()) << r.status.message();
   EXPECT_LT(seconds, 1.0);
   EXPECT_TRUE(run_and_verify(p, o, 2).pass);
+}
+
+TEST(Executor, HugeDependencyListIsLinear) {
+  // A nop depending on 200000 sends that trickle through 8 slots, 8 per round: rechecking the
+  // met head of the list on every visit is quadratic (seconds); a cursor is linear.
+  const int deps = 200000;
+  ef::Program p = make_program(Collective::kCustom, 2, 1);
+  rank_of(p, 0).input_chunks = 1;
+  rank_of(p, 1).output_chunks = 1;
+  std::vector<ef::Dependency> on_all;
+  for (int i = 0; i < deps; ++i) on_all.push_back({1, i});
+  rank_of(p, 0).threadblocks = {
+      threadblock(-1, -1, {make_op(OpCode::kNop, std::nullopt, std::nullopt, 0, on_all)}),
+      threadblock(1, -1, std::vector<ef::Op>(static_cast<std::size_t>(deps), send(in(0))))};
+  rank_of(p, 1).threadblocks = {
+      threadblock(-1, 0, std::vector<ef::Op>(static_cast<std::size_t>(deps), recv(out(0))))};
+  p.postconditions = {{1, 0, {{0, 0}}}};
+  ExecOptions o = options_for(p, DataType::kFloat32, RedOp::kSum, false, 1);
+  o.slot_bytes = 2;  // 2 iterations: the cursor must start over in the second
+  o.count = 2;
+  const auto start = std::chrono::steady_clock::now();
+  const VerifyResult v = run_and_verify(p, o, 1);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_TRUE(v.pass) << v.message;
+  EXPECT_EQ(v.exec.iterations, 2u);
+  EXPECT_LT(seconds, 1.0);  // linear: tens of milliseconds; quadratic: seconds
 }
 
 }  // namespace

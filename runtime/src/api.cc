@@ -1,0 +1,578 @@
+// The NCCL ABI (nccl.h 2.28): every entry point checks its arguments, converts internal
+// statuses at this boundary (report()), and is exported together with its pncclX alias.
+#include <nccl.h>
+
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "api_status.h"
+#include "call.h"
+#include "clique.h"
+#include "communicator.h"
+#include "efccl/host/numeric.h"
+#include "group.h"
+#include "logger.h"
+#include "registry.h"
+
+#define EFCCL_API __attribute__((visibility("default")))
+/// pnccl<name>: the same function under NCCL's profiling name.
+#define EFCCL_ALIAS(name) \
+  extern "C" EFCCL_API decltype(name) p##name __attribute__((alias(#name)));
+
+using efccl::runtime::ApiStatus;
+using efccl::runtime::Call;
+using efccl::runtime::CallKind;
+using efccl::runtime::report;
+namespace ef = efccl::ef;
+
+namespace {
+
+/// Restores the caller's current CUDA device on scope exit.
+class DeviceGuard {
+ public:
+  DeviceGuard() {
+    if (cudaGetDevice(&saved_) != cudaSuccess) saved_ = -1;
+  }
+  ~DeviceGuard() {
+    if (saved_ >= 0) cudaSetDevice(saved_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int saved_ = -1;
+};
+
+std::string hex(const void* p) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%p", p);
+  return buf;
+}
+
+ApiStatus check_datatype(ncclDataType_t t) {
+  if (static_cast<int>(t) < 0 || static_cast<int>(t) >= ncclNumTypes)
+    return ApiStatus::invalid_argument("invalid datatype " + std::to_string(static_cast<int>(t)) +
+                                       " (valid: 0.." + std::to_string(ncclNumTypes - 1) + ")");
+  return ApiStatus::ok();
+}
+
+/// A scalar of `dtype` at `p` (host memory) as a double.
+double scalar_value(ef::DataType dtype, const void* p) {
+  namespace h = efccl::host;
+  switch (dtype) {
+    case ef::DataType::kInt8: { int8_t v; std::memcpy(&v, p, 1); return v; }
+    case ef::DataType::kUint8: { uint8_t v; std::memcpy(&v, p, 1); return v; }
+    case ef::DataType::kInt32: { int32_t v; std::memcpy(&v, p, 4); return v; }
+    case ef::DataType::kUint32: { uint32_t v; std::memcpy(&v, p, 4); return v; }
+    case ef::DataType::kInt64: { int64_t v; std::memcpy(&v, p, 8); return static_cast<double>(v); }
+    case ef::DataType::kUint64: { uint64_t v; std::memcpy(&v, p, 8); return static_cast<double>(v); }
+    case ef::DataType::kFloat16: { uint16_t v; std::memcpy(&v, p, 2); return h::half_to_float(v); }
+    case ef::DataType::kFloat32: { float v; std::memcpy(&v, p, 4); return v; }
+    case ef::DataType::kFloat64: { double v; std::memcpy(&v, p, 8); return v; }
+    case ef::DataType::kBFloat16: { uint16_t v; std::memcpy(&v, p, 2); return h::bfloat16_to_float(v); }
+    case ef::DataType::kFp8E4M3: { uint8_t v; std::memcpy(&v, p, 1); return h::fp8_e4m3_to_float(v); }
+    case ef::DataType::kFp8E5M2: { uint8_t v; std::memcpy(&v, p, 1); return h::fp8_e5m2_to_float(v); }
+  }
+  return 1.0;
+}
+
+/// Resolves `op` for a call of `dtype` on `comm`: the built-in operator, or a premulsum op
+/// with this rank's scalar (device-resident scalars are read now, outside any capture).
+ApiStatus resolve_op(ncclComm* comm, ncclRedOp_t op, ncclDataType_t dtype, cudaStream_t stream,
+                     ef::RedOp* out, double* scalar) {
+  const int v = static_cast<int>(op);
+  if (v >= 0 && v < ncclNumOps) {
+    *out = static_cast<ef::RedOp>(v);
+    return ApiStatus::ok();
+  }
+  std::lock_guard<std::mutex> lock(comm->ops_mu);
+  const int index = v - ncclNumOps;
+  if (v < 0 || index >= static_cast<int>(comm->premul_ops.size()) ||
+      !comm->premul_ops[static_cast<std::size_t>(index)].in_use)
+    return ApiStatus::invalid_argument("invalid reduction operator " + std::to_string(v) +
+                                       " (not built in, and not created on this communicator "
+                                       "by ncclRedOpCreatePreMulSum)");
+  const efccl::runtime::PreMulSumOp& p = comm->premul_ops[static_cast<std::size_t>(index)];
+  if (static_cast<int>(p.dtype) != static_cast<int>(dtype))
+    return ApiStatus::invalid_argument(
+        "reduction operator " + std::to_string(v) + " was created for datatype " +
+        std::string(ef::to_string(p.dtype)) + " but the call uses " +
+        std::string(ef::to_string(static_cast<ef::DataType>(dtype))));
+  *out = ef::RedOp::kPreMulSum;
+  *scalar = p.host_value;
+  if (p.device_resident) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &status) != cudaSuccess || status != cudaStreamCaptureStatusNone)
+      return ApiStatus::invalid_usage(
+          "a premulsum operator with a device-resident scalar cannot be used during CUDA graph "
+          "capture yet (efccl reads the scalar when the call is enqueued)");
+    DeviceGuard guard;
+    unsigned char bytes[8] = {};
+    cudaSetDevice(comm->device);
+    const cudaError_t e = cudaMemcpy(bytes, p.device_scalar, ef::size_of(p.dtype), cudaMemcpyDefault);
+    if (e != cudaSuccess)
+      return ApiStatus::cuda(std::string("reading the premulsum scalar: ") + cudaGetErrorString(e));
+    *scalar = scalar_value(p.dtype, bytes);
+  }
+  return ApiStatus::ok();
+}
+
+/// Checks one call as NCCL does and records it in the thread's group.
+ApiStatus submit_call(CallKind kind, const void* sendbuff, void* recvbuff, size_t count,
+                      ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
+                      cudaStream_t stream) {
+  if (ApiStatus s = efccl::runtime::check_comm(comm); !s) return s;
+  if (ApiStatus s = check_datatype(datatype); !s) return s;
+  const int nranks = comm->clique->nranks();
+  const bool p2p = efccl::runtime::is_p2p(kind);
+  if ((efccl::runtime::is_rooted(kind) || p2p) && (root < 0 || root >= nranks))
+    return ApiStatus::invalid_argument(std::string(p2p ? "peer " : "root ") + std::to_string(root) +
+                                       " is out of range (the communicator has " +
+                                       std::to_string(nranks) + " ranks)");
+  // Element counts: total bytes of the largest API buffer must be addressable.
+  const uint64_t size = ef::size_of(static_cast<ef::DataType>(datatype));
+  const bool per_block = kind == CallKind::kAllGather || kind == CallKind::kReduceScatter ||
+                         kind == CallKind::kAllToAll || kind == CallKind::kGather ||
+                         kind == CallKind::kScatter;
+  const uint64_t limit = static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) /
+                         size / (per_block ? static_cast<uint64_t>(nranks) : 1);
+  if (count > limit)
+    return ApiStatus::invalid_argument("count " + std::to_string(count) + " of " +
+                                       std::string(ef::to_string(static_cast<ef::DataType>(datatype))) +
+                                       " overflows the buffer size");
+  if (count > 0) {
+    const bool root_rank = comm->rank == root;
+    bool need_send = true, need_recv = true;
+    switch (kind) {
+      case CallKind::kBroadcast: need_send = root_rank; break;
+      case CallKind::kReduce: case CallKind::kGather: need_recv = root_rank; break;
+      case CallKind::kScatter: need_send = root_rank; break;
+      case CallKind::kSend: need_recv = false; break;
+      case CallKind::kRecv: need_send = false; break;
+      default: break;
+    }
+    if (need_send && sendbuff == nullptr) return ApiStatus::invalid_argument("sendbuff is NULL");
+    if (need_recv && recvbuff == nullptr) return ApiStatus::invalid_argument("recvbuff is NULL");
+  }
+  Call call;
+  call.kind = kind;
+  call.clique = comm->clique;
+  call.rank = comm->rank;
+  call.sendbuff = sendbuff;
+  call.recvbuff = recvbuff;
+  call.count = count;
+  call.dtype = static_cast<ef::DataType>(datatype);
+  call.root = root;
+  call.stream = stream;
+  if (kind == CallKind::kAllReduce || kind == CallKind::kReduce || kind == CallKind::kReduceScatter) {
+    if (ApiStatus s = resolve_op(comm, op, datatype, stream, &call.op, &call.premul_scalar); !s)
+      return s;
+  }
+  DeviceGuard guard;
+  return efccl::runtime::enqueue(std::move(call));
+}
+
+ncclResult_t finish(const char* function, const ApiStatus& s) {
+  if (!s) efccl::runtime::fail_group(s);
+  return report(function, s);
+}
+
+ApiStatus not_supported(const char* function, const char* why) {
+  return ApiStatus::invalid_usage(std::string(function) + " is not supported yet in " +
+                                  "single-process efccl" + (why[0] != '\0' ? " (" : "") + why +
+                                  (why[0] != '\0' ? ")" : ""));
+}
+
+}  // namespace
+
+// ---- Version and errors ----
+
+EFCCL_API ncclResult_t ncclGetVersion(int* version) {
+  if (version == nullptr) return report("ncclGetVersion", ApiStatus::invalid_argument("version is NULL"));
+  *version = NCCL_VERSION_CODE;
+  return ncclSuccess;
+}
+EFCCL_ALIAS(ncclGetVersion)
+
+EFCCL_API const char* ncclGetErrorString(ncclResult_t result) {
+  switch (result) {
+    case ncclSuccess: return "no error";
+    case ncclUnhandledCudaError: return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
+    case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
+    case ncclInternalError: return "internal error (run with NCCL_DEBUG=INFO for details)";
+    case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
+    case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
+    case ncclRemoteError: return "remote process exited or there was a network error";
+    case ncclInProgress: return "operation in progress";
+    default: return "unknown result code";
+  }
+}
+EFCCL_ALIAS(ncclGetErrorString)
+
+EFCCL_API const char* ncclGetLastError(ncclComm_t /*comm*/) {
+  return efccl::runtime::last_error_message();
+}
+EFCCL_ALIAS(ncclGetLastError)
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+EFCCL_API void ncclResetDebugInit() { efccl::runtime::reload_log_config(); }
+EFCCL_ALIAS(ncclResetDebugInit)
+#pragma GCC diagnostic pop
+
+// ---- Communicators ----
+
+EFCCL_API ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
+  // Produced so that programs which always fetch one (nccl-tests does) keep working; the
+  // multi-process ncclCommInitRank* that would consume it is not supported yet.
+  if (uniqueId == nullptr) return report("ncclGetUniqueId", ApiStatus::invalid_argument("uniqueId is NULL"));
+  std::random_device rd;
+  std::memset(uniqueId->internal, 0, sizeof(uniqueId->internal));
+  std::memcpy(uniqueId->internal, "efccl-id", 8);
+  for (std::size_t i = 8; i + 4 <= sizeof(uniqueId->internal); i += 4) {
+    const uint32_t v = rd();
+    std::memcpy(uniqueId->internal + i, &v, 4);
+  }
+  return ncclSuccess;
+}
+EFCCL_ALIAS(ncclGetUniqueId)
+
+EFCCL_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
+  const char* fn = "ncclCommInitAll";
+  if (comms == nullptr) return report(fn, ApiStatus::invalid_argument("comms is NULL"));
+  if (ndev < 1) return report(fn, ApiStatus::invalid_argument("ndev " + std::to_string(ndev) + " must be >= 1"));
+  DeviceGuard guard;
+  int visible = 0;
+  if (cudaError_t e = cudaGetDeviceCount(&visible); e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return report(fn, ApiStatus::cuda(std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e)));
+  }
+  std::vector<int> devices(static_cast<std::size_t>(ndev));
+  for (int r = 0; r < ndev; ++r) {
+    devices[static_cast<std::size_t>(r)] = devlist != nullptr ? devlist[r] : r;
+    const int d = devices[static_cast<std::size_t>(r)];
+    if (d < 0 || d >= visible)
+      return report(fn, ApiStatus::invalid_argument("devlist[" + std::to_string(r) + "] = " +
+                                                    std::to_string(d) + " is not a CUDA device (" +
+                                                    std::to_string(visible) + " visible)"));
+  }
+  static std::once_flag version_once;
+  std::call_once(version_once, [] {
+    EFCCL_LOG(efccl::runtime::LogLevel::kVersion, efccl::runtime::kLogInit, -1,
+              "efccl (NCCL API " + std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) +
+                  "." + std::to_string(NCCL_PATCH) + "), every transfer an EF program");
+  });
+  auto clique = efccl::runtime::Clique::create(devices, efccl::runtime::Registry::from_environment());
+  if (!clique) return report(fn, ApiStatus::cuda(clique.status().message()));
+  for (int r = 0; r < ndev; ++r) {
+    auto* comm = new ncclComm();
+    comm->rank = r;
+    comm->device = devices[static_cast<std::size_t>(r)];
+    comm->clique = *clique;
+    efccl::runtime::register_comm(comm);
+    comms[r] = comm;
+    EFCCL_INFO(efccl::runtime::kLogInit, comm->device,
+               "comm " + hex(comm) + " rank " + std::to_string(r) + " nRanks " +
+                   std::to_string(ndev) + " nNodes 1 cudaDev " + std::to_string(comm->device) +
+                   " - Init COMPLETE");
+  }
+  return ncclSuccess;
+}
+EFCCL_ALIAS(ncclCommInitAll)
+
+namespace {
+/// Destroy and abort: the handle dies at once; the clique (and its executors) when its last
+/// communicator goes.
+ncclResult_t release_comm(const char* fn, ncclComm_t comm, bool abort) {
+  if (comm == nullptr) return ncclSuccess;  // as NCCL
+  if (ApiStatus s = efccl::runtime::check_comm(comm); !s) return report(fn, s);
+  if (!efccl::runtime::unregister_comm(comm))
+    return report(fn, ApiStatus::invalid_argument("comm was released concurrently"));
+  DeviceGuard guard;
+  if (abort) comm->clique->abort(comm->rank);
+  EFCCL_INFO(efccl::runtime::kLogInit, comm->device,
+             "comm " + hex(comm) + " rank " + std::to_string(comm->rank) +
+                 (abort ? " - Abort COMPLETE" : " - Destroy COMPLETE"));
+  comm->magic = efccl::runtime::kCommDeadMagic;
+  delete comm;
+  return ncclSuccess;
+}
+}  // namespace
+
+EFCCL_API ncclResult_t ncclCommDestroy(ncclComm_t comm) { return release_comm("ncclCommDestroy", comm, false); }
+EFCCL_ALIAS(ncclCommDestroy)
+
+EFCCL_API ncclResult_t ncclCommAbort(ncclComm_t comm) { return release_comm("ncclCommAbort", comm, true); }
+EFCCL_ALIAS(ncclCommAbort)
+
+EFCCL_API ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+  if (ApiStatus s = efccl::runtime::check_comm(comm); !s) return report("ncclCommFinalize", s);
+  return report("ncclCommFinalize", comm->clique->finalize(comm->rank));
+}
+EFCCL_ALIAS(ncclCommFinalize)
+
+EFCCL_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
+  const char* fn = "ncclCommGetAsyncError";
+  if (ApiStatus s = efccl::runtime::check_comm(comm); !s) return report(fn, s);
+  if (asyncError == nullptr) return report(fn, ApiStatus::invalid_argument("asyncError is NULL"));
+  *asyncError = comm->clique->async_error().code();
+  return ncclSuccess;
+}
+EFCCL_ALIAS(ncclCommGetAsyncError)
+
+EFCCL_API ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
+  if (ApiStatus s = efccl::runtime::check_comm(comm); !s) return report("ncclCommCount", s);
+  if (count == nullptr) return report("ncclCommCount", ApiStatus::invalid_argument("count is NULL"));
+  *count = comm->clique->nranks();
+  return ncclSuccess;
+}
+EFCCL_ALIAS(ncclCommCount)
+
+EFCCL_API ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
+  if (ApiStatus s = efccl::runtime::check_comm(comm); !s) return report("ncclCommCuDevice", s);
+  if (device == nullptr) return report("ncclCommCuDevice", ApiStatus::invalid_argument("device is NULL"));
+  *device = comm->device;
+  return ncclSuccess;
+}
+EFCCL_ALIAS(ncclCommCuDevice)
+
+EFCCL_API ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
+  if (ApiStatus s = efccl::runtime::check_comm(comm); !s) return report("ncclCommUserRank", s);
+  if (rank == nullptr) return report("ncclCommUserRank", ApiStatus::invalid_argument("rank is NULL"));
+  *rank = comm->rank;
+  return ncclSuccess;
+}
+EFCCL_ALIAS(ncclCommUserRank)
+
+// ---- Reduction operators ----
+
+EFCCL_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
+                                                ncclScalarResidence_t residence, ncclComm_t comm) {
+  const char* fn = "ncclRedOpCreatePreMulSum";
+  if (ApiStatus s = efccl::runtime::check_comm(comm); !s) return report(fn, s);
+  if (op == nullptr) return report(fn, ApiStatus::invalid_argument("op is NULL"));
+  if (scalar == nullptr) return report(fn, ApiStatus::invalid_argument("scalar is NULL"));
+  if (ApiStatus s = check_datatype(datatype); !s) return report(fn, s);
+  if (residence != ncclScalarDevice && residence != ncclScalarHostImmediate)
+    return report(fn, ApiStatus::invalid_argument("invalid scalar residence " +
+                                                  std::to_string(static_cast<int>(residence))));
+  efccl::runtime::PreMulSumOp created;
+  created.in_use = true;
+  created.dtype = static_cast<ef::DataType>(datatype);
+  created.device_resident = residence == ncclScalarDevice;
+  if (created.device_resident)
+    created.device_scalar = scalar;
+  else
+    created.host_value = scalar_value(created.dtype, scalar);
+  std::lock_guard<std::mutex> lock(comm->ops_mu);
+  std::size_t index = 0;
+  while (index < comm->premul_ops.size() && comm->premul_ops[index].in_use) ++index;
+  if (index >= static_cast<std::size_t>(ncclMaxRedOp - ncclNumOps))
+    return report(fn, ApiStatus::internal("too many reduction operators on this communicator"));
+  if (index == comm->premul_ops.size()) comm->premul_ops.push_back(created);
+  else comm->premul_ops[index] = created;
+  *op = static_cast<ncclRedOp_t>(ncclNumOps + static_cast<int>(index));
+  return ncclSuccess;
+}
+EFCCL_ALIAS(ncclRedOpCreatePreMulSum)
+
+EFCCL_API ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
+  const char* fn = "ncclRedOpDestroy";
+  if (ApiStatus s = efccl::runtime::check_comm(comm); !s) return report(fn, s);
+  const int index = static_cast<int>(op) - ncclNumOps;
+  std::lock_guard<std::mutex> lock(comm->ops_mu);
+  if (static_cast<int>(op) < ncclNumOps)
+    return report(fn, ApiStatus::invalid_argument("operator " + std::to_string(static_cast<int>(op)) +
+                                                  " is built in and cannot be destroyed"));
+  if (index >= static_cast<int>(comm->premul_ops.size()) ||
+      !comm->premul_ops[static_cast<std::size_t>(index)].in_use)
+    return report(fn, ApiStatus::invalid_argument("operator " + std::to_string(static_cast<int>(op)) +
+                                                  " was not created on this communicator"));
+  comm->premul_ops[static_cast<std::size_t>(index)].in_use = false;
+  return ncclSuccess;
+}
+EFCCL_ALIAS(ncclRedOpDestroy)
+
+// ---- Collectives and point-to-point ----
+
+EFCCL_API ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                     ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                     cudaStream_t stream) {
+  return finish("ncclAllReduce", submit_call(CallKind::kAllReduce, sendbuff, recvbuff, count,
+                                             datatype, op, 0, comm, stream));
+}
+EFCCL_ALIAS(ncclAllReduce)
+
+EFCCL_API ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
+                                     ncclDataType_t datatype, int root, ncclComm_t comm,
+                                     cudaStream_t stream) {
+  return finish("ncclBroadcast", submit_call(CallKind::kBroadcast, sendbuff, recvbuff, count,
+                                             datatype, ncclSum, root, comm, stream));
+}
+EFCCL_ALIAS(ncclBroadcast)
+
+EFCCL_API ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root,
+                                 ncclComm_t comm, cudaStream_t stream) {
+  return finish("ncclBcast", submit_call(CallKind::kBroadcast, buff, buff, count, datatype,
+                                         ncclSum, root, comm, stream));
+}
+EFCCL_ALIAS(ncclBcast)
+
+EFCCL_API ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                  ncclDataType_t datatype, ncclRedOp_t op, int root,
+                                  ncclComm_t comm, cudaStream_t stream) {
+  return finish("ncclReduce", submit_call(CallKind::kReduce, sendbuff, recvbuff, count, datatype,
+                                          op, root, comm, stream));
+}
+EFCCL_ALIAS(ncclReduce)
+
+EFCCL_API ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                     ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
+  return finish("ncclAllGather", submit_call(CallKind::kAllGather, sendbuff, recvbuff, sendcount,
+                                             datatype, ncclSum, 0, comm, stream));
+}
+EFCCL_ALIAS(ncclAllGather)
+
+EFCCL_API ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                         ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                         cudaStream_t stream) {
+  return finish("ncclReduceScatter", submit_call(CallKind::kReduceScatter, sendbuff, recvbuff,
+                                                 recvcount, datatype, op, 0, comm, stream));
+}
+EFCCL_ALIAS(ncclReduceScatter)
+
+EFCCL_API ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
+                                    ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
+  return finish("ncclAlltoAll", submit_call(CallKind::kAllToAll, sendbuff, recvbuff, count,
+                                            datatype, ncclSum, 0, comm, stream));
+}
+EFCCL_ALIAS(ncclAlltoAll)
+
+EFCCL_API ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t count,
+                                  ncclDataType_t datatype, int root, ncclComm_t comm,
+                                  cudaStream_t stream) {
+  return finish("ncclGather", submit_call(CallKind::kGather, sendbuff, recvbuff, count, datatype,
+                                          ncclSum, root, comm, stream));
+}
+EFCCL_ALIAS(ncclGather)
+
+EFCCL_API ncclResult_t ncclScatter(const void* sendbuff, void* recvbuff, size_t count,
+                                   ncclDataType_t datatype, int root, ncclComm_t comm,
+                                   cudaStream_t stream) {
+  return finish("ncclScatter", submit_call(CallKind::kScatter, sendbuff, recvbuff, count, datatype,
+                                           ncclSum, root, comm, stream));
+}
+EFCCL_ALIAS(ncclScatter)
+
+EFCCL_API ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                                ncclComm_t comm, cudaStream_t stream) {
+  return finish("ncclSend", submit_call(CallKind::kSend, sendbuff, nullptr, count, datatype,
+                                        ncclSum, peer, comm, stream));
+}
+EFCCL_ALIAS(ncclSend)
+
+EFCCL_API ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
+                                ncclComm_t comm, cudaStream_t stream) {
+  return finish("ncclRecv", submit_call(CallKind::kRecv, nullptr, recvbuff, count, datatype,
+                                        ncclSum, peer, comm, stream));
+}
+EFCCL_ALIAS(ncclRecv)
+
+// ---- Groups ----
+
+EFCCL_API ncclResult_t ncclGroupStart() { return report("ncclGroupStart", efccl::runtime::group_start()); }
+EFCCL_ALIAS(ncclGroupStart)
+
+EFCCL_API ncclResult_t ncclGroupEnd() {
+  DeviceGuard guard;
+  return report("ncclGroupEnd", efccl::runtime::group_end());
+}
+EFCCL_ALIAS(ncclGroupEnd)
+
+// ---- Memory ----
+
+EFCCL_API ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
+  if (ptr == nullptr) return report("ncclMemAlloc", ApiStatus::invalid_argument("ptr is NULL"));
+  *ptr = nullptr;
+  if (size == 0) return ncclSuccess;
+  if (cudaError_t e = cudaMalloc(ptr, size); e != cudaSuccess)
+    return report("ncclMemAlloc", ApiStatus::cuda("cudaMalloc(" + std::to_string(size) +
+                                                  "): " + cudaGetErrorString(e)));
+  return ncclSuccess;
+}
+EFCCL_ALIAS(ncclMemAlloc)
+
+EFCCL_API ncclResult_t ncclMemFree(void* ptr) {
+  if (ptr == nullptr) return ncclSuccess;
+  if (cudaError_t e = cudaFree(ptr); e != cudaSuccess)
+    return report("ncclMemFree", ApiStatus::cuda(std::string("cudaFree: ") + cudaGetErrorString(e)));
+  return ncclSuccess;
+}
+EFCCL_ALIAS(ncclMemFree)
+
+// ---- Not supported yet ----
+
+EFCCL_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
+  return report("ncclCommInitRank", not_supported("ncclCommInitRank", "multi-process initialisation; use ncclCommInitAll"));
+}
+EFCCL_ALIAS(ncclCommInitRank)
+
+EFCCL_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId,
+                                              int rank, ncclConfig_t* config) {
+  return report("ncclCommInitRankConfig", not_supported("ncclCommInitRankConfig", "multi-process initialisation; use ncclCommInitAll"));
+}
+EFCCL_ALIAS(ncclCommInitRankConfig)
+
+EFCCL_API ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId,
+                                                ncclUniqueId* commIds, ncclConfig_t* config) {
+  return report("ncclCommInitRankScalable", not_supported("ncclCommInitRankScalable", "multi-process initialisation; use ncclCommInitAll"));
+}
+EFCCL_ALIAS(ncclCommInitRankScalable)
+
+EFCCL_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
+                                     ncclConfig_t* config) {
+  return report("ncclCommSplit", not_supported("ncclCommSplit", ""));
+}
+EFCCL_ALIAS(ncclCommSplit)
+
+EFCCL_API ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
+                                      ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
+  return report("ncclCommShrink", not_supported("ncclCommShrink", ""));
+}
+EFCCL_ALIAS(ncclCommShrink)
+
+EFCCL_API ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
+  return report("ncclCommRevoke", not_supported("ncclCommRevoke", ""));
+}
+EFCCL_ALIAS(ncclCommRevoke)
+
+EFCCL_API ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size, void** handle) {
+  return report("ncclCommRegister", not_supported("ncclCommRegister", "buffer registration"));
+}
+EFCCL_ALIAS(ncclCommRegister)
+
+EFCCL_API ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* handle) {
+  return report("ncclCommDeregister", not_supported("ncclCommDeregister", "buffer registration"));
+}
+EFCCL_ALIAS(ncclCommDeregister)
+
+EFCCL_API ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size,
+                                              ncclWindow_t* win, int winFlags) {
+  return report("ncclCommWindowRegister", not_supported("ncclCommWindowRegister", "symmetric memory windows"));
+}
+EFCCL_ALIAS(ncclCommWindowRegister)
+
+EFCCL_API ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
+  return report("ncclCommWindowDeregister", not_supported("ncclCommWindowDeregister", "symmetric memory windows"));
+}
+EFCCL_ALIAS(ncclCommWindowDeregister)
+
+EFCCL_API ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
+  return report("ncclGroupSimulateEnd", not_supported("ncclGroupSimulateEnd", ""));
+}
+EFCCL_ALIAS(ncclGroupSimulateEnd)

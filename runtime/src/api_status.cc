@@ -1,0 +1,19 @@
+#include "api_status.h"
+
+#include "logger.h"
+
+namespace efccl::runtime {
+namespace {
+thread_local std::string t_last_error;
+}  // namespace
+
+ncclResult_t report(const char* function, const ApiStatus& status) {
+  if (status.is_ok()) return ncclSuccess;
+  t_last_error = std::string(function) + ": " + status.message();
+  EFCCL_WARN(-1, t_last_error);
+  return status.code();
+}
+
+const char* last_error_message() { return t_last_error.c_str(); }
+
+}  // namespace efccl::runtime

@@ -1,0 +1,46 @@
+#include "call.h"
+
+namespace efccl::runtime {
+
+ef::Collective collective_of(CallKind k) {
+  switch (k) {
+    case CallKind::kAllReduce: return ef::Collective::kAllReduce;
+    case CallKind::kBroadcast: return ef::Collective::kBroadcast;
+    case CallKind::kReduce: return ef::Collective::kReduce;
+    case CallKind::kAllGather: return ef::Collective::kAllGather;
+    case CallKind::kReduceScatter: return ef::Collective::kReduceScatter;
+    case CallKind::kAllToAll: return ef::Collective::kAllToAll;
+    case CallKind::kGather: return ef::Collective::kGather;
+    case CallKind::kScatter: return ef::Collective::kScatter;
+    default: return ef::Collective::kCustom;
+  }
+}
+
+const char* api_name(CallKind k) {
+  switch (k) {
+    case CallKind::kAllReduce: return "ncclAllReduce";
+    case CallKind::kBroadcast: return "ncclBroadcast";
+    case CallKind::kReduce: return "ncclReduce";
+    case CallKind::kAllGather: return "ncclAllGather";
+    case CallKind::kReduceScatter: return "ncclReduceScatter";
+    case CallKind::kAllToAll: return "ncclAlltoAll";
+    case CallKind::kGather: return "ncclGather";
+    case CallKind::kScatter: return "ncclScatter";
+    case CallKind::kSend: return "ncclSend";
+    case CallKind::kRecv: return "ncclRecv";
+  }
+  return "?";
+}
+
+std::string describe(const Call& c) {
+  std::string s = std::string(api_name(c.kind)) + "(count " + std::to_string(c.count) + ", " +
+                  std::string(ef::to_string(c.dtype));
+  if (c.kind == CallKind::kAllReduce || c.kind == CallKind::kReduce ||
+      c.kind == CallKind::kReduceScatter)
+    s += ", " + std::string(ef::to_string(c.op));
+  if (is_rooted(c.kind)) s += ", root " + std::to_string(c.root);
+  if (is_p2p(c.kind)) s += ", peer " + std::to_string(c.root);
+  return s + ")";
+}
+
+}  // namespace efccl::runtime

@@ -1,0 +1,575 @@
+#include "clique.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <sstream>
+#include <utility>
+
+#include "logger.h"
+#include "p2p_program.h"
+#include "tuning.h"
+
+namespace efccl::runtime {
+namespace {
+
+/// Kernel waits without progress longer than this fail the call (EFCCL_TIMEOUT_MS). The
+/// default matches PyTorch's NCCL watchdog: a peer GPU may legitimately start its part of a
+/// collective late, after long compute queued before it.
+constexpr uint64_t kDefaultTimeoutMs = 600000;
+/// Executors kept per clique; the least recently used one goes first (never during capture).
+constexpr std::size_t kMaxCachedExecutors = 256;
+
+std::chrono::nanoseconds timeout_from_environment() {
+  uint64_t ms = kDefaultTimeoutMs;
+  if (const char* v = std::getenv("EFCCL_TIMEOUT_MS"); v != nullptr && *v != '\0') {
+    char* end = nullptr;
+    const unsigned long long parsed = std::strtoull(v, &end, 10);
+    if (end != nullptr && *end == '\0' && parsed > 0 && parsed < (1ull << 40))
+      ms = parsed;
+    else
+      EFCCL_WARN(-1, "EFCCL_TIMEOUT_MS=" + std::string(v) + " is not a positive number of "
+                     "milliseconds; using " + std::to_string(kDefaultTimeoutMs));
+  }
+  return std::chrono::milliseconds(ms);
+}
+
+/// Restores the calling thread's current device on scope exit (NCCL leaves it unchanged).
+class DeviceGuard {
+ public:
+  DeviceGuard() {
+    if (cudaGetDevice(&saved_) != cudaSuccess) saved_ = -1;
+  }
+  ~DeviceGuard() {
+    if (saved_ >= 0) cudaSetDevice(saved_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int saved_ = -1;
+};
+
+ApiStatus cuda_status(cudaError_t e, const std::string& what) {
+  if (e == cudaSuccess) return ApiStatus::ok();
+  return ApiStatus::cuda(what + ": " + cudaGetErrorString(e));
+}
+
+/// NCCL's in-place rule for this rank's call (docs/ef-format.md §2).
+bool call_is_inplace(const Call& c) {
+  const auto send = reinterpret_cast<uintptr_t>(c.sendbuff);
+  const auto recv = reinterpret_cast<uintptr_t>(c.recvbuff);
+  const uint64_t bytes = c.count * ef::size_of(c.dtype);
+  switch (c.kind) {
+    case CallKind::kAllReduce:
+    case CallKind::kAllToAll:
+    case CallKind::kBroadcast:
+    case CallKind::kReduce:
+      return send == recv;
+    case CallKind::kAllGather:
+      return send == recv + static_cast<uint64_t>(c.rank) * bytes;
+    case CallKind::kReduceScatter:
+      return recv == send + static_cast<uint64_t>(c.rank) * bytes;
+    case CallKind::kGather:
+      return send == recv + static_cast<uint64_t>(c.root) * bytes;
+    case CallKind::kScatter:
+      return recv == send + static_cast<uint64_t>(c.root) * bytes;
+    default:
+      return false;
+  }
+}
+
+/// The program buffers of rank `c.rank` for elements [offset, ...) (offset: element-wise
+/// collectives only). Buffers NCCL ignores on a rank are replaced as the executor expects.
+void program_buffers(const Call& c, uint64_t offset, const void** in, void** out) {
+  const uint64_t off = offset * ef::size_of(c.dtype);
+  const char* send = static_cast<const char*>(c.sendbuff);
+  char* recv = static_cast<char*>(c.recvbuff);
+  const auto shift = [off](auto* p) { return p == nullptr ? p : p + off; };
+  const bool root = c.rank == c.root;
+  *in = shift(send);
+  *out = shift(recv);
+  switch (c.kind) {
+    case CallKind::kBroadcast:
+      if (!root) *in = shift(recv);  // non-root sendbuff is ignored by NCCL
+      break;
+    case CallKind::kReduce:
+    case CallKind::kGather:
+      if (!root) *out = nullptr;  // executor-owned memory
+      break;
+    case CallKind::kScatter:
+      if (!root) *in = nullptr;
+      break;
+    default:
+      break;
+  }
+}
+
+ncclResult_t kernel_failure_code(const std::string& message) {
+  return message.rfind("timed out", 0) == 0 || message.rfind("aborted", 0) == 0 ? ncclSystemError
+                                                                              : ncclInternalError;
+}
+
+}  // namespace
+
+Clique::Clique(std::vector<int> rank_devices, std::unique_ptr<Registry> registry)
+    : rank_devices_(std::move(rank_devices)),
+      registry_(std::move(registry)),
+      timeout_(timeout_from_environment()),
+      pending_(rank_devices_.size()),
+      next_sequence_(rank_devices_.size(), 0),
+      ready_(rank_devices_.size(), nullptr),
+      done_(rank_devices_.size(), nullptr) {}
+
+StatusOr<std::shared_ptr<Clique>> Clique::create(std::vector<int> rank_devices,
+                                                 std::unique_ptr<Registry> registry) {
+  std::shared_ptr<Clique> c(new Clique(std::move(rank_devices), std::move(registry)));
+  DeviceGuard guard;
+  for (std::size_t r = 0; r < c->rank_devices_.size(); ++r) {
+    cudaError_t e = cudaSetDevice(c->rank_devices_[r]);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->ready_[r], cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->done_[r], cudaEventDisableTiming);
+    if (e != cudaSuccess)
+      return Status::error("creating the events of rank " + std::to_string(r) + " on device " +
+                           std::to_string(c->rank_devices_[r]) + ": " + cudaGetErrorString(e));
+  }
+  return c;
+}
+
+Clique::~Clique() {
+  DeviceGuard guard;
+  {
+    std::lock_guard<std::mutex> lock(exec_list_mu_);
+    live_executors_.clear();
+  }
+  executors_.clear();  // each waits for its launches (aborted ones end within a millisecond)
+  for (std::size_t r = 0; r < rank_devices_.size(); ++r) {
+    cudaSetDevice(rank_devices_[r]);
+    if (ready_[r] != nullptr) cudaEventDestroy(ready_[r]);
+    if (done_[r] != nullptr) cudaEventDestroy(done_[r]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rendezvous
+
+ApiStatus Clique::submit(std::vector<Call> calls, bool whole_clique) {
+  DeviceGuard guard;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (aborted_.load()) return ApiStatus::invalid_usage("the communicator has been aborted");
+
+  std::vector<Call> p2p;
+  for (Call& c : calls) {
+    if (is_p2p(c.kind)) {
+      p2p.push_back(std::move(c));
+      continue;
+    }
+    c.sequence = next_sequence_[static_cast<std::size_t>(c.rank)]++;
+    pending_[static_cast<std::size_t>(c.rank)].push_back(std::move(c));
+  }
+
+  ApiStatus first;
+  const auto all_ready = [this] {
+    return std::all_of(pending_.begin(), pending_.end(), [](const auto& q) { return !q.empty(); });
+  };
+  while (all_ready()) {
+    std::vector<Call> set;
+    for (auto& q : pending_) {
+      set.push_back(std::move(q.front()));
+      q.pop_front();
+    }
+    bool mismatch = false;
+    ApiStatus s = run_collective(set, &mismatch);
+    if (!s && first) first = s;
+    if (mismatch) {
+      // The ranks no longer agree on what comes next: drop what is queued and realign.
+      const uint64_t next = *std::max_element(next_sequence_.begin(), next_sequence_.end());
+      for (auto& q : pending_) q.clear();
+      std::fill(next_sequence_.begin(), next_sequence_.end(), next);
+      break;
+    }
+  }
+  if (whole_clique && std::any_of(pending_.begin(), pending_.end(),
+                                  [](const auto& q) { return !q.empty(); })) {
+    std::ostringstream m;
+    m << "collective calls do not match across the ranks of the communicator (every rank must "
+         "make the same collective calls in the same order):";
+    for (std::size_t r = 0; r < pending_.size(); ++r) {
+      m << " rank " << r << " has " << pending_[r].size() << " unmatched call(s)";
+      if (!pending_[r].empty())
+        m << " starting with call #" << pending_[r].front().sequence << " "
+          << describe(pending_[r].front());
+      m << (r + 1 < pending_.size() ? ";" : "");
+    }
+    const uint64_t next = *std::max_element(next_sequence_.begin(), next_sequence_.end());
+    for (auto& q : pending_) q.clear();
+    std::fill(next_sequence_.begin(), next_sequence_.end(), next);
+    if (first) first = ApiStatus::invalid_usage(m.str());
+  }
+  if (!p2p.empty()) {
+    ApiStatus s = run_p2p(p2p);
+    if (!s && first) first = s;
+  }
+  return first;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Collectives
+
+ApiStatus Clique::run_collective(std::vector<Call>& set, bool* mismatch) {
+  const Call& ref = set[0];
+  for (const Call& c : set) {
+    const bool same = c.kind == ref.kind && c.count == ref.count && c.dtype == ref.dtype &&
+                      (!is_rooted(c.kind) || c.root == ref.root) &&
+                      (!ef::collective_reduces(collective_of(c.kind)) || c.op == ref.op);
+    if (!same) {
+      *mismatch = true;
+      return ApiStatus::invalid_usage(
+          "collective calls do not match across the ranks of the communicator: rank " +
+          std::to_string(ref.rank) + "'s call #" + std::to_string(ref.sequence) + " is " +
+          describe(ref) + " but rank " + std::to_string(c.rank) + "'s call #" +
+          std::to_string(c.sequence) + " is " + describe(c));
+    }
+  }
+  const uint64_t op_count = launches_++;
+  if (ref.count == 0) {
+    EFCCL_INFO(kLogColl, device(0), std::string(api_name(ref.kind)) + ": opCount " +
+                                        std::to_string(op_count) + " count 0: nothing to do");
+    return ApiStatus::ok();
+  }
+
+  // One mode for the whole call: the root's for rooted collectives, else every rank's.
+  bool inplace = call_is_inplace(set[is_rooted(ref.kind) ? static_cast<std::size_t>(ref.root) : 0]);
+  if (!is_rooted(ref.kind)) {
+    for (const Call& c : set) {
+      if (call_is_inplace(c) != inplace)
+        return ApiStatus::invalid_usage(
+            std::string(api_name(ref.kind)) + ": rank 0 calls " +
+            (inplace ? "in place" : "out of place") + " but rank " + std::to_string(c.rank) +
+            " does not; efccl runs a call in one mode on every rank");
+    }
+  }
+
+  CallShape shape;
+  shape.collective = collective_of(ref.kind);
+  shape.nranks = nranks();
+  shape.root = is_rooted(ref.kind) ? ref.root : 0;
+  shape.count = ref.count;
+  shape.dtype = ref.dtype;
+  shape.inplace = inplace;
+  StatusOr<Plan> plan = registry_->select(shape);
+  if (!plan) return ApiStatus::internal(std::string(api_name(ref.kind)) + ": " + plan.status().message());
+
+  std::vector<cudaStream_t> streams;
+  for (const Call& c : set) streams.push_back(c.stream);
+  StatusOr<bool> capturing = any_capturing(streams);
+  if (!capturing) return ApiStatus::cuda(capturing.status().message());
+
+  if (log_enabled(LogLevel::kInfo, kLogColl)) {
+    std::string programs;
+    for (const PlanPiece& p : plan->pieces)
+      programs += (programs.empty() ? "" : " + ") + ("'" + p.program->name + "'") + " [" +
+                  std::to_string(p.offset) + ", " + std::to_string(p.offset + p.count) + ")";
+    log_line(LogLevel::kInfo, kLogColl, device(0),
+             std::string(api_name(ref.kind)) + ": opCount " + std::to_string(op_count) +
+                 " count " + std::to_string(ref.count) + " datatype " +
+                 std::string(ef::to_string(ref.dtype)) + " op " + std::string(ef::to_string(ref.op)) +
+                 " root " + std::to_string(shape.root) + " inplace " + (inplace ? "1" : "0") +
+                 " nranks " + std::to_string(nranks()) + (*capturing ? " (captured)" : "") +
+                 " -> " + programs + ": " + plan->reason);
+  }
+
+  for (const PlanPiece& piece : plan->pieces) {
+    device::DeviceExecutor* executor = nullptr;
+    std::ostringstream key;
+    key << "coll:" << static_cast<const void*>(piece.program);
+    if (ApiStatus s = executor_for(*piece.program, key.str(), rank_devices_, *capturing,
+                                   piece.count, ref.dtype, &executor);
+        !s)
+      return s;
+    Launch l;
+    l.executor = executor;
+    l.args.count = piece.count;
+    l.args.dtype = ref.dtype;
+    l.args.op = ref.op;
+    l.args.inplace = inplace;
+    l.args.timeout = timeout_;
+    if (ref.op == ef::RedOp::kPreMulSum)
+      for (const Call& c : set) l.args.premul_scalars.push_back(c.premul_scalar);
+    for (const Call& c : set) {
+      const void* in = nullptr;
+      void* out = nullptr;
+      program_buffers(c, piece.offset, &in, &out);
+      l.args.inputs.push_back(in);
+      l.args.outputs.push_back(out);
+      l.ranks.push_back(c.rank);
+      l.rank_streams.push_back(c.stream);
+    }
+    if (ApiStatus s = launch(l); !s)
+      return ApiStatus(s.code(), std::string(api_name(ref.kind)) + " (program '" +
+                                     piece.program->name + "'): " + s.message());
+  }
+  return ApiStatus::ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Send/receive
+
+ApiStatus Clique::run_p2p(const std::vector<Call>& calls) {
+  // Pair the k-th send from s to d with the k-th receive on d from s.
+  std::map<std::pair<int32_t, int32_t>, std::vector<const Call*>> sends, recvs;
+  std::map<int32_t, cudaStream_t> stream_of;
+  for (const Call& c : calls) {
+    auto [it, fresh] = stream_of.emplace(c.rank, c.stream);
+    if (!fresh && it->second != c.stream)
+      return ApiStatus::invalid_usage(
+          "rank " + std::to_string(c.rank) + " uses different streams for its sends/receives "
+          "of one group; efccl needs one stream per rank and group for point-to-point calls");
+    if (c.kind == CallKind::kSend)
+      sends[{c.rank, c.root}].push_back(&c);
+    else
+      recvs[{c.root, c.rank}].push_back(&c);
+  }
+  std::set<std::pair<int32_t, int32_t>> pairs;
+  for (const auto& [k, v] : sends) pairs.insert(k);
+  for (const auto& [k, v] : recvs) pairs.insert(k);
+
+  std::vector<Transfer> transfers;
+  std::vector<Transfer> local;  // sender == receiver
+  for (const auto& pair : pairs) {
+    const auto& s = sends[pair];
+    const auto& r = recvs[pair];
+    if (s.size() != r.size())
+      return ApiStatus::invalid_usage(
+          "rank " + std::to_string(pair.first) + " posts " + std::to_string(s.size()) +
+          " ncclSend to rank " + std::to_string(pair.second) + " but rank " +
+          std::to_string(pair.second) + " posts " + std::to_string(r.size()) +
+          " ncclRecv from rank " + std::to_string(pair.first) +
+          " in this group (single-process efccl matches sends and receives within one group)");
+    for (std::size_t k = 0; k < s.size(); ++k) {
+      const uint64_t sb = s[k]->count * ef::size_of(s[k]->dtype);
+      const uint64_t rb = r[k]->count * ef::size_of(r[k]->dtype);
+      if (sb != rb)
+        return ApiStatus::invalid_usage(
+            "send #" + std::to_string(k) + " from rank " + std::to_string(pair.first) + " to rank " +
+            std::to_string(pair.second) + " has " + std::to_string(sb) + " bytes (" + describe(*s[k]) +
+            ") but the matching receive has " + std::to_string(rb) + " (" + describe(*r[k]) + ")");
+      if (sb == 0) continue;
+      Transfer t{pair.first, pair.second, s[k]->sendbuff, r[k]->recvbuff, sb};
+      (pair.first == pair.second ? local : transfers).push_back(t);
+    }
+  }
+
+  std::vector<cudaStream_t> streams;
+  for (const auto& [rank, stream] : stream_of) streams.push_back(stream);
+  StatusOr<bool> capturing = any_capturing(streams);
+  if (!capturing) return ApiStatus::cuda(capturing.status().message());
+
+  for (const Transfer& t : local) {
+    cudaSetDevice(device(t.sender));
+    if (ApiStatus s = cuda_status(cudaMemcpyAsync(t.dst, t.src, t.bytes, cudaMemcpyDeviceToDevice,
+                                                  stream_of[t.sender]),
+                                  "ncclSend/ncclRecv to self on rank " + std::to_string(t.sender));
+        !s)
+      return s;
+  }
+  if (transfers.empty()) return ApiStatus::ok();
+
+  const std::vector<P2pRound> rounds = plan_p2p_rounds(transfers, &p2p_channels);
+  const uint64_t op_count = launches_++;
+  EFCCL_INFO(kLogP2p, -1,
+             "send/recv group: opCount " + std::to_string(op_count) + " " +
+                 std::to_string(transfers.size()) + " transfer(s) between ranks, " +
+                 std::to_string(local.size()) + " to self, in " + std::to_string(rounds.size()) +
+                 " round(s) (one launch each; channels per transfer: " +
+                 std::to_string(rounds.front().program.nchannels) + ")" +
+                 (*capturing ? " (captured)" : ""));
+  notify_selection({"p2p", "p2p", "runtime",
+                    std::to_string(transfers.size()) + " transfer(s) in " +
+                        std::to_string(rounds.size()) + " round(s)",
+                    false, transfers.size(), nranks()});
+  for (const P2pRound& round : rounds) {
+    std::vector<int> devices;
+    for (int32_t r : round.ranks) devices.push_back(device(r));
+    device::DeviceExecutor* executor = nullptr;
+    if (ApiStatus s = executor_for(round.program, round.signature, devices, *capturing,
+                                   round.chunk_bytes, ef::DataType::kInt8, &executor);
+        !s)
+      return s;
+    Launch l;
+    l.executor = executor;
+    l.args.count = round.chunk_bytes;  // nchunksperloop 1: one chunk of chunk_bytes int8
+    l.args.dtype = ef::DataType::kInt8;
+    l.args.op = ef::RedOp::kSum;
+    l.args.inplace = false;
+    l.args.timeout = timeout_;
+    l.args.inputs = round.inputs;
+    l.args.outputs = round.outputs;
+    l.ranks = round.ranks;
+    for (int32_t r : round.ranks) l.rank_streams.push_back(stream_of[r]);
+    if (ApiStatus s = launch(l); !s) return s;
+  }
+  return ApiStatus::ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Executors and launches
+
+StatusOr<bool> Clique::any_capturing(const std::vector<cudaStream_t>& streams) const {
+  bool capturing = false;
+  for (cudaStream_t s : streams) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    const cudaError_t e = cudaStreamIsCapturing(s, &status);
+    if (e != cudaSuccess)
+      return Status::error(std::string("cudaStreamIsCapturing: ") + cudaGetErrorString(e));
+    if (status == cudaStreamCaptureStatusInvalidated)
+      return Status::error("a stream's CUDA graph capture has been invalidated");
+    capturing = capturing || status == cudaStreamCaptureStatusActive;
+  }
+  return capturing;
+}
+
+ApiStatus Clique::executor_for(const ef::Program& program, const std::string& key,
+                               const std::vector<int>& devices, bool capturing, uint64_t count,
+                               ef::DataType dtype, device::DeviceExecutor** out) {
+  std::string full_key = key + "@";
+  for (int d : devices) full_key += std::to_string(d) + ",";
+  if (auto it = executors_.find(full_key); it != executors_.end()) {
+    it->second.last_use = ++use_clock_;
+    *out = it->second.executor.get();
+    return ApiStatus::ok();
+  }
+  if (capturing)
+    return ApiStatus::invalid_usage(
+        "program '" + program.name + "' is used for the first time during CUDA graph capture; "
+        "efccl uploads programs and sizes buffers outside capture: run the same call once "
+        "before capturing it");
+
+  if (executors_.size() >= kMaxCachedExecutors) {
+    auto oldest = std::min_element(executors_.begin(), executors_.end(), [](const auto& a, const auto& b) {
+      return a.second.last_use < b.second.last_use;
+    });
+    {
+      std::lock_guard<std::mutex> lock(exec_list_mu_);
+      live_executors_.erase(std::remove(live_executors_.begin(), live_executors_.end(),
+                                        oldest->second.executor.get()),
+                            live_executors_.end());
+    }
+    executors_.erase(oldest);
+  }
+
+  auto created = device::DeviceExecutor::create(program, devices);
+  if (!created)
+    return ApiStatus::internal("preparing program '" + program.name + "' on the GPUs: " +
+                               created.status().message());
+  // Size scratch for this call now, so that a later capture of the same call needs no growth.
+  if (Status s = (*created)->reserve(count, dtype); !s)
+    return ApiStatus::system("allocating scratch for program '" + program.name + "': " + s.message());
+  EFCCL_INFO(kLogInit | kLogAlloc, devices.front(),
+             "prepared program '" + program.name + "' (" + std::to_string(program.nranks) +
+                 " ranks) on " + std::to_string((*created)->devices().size()) + " device(s)");
+  CachedExecutor& entry = executors_[full_key];
+  entry.executor = std::move(created.value());
+  entry.last_use = ++use_clock_;
+  {
+    std::lock_guard<std::mutex> lock(exec_list_mu_);
+    live_executors_.push_back(entry.executor.get());
+  }
+  *out = entry.executor.get();
+  return ApiStatus::ok();
+}
+
+ApiStatus Clique::launch(Launch& l) {
+  if (Status s = l.executor->error_status(); !s)
+    return ApiStatus(kernel_failure_code(s.message()),
+                     "an earlier launch of this program failed: " + s.message());
+  const std::vector<int>& devices = l.executor->devices();
+  // Per device: the launch stream is the stream of its lowest program rank.
+  std::vector<std::size_t> launch_rank(devices.size(), SIZE_MAX);
+  std::vector<std::size_t> device_index(l.ranks.size());
+  l.args.streams.assign(devices.size(), nullptr);
+  for (std::size_t i = 0; i < l.ranks.size(); ++i) {
+    const int d = device(l.ranks[i]);
+    const auto di = static_cast<std::size_t>(std::lower_bound(devices.begin(), devices.end(), d) -
+                                             devices.begin());
+    device_index[i] = di;
+    if (launch_rank[di] == SIZE_MAX) {
+      launch_rank[di] = i;
+      l.args.streams[di] = l.rank_streams[i];
+    }
+  }
+  // Other ranks' streams on the same device: the launch waits for them, and they for it.
+  for (std::size_t i = 0; i < l.ranks.size(); ++i) {
+    cudaStream_t launch_stream = l.args.streams[device_index[i]];
+    if (l.rank_streams[i] == launch_stream) continue;
+    const auto r = static_cast<std::size_t>(l.ranks[i]);
+    cudaSetDevice(device(l.ranks[i]));
+    if (ApiStatus s = cuda_status(cudaEventRecord(ready_[r], l.rank_streams[i]), "cudaEventRecord");
+        !s)
+      return s;
+    if (ApiStatus s = cuda_status(cudaStreamWaitEvent(launch_stream, ready_[r], 0), "cudaStreamWaitEvent");
+        !s)
+      return s;
+  }
+  if (Status s = l.executor->run(l.args); !s) {
+    const bool capture = s.message().find("capture") != std::string::npos;
+    return ApiStatus(capture ? ncclInvalidUsage : ncclInternalError, s.message());
+  }
+  for (std::size_t di = 0; di < devices.size(); ++di) {
+    const std::size_t i0 = launch_rank[di];
+    bool joined = false;
+    for (std::size_t i = 0; i < l.ranks.size(); ++i) {
+      if (device_index[i] != di || l.rank_streams[i] == l.args.streams[di]) continue;
+      const auto r0 = static_cast<std::size_t>(l.ranks[i0]);
+      cudaSetDevice(devices[di]);
+      if (!joined) {
+        if (ApiStatus s = cuda_status(cudaEventRecord(done_[r0], l.args.streams[di]), "cudaEventRecord");
+            !s)
+          return s;
+        joined = true;
+      }
+      if (ApiStatus s = cuda_status(cudaStreamWaitEvent(l.rank_streams[i], done_[r0], 0),
+                                    "cudaStreamWaitEvent");
+          !s)
+        return s;
+    }
+  }
+  return ApiStatus::ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors, abort, finalize
+
+ApiStatus Clique::async_error() {
+  std::lock_guard<std::mutex> lock(exec_list_mu_);
+  if (!async_error_.is_ok()) return async_error_;
+  for (device::DeviceExecutor* e : live_executors_) {
+    if (Status s = e->error_status(); !s) {
+      async_error_ = ApiStatus(kernel_failure_code(s.message()),
+                               "a kernel of program '" + e->program().name + "' failed: " + s.message());
+      EFCCL_WARN(-1, async_error_.message());
+      return async_error_;
+    }
+  }
+  if (aborted_.load()) return ApiStatus::invalid_usage("the communicator has been aborted");
+  return ApiStatus::ok();
+}
+
+void Clique::abort(int32_t rank) {
+  aborted_.store(true);
+  std::lock_guard<std::mutex> lock(exec_list_mu_);
+  for (device::DeviceExecutor* e : live_executors_) e->abort();
+  EFCCL_INFO(kLogInit, device(rank), "rank " + std::to_string(rank) +
+                                         " aborted its communicator; every kernel of its clique "
+                                         "gives up");
+}
+
+ApiStatus Clique::finalize(int32_t rank) {
+  DeviceGuard guard;
+  if (ApiStatus s = cuda_status(cudaSetDevice(device(rank)), "cudaSetDevice"); !s) return s;
+  if (ApiStatus s = cuda_status(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); !s) return s;
+  return async_error();
+}
+
+}  // namespace efccl::runtime

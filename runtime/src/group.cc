@@ -1,0 +1,81 @@
+#include "group.h"
+
+#include <algorithm>
+#include <set>
+#include <vector>
+
+#include "clique.h"
+
+namespace efccl::runtime {
+namespace {
+
+struct GroupState {
+  int depth = 0;
+  std::vector<Call> calls;
+  ApiStatus error;
+};
+
+GroupState& state() {
+  thread_local GroupState s;
+  return s;
+}
+
+/// Hands each clique its calls, in call order; the first failure is returned.
+ApiStatus run_group(std::vector<Call> calls) {
+  std::vector<Clique*> order;
+  for (const Call& c : calls)
+    if (std::find(order.begin(), order.end(), c.clique.get()) == order.end())
+      order.push_back(c.clique.get());
+  ApiStatus first;
+  for (Clique* clique : order) {
+    std::vector<Call> mine;
+    std::set<int32_t> ranks;
+    for (const Call& c : calls) {
+      if (c.clique.get() != clique) continue;
+      mine.push_back(c);
+      ranks.insert(c.rank);
+    }
+    const bool whole = static_cast<int32_t>(ranks.size()) == clique->nranks();
+    ApiStatus s = clique->submit(std::move(mine), whole);
+    if (!s && first) first = s;
+  }
+  return first;
+}
+
+}  // namespace
+
+ApiStatus group_start() {
+  ++state().depth;
+  return ApiStatus::ok();
+}
+
+ApiStatus group_end() {
+  GroupState& g = state();
+  if (g.depth == 0) return ApiStatus::invalid_usage("ncclGroupEnd without a matching ncclGroupStart");
+  if (--g.depth > 0) return ApiStatus::ok();
+  std::vector<Call> calls = std::move(g.calls);
+  g.calls.clear();
+  ApiStatus error = std::move(g.error);
+  g.error = ApiStatus::ok();
+  if (!error) return ApiStatus(error.code(), "the group was not run because a call in it failed: " +
+                                                 error.message());
+  return run_group(std::move(calls));
+}
+
+ApiStatus enqueue(Call call) {
+  GroupState& g = state();
+  if (g.depth == 0) {
+    std::vector<Call> one;
+    one.push_back(std::move(call));
+    return run_group(std::move(one));
+  }
+  g.calls.push_back(std::move(call));
+  return ApiStatus::ok();
+}
+
+void fail_group(const ApiStatus& status) {
+  GroupState& g = state();
+  if (g.depth > 0 && g.error) g.error = status;
+}
+
+}  // namespace efccl::runtime

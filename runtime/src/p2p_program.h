@@ -1,0 +1,45 @@
+// Point-to-point groups as EF programs. All ncclSend/ncclRecv pairs of a group are cut into
+// "rounds"; a round is one custom-collective program run by one interpreter launch per device.
+//
+// Why rounds: a program gives each rank one input and one output buffer, but a rank may send
+// from (and receive into) several unrelated user buffers. Transfers whose buffers lie at chunk
+// multiples of a common base (the usual case: one buffer per direction, or slices of one
+// buffer as in an all-to-all) share a round, with base = the user's lowest pointer; anything
+// else starts another round. Rounds run one after the other, in the same order on every device,
+// so they cannot deadlock. Every transfer is split into `channels` chunks carried on separate
+// channels (one send and one receive threadblock each). Data moves as int8 bytes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "efccl/ef/program.h"
+
+namespace efccl::runtime {
+
+/// One matched ncclSend/ncclRecv pair (sender != receiver), in bytes.
+struct Transfer {
+  int32_t sender = 0;
+  int32_t receiver = 0;
+  const void* src = nullptr;
+  void* dst = nullptr;
+  uint64_t bytes = 0;
+};
+
+/// One launch: a program over the participating clique ranks.
+struct P2pRound {
+  ef::Program program;         ///< kCustom, int8, nchunksperloop 1: the call's count is chunk_bytes
+  std::vector<int32_t> ranks;  ///< program rank -> clique rank
+  std::vector<const void*> inputs;  ///< per program rank: base of its send buffers (or null)
+  std::vector<void*> outputs;       ///< per program rank: base of its receive buffers (or null)
+  uint64_t chunk_bytes = 0;
+  std::string signature;  ///< equal signatures: equal programs (the executor cache key)
+};
+
+/// Splits the transfers (none with bytes 0) into rounds; `channels_for(bytes)` gives the
+/// channels of a transfer (reduced until they divide its size).
+std::vector<P2pRound> plan_p2p_rounds(std::vector<Transfer> transfers,
+                                      int32_t (*channels_for)(uint64_t bytes));
+
+}  // namespace efccl::runtime

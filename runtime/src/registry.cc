@@ -1,0 +1,296 @@
+#include "registry.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+#include <string_view>
+#include <system_error>
+
+#include "direct_gather_scatter.h"
+#include "efccl/algorithms/registry.h"
+#include "efccl/ef/load.h"
+#include "efccl/ef/validate.h"
+#include "efccl/runtime/observer.h"
+#include "logger.h"
+#include "tuning.h"
+
+namespace efccl::runtime {
+namespace {
+
+std::mutex& observer_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::function<void(const SelectionRecord&)>& observer() {
+  static std::function<void(const SelectionRecord&)> o;
+  return o;
+}
+
+
+bool is_rooted(ef::Collective c) {
+  return c == ef::Collective::kBroadcast || c == ef::Collective::kReduce ||
+         c == ef::Collective::kGather || c == ef::Collective::kScatter;
+}
+
+/// Bytes the tuning table sees: the whole call's data.
+uint64_t call_bytes(const CallShape& call) {
+  const uint64_t per_rank = call.count * ef::size_of(call.dtype);
+  return ef::count_is_per_block(call.collective) ? per_rank * static_cast<uint64_t>(call.nranks)
+                                                 : per_rank;
+}
+
+std::vector<std::string> split_list(std::string_view s) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : s) {
+    if (c == ',' || c == ':') {
+      if (!cur.empty()) out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  if (!cur.empty()) out.push_back(cur);
+  return out;
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+/// Why user program `p` cannot run `call` (empty: it can).
+std::string unusable_reason(const ef::Program& p, const CallShape& call, const ProtocolFilter& f) {
+  if (p.nranks != call.nranks)
+    return "the program has " + std::to_string(p.nranks) + " ranks, the communicator " +
+           std::to_string(call.nranks);
+  if (is_rooted(call.collective) && p.root != call.root)
+    return "the program's root is " + std::to_string(p.root) + ", the call's " +
+           std::to_string(call.root);
+  if (call.inplace && !p.inplace) return "the program is not valid in place";
+  if (!call.inplace && !p.outofplace) return "the program is valid in place only";
+  if (!ef::chunk_elements(p, call.count))
+    return "count " + std::to_string(call.count) + " is not a multiple of the program's granularity " +
+           std::to_string(ef::count_granularity(p));
+  if (!f.allows(p.protocol))
+    return "protocol " + std::string(ef::to_string(p.protocol)) + " is excluded by NCCL_PROTO=" + f.spec;
+  return {};
+}
+
+}  // namespace
+
+void notify_selection(const SelectionRecord& record) {
+  std::lock_guard<std::mutex> lock(observer_mutex());
+  if (observer()) observer()(record);
+}
+
+void set_selection_observer(std::function<void(const SelectionRecord&)> o) {
+  std::lock_guard<std::mutex> lock(observer_mutex());
+  observer() = std::move(o);
+}
+
+ProtocolFilter ProtocolFilter::from_environment() {
+  ProtocolFilter f;
+  const char* v = std::getenv("NCCL_PROTO");
+  if (v == nullptr || *v == '\0') return f;
+  f.spec = v;
+  std::string_view spec = v;
+  const bool exclude = spec.front() == '^';
+  if (exclude) spec.remove_prefix(1);
+  bool listed[3] = {false, false, false};
+  for (const std::string& name : split_list(spec)) {
+    const std::string n = lower(name);
+    if (n == "simple") listed[0] = true;
+    else if (n == "ll") listed[1] = true;
+    else if (n == "ll128") listed[2] = true;
+    else EFCCL_WARN(-1, "NCCL_PROTO: unknown protocol '" + name + "' ignored");
+  }
+  for (int i = 0; i < 3; ++i) f.allowed[i] = exclude ? !listed[i] : listed[i];
+  return f;
+}
+
+std::vector<std::pair<ef::Program, std::string>> load_user_programs() {
+  std::vector<std::string> files;
+  if (const char* dir = std::getenv("EFCCL_ALGO_DIR"); dir != nullptr && *dir != '\0') {
+    std::error_code ec;
+    std::vector<std::string> found;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+      const std::string ext = lower(entry.path().extension().string());
+      if (entry.is_regular_file(ec) && (ext == ".json" || ext == ".xml"))
+        found.push_back(entry.path().string());
+    }
+    if (ec) EFCCL_WARN(-1, "EFCCL_ALGO_DIR=" + std::string(dir) + ": " + ec.message());
+    std::sort(found.begin(), found.end());
+    files.insert(files.end(), found.begin(), found.end());
+  }
+  if (const char* list = std::getenv("EFCCL_ALGO_FILES")) {
+    for (const std::string& f : split_list(list)) files.push_back(f);
+  }
+
+  std::vector<std::pair<ef::Program, std::string>> programs;
+  for (const std::string& file : files) {
+    ef::LoadResult loaded = ef::load_program_file(file);
+    Diagnostics problems = loaded.diagnostics;
+    if (loaded.program && problems.empty()) problems = ef::validate(*loaded.program);
+    if (!loaded.program || !problems.empty()) {
+      std::string message = "user program " + file + " is not used:";
+      for (const auto& d : problems) message += "\n  " + d.to_string();
+      EFCCL_WARN(-1, message);
+      continue;
+    }
+    const ef::Program& p = *loaded.program;
+    EFCCL_INFO(kLogInit | kLogTuning, -1,
+               "loaded user program '" + p.name + "' from " + file + ": " +
+                   std::string(ef::to_string(p.collective)) + ", " + std::to_string(p.nranks) +
+                   " ranks, " + std::string(ef::to_string(p.protocol)) + ", bytes [" +
+                   std::to_string(p.min_bytes) + ", " +
+                   (p.max_bytes ? std::to_string(*p.max_bytes) : std::string("inf")) + "]");
+    programs.emplace_back(std::move(*loaded.program), file);
+  }
+  return programs;
+}
+
+std::unique_ptr<Registry> Registry::from_environment() {
+  return std::make_unique<Registry>(load_user_programs(), ProtocolFilter::from_environment());
+}
+
+Registry::Registry(std::vector<std::pair<ef::Program, std::string>> user_programs,
+                   ProtocolFilter filter)
+    : filter_(std::move(filter)) {
+  for (auto& [program, file] : user_programs) user_.push_back({std::move(program), std::move(file)});
+  // Built-ins are generated for the first allowed protocol (the interpreter's results never
+  // depend on it; NCCL_PROTO only restricts what may be chosen).
+  for (ef::Protocol p : {ef::Protocol::kSimple, ef::Protocol::kLL128, ef::Protocol::kLL}) {
+    if (filter_.allows(p)) {
+      builtin_protocol_ = p;
+      break;
+    }
+  }
+  if (!filter_.allows(builtin_protocol_))
+    EFCCL_WARN(-1, "NCCL_PROTO=" + filter_.spec + " excludes every protocol; using Simple");
+}
+
+StatusOr<const ef::Program*> Registry::builtin(const std::string& algorithm, const CallShape& call,
+                                               int32_t instances, bool inplace_variant) {
+  const int32_t root = is_rooted(call.collective) ? call.root : 0;
+  auto key = std::make_tuple(algorithm, call.nranks, root, instances, inplace_variant);
+  if (auto it = builtins_.find(key); it != builtins_.end()) return it->second.get();
+
+  StatusOr<ef::Program> generated = Status::error("no generator");
+  if (algorithm == "direct_gather") {
+    generated = direct_gather(call.nranks, root, instances, builtin_protocol_);
+  } else if (algorithm == "direct_scatter") {
+    generated = direct_scatter(call.nranks, root, instances, builtin_protocol_);
+  } else {
+    algorithms::AlgorithmParams params;
+    params.ranks = call.nranks;
+    params.instances = instances;
+    params.root = root;
+    params.protocol = builtin_protocol_;
+    params.inplace = inplace_variant;
+    // The runtime decides sizes through the tuning table; the program claims every size.
+    params.min_bytes = 0;
+    params.max_bytes = std::nullopt;
+    generated = algorithms::generate_algorithm(algorithm, params);
+  }
+  if (!generated) return Status::error("generating built-in " + algorithm + " for " +
+                                       std::to_string(call.nranks) + " ranks: " +
+                                       generated.status().message());
+  auto program = std::make_unique<ef::Program>(std::move(generated.value()));
+  const ef::Program* raw = program.get();
+  builtins_.emplace(key, std::move(program));
+  return raw;
+}
+
+StatusOr<Plan> Registry::select(const CallShape& call) {
+  const uint64_t api_bytes = call.count * ef::size_of(call.dtype);
+  const std::string collective(ef::to_string(call.collective));
+
+  // 1. User programs that claim the call (collective and byte range) take precedence.
+  for (const UserProgram& u : user_) {
+    const ef::Program& p = u.program;
+    if (p.collective != call.collective || api_bytes < p.min_bytes ||
+        (p.max_bytes && api_bytes > *p.max_bytes))
+      continue;
+    const std::string why_not = unusable_reason(p, call, filter_);
+    SelectionRecord record{collective, p.name, u.file, "", false, call.count, call.nranks};
+    if (!why_not.empty()) {
+      record.skipped = true;
+      record.reason = why_not;
+      EFCCL_INFO(kLogTuning, -1,
+                 "skipping user program '" + p.name + "' (" + u.file + ") for " + collective +
+                     " count " + std::to_string(call.count) + ": " + why_not);
+      notify_selection(record);
+      continue;
+    }
+    Plan plan;
+    plan.pieces.push_back({&p, 0, call.count});
+    plan.reason = "user program '" + p.name + "' from " + u.file + " (claims " +
+                  std::to_string(api_bytes) + " bytes)";
+    record.reason = plan.reason;
+    notify_selection(record);
+    return plan;
+  }
+
+  // 2. The built-in library, through the tuning table.
+  const BuiltinChoice choice = choose_builtin(call.collective, call.nranks, call_bytes(call));
+  if (choice.algorithm.empty())
+    return Status::error("no built-in algorithm for " + collective + " with " +
+                         std::to_string(call.nranks) + " ranks");
+  const std::string algorithm(choice.algorithm);
+  const auto get = [&](const std::string& name, int32_t instances) -> StatusOr<const ef::Program*> {
+    auto p = builtin(name, call, instances, false);
+    if (!p) return p;
+    if (call.inplace && !(*p)->inplace) return builtin(name, call, instances, true);
+    return p;
+  };
+
+  Plan plan;
+  int32_t instances = choice.instances;
+  auto program = get(algorithm, instances);
+  if (!program) return program.status();
+  const uint64_t granularity = ef::count_granularity(**program);
+  plan.reason = "built-in " + algorithm + ", " + choice.why;
+  if (call.count % granularity == 0) {
+    plan.pieces.push_back({*program, 0, call.count});
+  } else if (!ef::count_is_per_block(call.collective)) {
+    // Element-wise collectives: the largest multiple of the granularity through the chosen
+    // program, the remaining few elements through a program of granularity 1.
+    const uint64_t body = call.count - call.count % granularity;
+    const std::string tail_algorithm =
+        call.collective == ef::Collective::kAllReduce && call.nranks > 1 ? "allpairs_allreduce"
+                                                                          : algorithm;
+    auto tail = get(tail_algorithm, 1);
+    if (!tail) return tail.status();
+    if (ef::count_granularity(**tail) != 1)
+      return Status::error(tail_algorithm + " with one instance does not take every count");
+    if (body > 0) plan.pieces.push_back({*program, 0, body});
+    plan.pieces.push_back({*tail, body, call.count - body});
+    plan.reason += "; count " + std::to_string(call.count) + " is not a multiple of " +
+                   std::to_string(granularity) + ": the last " + std::to_string(call.count - body) +
+                   " element(s) run through " + tail_algorithm;
+  } else {
+    // Per-block collectives cannot be split by offset: fewer instances until the count fits
+    // (one instance takes every count).
+    while (instances > 1 && call.count % ef::count_granularity(**program) != 0) {
+      instances /= 2;
+      program = get(algorithm, instances);
+      if (!program) return program.status();
+    }
+    if (call.count % ef::count_granularity(**program) != 0)
+      return Status::error(algorithm + " cannot take count " + std::to_string(call.count));
+    plan.pieces.push_back({*program, 0, call.count});
+    if (instances != choice.instances)
+      plan.reason += "; " + std::to_string(instances) + " instance(s) so that count " +
+                     std::to_string(call.count) + " divides";
+  }
+  SelectionRecord record{collective, (*program)->name, "builtin", plan.reason, false, call.count,
+                         call.nranks};
+  notify_selection(record);
+  return plan;
+}
+
+}  // namespace efccl::runtime

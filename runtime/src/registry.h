@@ -1,0 +1,85 @@
+// The algorithm registry of one clique: user programs (EFCCL_ALGO_DIR, EFCCL_ALGO_FILES, read
+// when the communicators are created) first, then the built-in library chosen by the tuning
+// table. Programs are generated once and cached; the pointers returned stay valid for the
+// registry's lifetime (the executor cache is keyed by them).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "efccl/ef/datatype.h"
+#include "efccl/ef/program.h"
+#include "efccl/ef/status.h"
+#include "efccl/runtime/observer.h"
+
+namespace efccl::runtime {
+
+/// What selection needs to know about a collective call (identical on every rank).
+struct CallShape {
+  ef::Collective collective = ef::Collective::kAllReduce;
+  int32_t nranks = 0;
+  int32_t root = 0;
+  uint64_t count = 0;  ///< NCCL's count
+  ef::DataType dtype = ef::DataType::kFloat32;
+  bool inplace = false;
+};
+
+/// Part of a call run by one program: elements [offset, offset + count) of every rank's
+/// buffers (offset is nonzero only for element-wise collectives split into body and tail).
+struct PlanPiece {
+  const ef::Program* program = nullptr;
+  uint64_t offset = 0;
+  uint64_t count = 0;
+};
+
+/// The programs that run a call, and why they were chosen (for the INFO log).
+struct Plan {
+  std::vector<PlanPiece> pieces;
+  std::string reason;
+};
+
+/// Protocols allowed by NCCL_PROTO (e.g. "Simple,LL128" or "^LL"); all when unset.
+struct ProtocolFilter {
+  bool allowed[3] = {true, true, true};  ///< indexed by ef::Protocol
+  std::string spec;                      ///< the variable's value, for messages
+  static ProtocolFilter from_environment();
+  bool allows(ef::Protocol p) const { return allowed[static_cast<int>(p)]; }
+};
+
+class Registry {
+ public:
+  /// Reads user programs from the environment; bad files are logged and skipped.
+  static std::unique_ptr<Registry> from_environment();
+  /// For tests: user programs given directly (already loaded), and a protocol filter.
+  Registry(std::vector<std::pair<ef::Program, std::string>> user_programs, ProtocolFilter filter);
+
+  /// The plan for one call, or why there is none.
+  StatusOr<Plan> select(const CallShape& call);
+
+  std::size_t user_program_count() const { return user_.size(); }
+
+ private:
+  struct UserProgram {
+    ef::Program program;
+    std::string file;
+  };
+  StatusOr<const ef::Program*> builtin(const std::string& algorithm, const CallShape& call,
+                                       int32_t instances, bool inplace_variant);
+  std::vector<UserProgram> user_;
+  ProtocolFilter filter_;
+  ef::Protocol builtin_protocol_ = ef::Protocol::kSimple;
+  std::map<std::tuple<std::string, int32_t, int32_t, int32_t, bool>, std::unique_ptr<ef::Program>>
+      builtins_;
+};
+
+/// Passes a selection to the observer installed by set_selection_observer (if any).
+void notify_selection(const SelectionRecord& record);
+
+/// Loads the user program files named by EFCCL_ALGO_DIR and EFCCL_ALGO_FILES, validated.
+std::vector<std::pair<ef::Program, std::string>> load_user_programs();
+
+}  // namespace efccl::runtime

@@ -1,0 +1,28 @@
+// The tuning table: which built-in algorithm runs a collective, and with how many instances
+// (parallel copies of the program on separate channels, hence CTAs), by size. All tuning
+// numbers live in tuning.cc so that they can be read, and changed, in one place.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "efccl/ef/program.h"
+
+namespace efccl::runtime {
+
+/// A built-in algorithm and its instance count for one call.
+struct BuiltinChoice {
+  std::string_view algorithm;  ///< an efccl::algorithms name, or "direct_gather"/"direct_scatter"
+  int32_t instances = 1;
+  std::string why;  ///< the table row that matched, for the INFO log
+};
+
+/// `bytes` is the whole call's data (NCCL count x nranks x element size for the collectives
+/// whose count is per block, count x element size otherwise).
+BuiltinChoice choose_builtin(ef::Collective collective, int32_t nranks, uint64_t bytes);
+
+/// Channels (CTAs per direction) for one point-to-point transfer of `bytes`.
+int32_t p2p_channels(uint64_t bytes);
+
+}  // namespace efccl::runtime

@@ -1,0 +1,184 @@
+// The runtime's own programs and its selection, checked on the host reference executor (no GPU).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "direct_gather_scatter.h"
+#include "efccl/algorithms/registry.h"
+#include "efccl/ef/validate.h"
+#include "efccl/host/executor.h"
+#include "efccl/runtime/observer.h"
+#include "p2p_program.h"
+#include "registry.h"
+#include "tuning.h"
+
+namespace efccl::runtime {
+namespace {
+
+void expect_verifies(const ef::Program& p, uint64_t count, ef::DataType dtype, ef::RedOp op) {
+  for (bool inplace : host::allowed_inplace_modes(p)) {
+    host::ExecOptions o;
+    o.count = count;
+    o.dtype = dtype;
+    o.op = op;
+    o.inplace = inplace;
+    const auto r = host::run_and_verify(p, o, 7);
+    EXPECT_TRUE(r.pass) << p.name << " count " << count << " inplace " << inplace << ": " << r.message;
+  }
+}
+
+TEST(RuntimePrograms, DirectGatherAndScatter) {
+  for (int n : {1, 2, 3, 8}) {
+    for (int ch : {1, 4}) {
+      for (int root : {0, n - 1}) {
+        SCOPED_TRACE("n " + std::to_string(n) + " ch " + std::to_string(ch) + " root " + std::to_string(root));
+        auto g = direct_gather(n, root, ch, ef::Protocol::kSimple);
+        ASSERT_TRUE(g) << g.status().message();
+        expect_verifies(*g, 3 * ch, ef::DataType::kFloat32, ef::RedOp::kSum);
+        auto s = direct_scatter(n, root, ch, ef::Protocol::kSimple);
+        ASSERT_TRUE(s) << s.status().message();
+        expect_verifies(*s, 5 * ch, ef::DataType::kInt8, ef::RedOp::kSum);
+      }
+    }
+  }
+  EXPECT_FALSE(direct_gather(2, 2, 1, ef::Protocol::kSimple));
+}
+
+std::vector<char> g_arena(1 << 20);
+void* at(std::size_t offset) { return g_arena.data() + offset; }
+
+void expect_round_verifies(const P2pRound& round) {
+  EXPECT_TRUE(ef::validate(round.program).empty()) << round.signature;
+  expect_verifies(round.program, round.chunk_bytes, ef::DataType::kInt8, ef::RedOp::kSum);
+}
+
+TEST(RuntimePrograms, P2pRingIsOneRound) {
+  std::vector<Transfer> ring;
+  for (int r = 0; r < 4; ++r)
+    ring.push_back({r, (r + 1) % 4, at(r * 8192), at(65536 + ((r + 1) % 4) * 8192), 4096});
+  const auto rounds = plan_p2p_rounds(ring, [](uint64_t) { return 4; });
+  ASSERT_EQ(rounds.size(), 1u);
+  EXPECT_EQ(rounds[0].program.nranks, 4);
+  EXPECT_EQ(rounds[0].program.nchannels, 4);
+  EXPECT_EQ(rounds[0].chunk_bytes, 1024u);
+  expect_round_verifies(rounds[0]);
+}
+
+TEST(RuntimePrograms, P2pSlicesOfOneBufferShareARound) {
+  // All-to-all through send/recv: rank r sends slice q of its buffer to q.
+  std::vector<Transfer> t;
+  for (int r = 0; r < 3; ++r)
+    for (int q = 0; q < 3; ++q)
+      if (q != r) t.push_back({r, q, at(r * 4096 + q * 512), at(100000 + q * 4096 + r * 512), 512});
+  const auto rounds = plan_p2p_rounds(t, &p2p_channels);
+  ASSERT_EQ(rounds.size(), 1u);
+  expect_round_verifies(rounds[0]);
+}
+
+TEST(RuntimePrograms, P2pUnrelatedBuffersAndSizesSplitRounds) {
+  std::vector<Transfer> t = {
+      {0, 1, at(1000), at(5000), 300},   // base of rank 0's sends
+      {0, 2, at(1301), at(9000), 300},   // not a chunk multiple away: another round
+      {1, 0, at(20000), at(30000), 64},  // another size: another round
+  };
+  const auto rounds = plan_p2p_rounds(t, [](uint64_t) { return 1; });
+  ASSERT_EQ(rounds.size(), 3u);
+  for (const auto& r : rounds) expect_round_verifies(r);
+}
+
+TEST(RuntimePrograms, TuningTableCoversEveryCollective) {
+  for (auto c : {ef::Collective::kAllReduce, ef::Collective::kAllGather, ef::Collective::kReduceScatter,
+                 ef::Collective::kBroadcast, ef::Collective::kReduce, ef::Collective::kAllToAll,
+                 ef::Collective::kGather, ef::Collective::kScatter})
+    for (int n : {1, 2, 8, 16})
+      for (uint64_t bytes : {uint64_t{0}, uint64_t{4} << 10, uint64_t{4} << 20, uint64_t{1} << 30})
+        EXPECT_FALSE(choose_builtin(c, n, bytes).algorithm.empty()) << ef::to_string(c) << " " << n;
+  EXPECT_EQ(choose_builtin(ef::Collective::kAllReduce, 8, 1024).algorithm, "allpairs_allreduce");
+  EXPECT_EQ(choose_builtin(ef::Collective::kAllReduce, 8, 128 << 20).instances, 16);
+}
+
+CallShape shape(ef::Collective c, int n, uint64_t count, bool inplace = false,
+                ef::DataType t = ef::DataType::kFloat32) {
+  CallShape s;
+  s.collective = c;
+  s.nranks = n;
+  s.root = n - 1;
+  s.count = count;
+  s.dtype = t;
+  s.inplace = inplace;
+  return s;
+}
+
+TEST(RuntimePrograms, BuiltinPlansRunEveryCount) {
+  Registry registry({}, ProtocolFilter{});
+  for (auto c : {ef::Collective::kAllReduce, ef::Collective::kAllGather, ef::Collective::kReduceScatter,
+                 ef::Collective::kBroadcast, ef::Collective::kReduce, ef::Collective::kAllToAll,
+                 ef::Collective::kGather, ef::Collective::kScatter}) {
+    for (int n : {1, 3, 4}) {
+      for (uint64_t count : {uint64_t{1}, uint64_t{7}, uint64_t{(1 << 18) + 3}}) {
+        for (bool inplace : {false, true}) {
+          SCOPED_TRACE(std::string(ef::to_string(c)) + " n " + std::to_string(n) + " count " +
+                       std::to_string(count) + " inplace " + std::to_string(inplace));
+          auto plan = registry.select(shape(c, n, count, inplace));
+          ASSERT_TRUE(plan) << plan.status().message();
+          uint64_t covered = 0;
+          for (const PlanPiece& p : plan->pieces) {
+            EXPECT_EQ(p.offset, covered);
+            covered += p.count;
+            EXPECT_TRUE(ef::chunk_elements(*p.program, p.count)) << p.program->name;
+            EXPECT_TRUE(inplace ? p.program->inplace : p.program->outofplace);
+            for (const auto& rank : p.program->ranks) EXPECT_FALSE(rank.threadblocks.empty()) << p.program->name;
+          }
+          EXPECT_EQ(covered, count) << plan->reason;
+          if (count < 100)
+            for (const PlanPiece& p : plan->pieces)
+              expect_verifies(*p.program, p.count, ef::DataType::kInt32, ef::RedOp::kSum);
+        }
+      }
+    }
+  }
+}
+
+TEST(RuntimePrograms, UserProgramsTakePrecedenceOrAreSkippedWithAReason) {
+  algorithms::AlgorithmParams params;
+  params.ranks = 4;
+  auto four = algorithms::generate_algorithm("ring_allreduce", params);
+  ASSERT_TRUE(four);
+  four->name = "user_ring4";
+  auto ll = *four;
+  ll.name = "user_ll";
+  ll.protocol = ef::Protocol::kLL;
+  std::vector<std::pair<ef::Program, std::string>> user = {{ll, "ll.json"}, {*four, "ring4.json"}};
+  ProtocolFilter no_ll;
+  no_ll.allowed[static_cast<int>(ef::Protocol::kLL)] = false;
+  no_ll.spec = "^LL";
+  Registry registry(user, no_ll);
+
+  std::vector<SelectionRecord> seen;
+  set_selection_observer([&](const SelectionRecord& r) { seen.push_back(r); });
+  auto plan = registry.select(shape(ef::Collective::kAllReduce, 4, 400));
+  ASSERT_TRUE(plan);
+  EXPECT_EQ(plan->pieces.at(0).program->name, "user_ring4");
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_TRUE(seen[0].skipped);
+  EXPECT_NE(seen[0].reason.find("NCCL_PROTO=^LL"), std::string::npos) << seen[0].reason;
+  EXPECT_EQ(seen[1].source, "ring4.json");
+
+  seen.clear();
+  plan = registry.select(shape(ef::Collective::kAllReduce, 4, 401));  // granularity 4
+  ASSERT_TRUE(plan);
+  EXPECT_NE(plan->pieces.at(0).program->name, "user_ring4");
+  ASSERT_GE(seen.size(), 2u);
+  EXPECT_NE(seen[1].reason.find("granularity"), std::string::npos) << seen[1].reason;
+
+  seen.clear();
+  plan = registry.select(shape(ef::Collective::kAllReduce, 8, 400));
+  ASSERT_TRUE(plan);
+  ASSERT_GE(seen.size(), 2u);
+  EXPECT_NE(seen[1].reason.find("4 ranks"), std::string::npos) << seen[1].reason;
+  set_selection_observer(nullptr);
+}
+
+}  // namespace
+}  // namespace efccl::runtime

@@ -1,0 +1,124 @@
+// Shared helpers of the runtime GPU tests: cliques of communicators, typed host values.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <nccl.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "efccl/ef/datatype.h"
+#include "efccl/host/numeric.h"
+
+namespace efccl::runtime::testing {
+
+inline int visible_gpus() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+#define EFCCL_REQUIRE_GPUS(n)                                                              \
+  do {                                                                                     \
+    const int have = ::efccl::runtime::testing::visible_gpus();                             \
+    if (have < (n))                                                                        \
+      GTEST_SKIP() << "needs " << (n) << " CUDA device(s), " << have << " visible";        \
+  } while (0)
+
+#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
+#define NCCL_OK(x) ASSERT_EQ((x), ncclSuccess) << #x << ": " << ncclGetLastError(nullptr)
+
+/// Communicators from one ncclCommInitAll, with one stream per rank.
+struct TestClique {
+  std::vector<int> devices;
+  std::vector<ncclComm_t> comms;
+  std::vector<cudaStream_t> streams;
+
+  explicit TestClique(std::vector<int> devs) : devices(std::move(devs)) {
+    comms.resize(devices.size());
+    EXPECT_EQ(ncclCommInitAll(comms.data(), static_cast<int>(devices.size()), devices.data()), ncclSuccess)
+        << ncclGetLastError(nullptr);
+    for (int d : devices) {
+      cudaSetDevice(d);
+      cudaStream_t s = nullptr;
+      cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+      streams.push_back(s);
+    }
+  }
+  ~TestClique() {
+    for (std::size_t r = 0; r < comms.size(); ++r) {
+      cudaSetDevice(devices[r]);
+      cudaStreamSynchronize(streams[r]);
+      cudaStreamDestroy(streams[r]);
+      EXPECT_EQ(ncclCommDestroy(comms[r]), ncclSuccess);
+    }
+  }
+  int n() const { return static_cast<int>(devices.size()); }
+  void sync() {
+    for (std::size_t r = 0; r < streams.size(); ++r) {
+      cudaSetDevice(devices[r]);
+      EXPECT_EQ(cudaStreamSynchronize(streams[r]), cudaSuccess);
+      ncclResult_t async = ncclSuccess;
+      EXPECT_EQ(ncclCommGetAsyncError(comms[r], &async), ncclSuccess);
+      EXPECT_EQ(async, ncclSuccess) << ncclGetLastError(nullptr);
+    }
+  }
+};
+
+/// Encodes `v` as one element of `t` (rounded to nearest) into `out`.
+inline void encode(ef::DataType t, double v, void* out) {
+  switch (t) {
+    case ef::DataType::kInt8: { auto x = static_cast<int8_t>(v); std::memcpy(out, &x, 1); break; }
+    case ef::DataType::kUint8: { auto x = static_cast<uint8_t>(v); std::memcpy(out, &x, 1); break; }
+    case ef::DataType::kInt32: { auto x = static_cast<int32_t>(v); std::memcpy(out, &x, 4); break; }
+    case ef::DataType::kUint32: { auto x = static_cast<uint32_t>(v); std::memcpy(out, &x, 4); break; }
+    case ef::DataType::kInt64: { auto x = static_cast<int64_t>(v); std::memcpy(out, &x, 8); break; }
+    case ef::DataType::kUint64: { auto x = static_cast<uint64_t>(v); std::memcpy(out, &x, 8); break; }
+    case ef::DataType::kFloat16: { auto x = host::float_to_half(static_cast<float>(v)); std::memcpy(out, &x, 2); break; }
+    case ef::DataType::kFloat32: { auto x = static_cast<float>(v); std::memcpy(out, &x, 4); break; }
+    case ef::DataType::kFloat64: std::memcpy(out, &v, 8); break;
+    case ef::DataType::kBFloat16: { auto x = host::float_to_bfloat16(static_cast<float>(v)); std::memcpy(out, &x, 2); break; }
+    case ef::DataType::kFp8E4M3: { auto x = host::float_to_fp8_e4m3(static_cast<float>(v)); std::memcpy(out, &x, 1); break; }
+    case ef::DataType::kFp8E5M2: { auto x = host::float_to_fp8_e5m2(static_cast<float>(v)); std::memcpy(out, &x, 1); break; }
+  }
+}
+
+inline double decode(ef::DataType t, const void* in) {
+  switch (t) {
+    case ef::DataType::kInt8: { int8_t x; std::memcpy(&x, in, 1); return x; }
+    case ef::DataType::kUint8: { uint8_t x; std::memcpy(&x, in, 1); return x; }
+    case ef::DataType::kInt32: { int32_t x; std::memcpy(&x, in, 4); return x; }
+    case ef::DataType::kUint32: { uint32_t x; std::memcpy(&x, in, 4); return x; }
+    case ef::DataType::kInt64: { int64_t x; std::memcpy(&x, in, 8); return static_cast<double>(x); }
+    case ef::DataType::kUint64: { uint64_t x; std::memcpy(&x, in, 8); return static_cast<double>(x); }
+    case ef::DataType::kFloat16: { uint16_t x; std::memcpy(&x, in, 2); return host::half_to_float(x); }
+    case ef::DataType::kFloat32: { float x; std::memcpy(&x, in, 4); return x; }
+    case ef::DataType::kFloat64: { double x; std::memcpy(&x, in, 8); return x; }
+    case ef::DataType::kBFloat16: { uint16_t x; std::memcpy(&x, in, 2); return host::bfloat16_to_float(x); }
+    case ef::DataType::kFp8E4M3: { uint8_t x; std::memcpy(&x, in, 1); return host::fp8_e4m3_to_float(x); }
+    case ef::DataType::kFp8E5M2: { uint8_t x; std::memcpy(&x, in, 1); return host::fp8_e5m2_to_float(x); }
+  }
+  return 0;
+}
+
+/// Relative tolerance of a reduced value in `t` (the reduction order differs from the host's).
+inline double tolerance(ef::DataType t) {
+  switch (t) {
+    case ef::DataType::kFloat16: return 1.0 / 256;
+    case ef::DataType::kBFloat16: return 1.0 / 64;
+    case ef::DataType::kFp8E4M3: return 1.0 / 4;
+    case ef::DataType::kFp8E5M2: return 1.0 / 2;
+    case ef::DataType::kFloat32: return 1e-5;
+    case ef::DataType::kFloat64: return 1e-12;
+    default: return 0;
+  }
+}
+
+}  // namespace efccl::runtime::testing
