@@ -49,10 +49,15 @@ TEST(RuntimeGraph, CapturedAllReduceReplaysThreeTimes) {
     CUDA_OK(cudaStreamBeginCapture(c.streams[r], cudaStreamCaptureModeThreadLocal));
   }
   all_reduce();
+  // End every capture before instantiating: instantiation is refused while any stream of the
+  // thread is still capturing.
   for (int r = 0; r < n; ++r) {
     cudaSetDevice(c.devices[r]);
     CUDA_OK(cudaStreamEndCapture(c.streams[r], &graphs[r]));
-    CUDA_OK(cudaGraphInstantiate(&execs[r], graphs[r], nullptr, nullptr, 0));
+  }
+  for (int r = 0; r < n; ++r) {
+    cudaSetDevice(c.devices[r]);
+    CUDA_OK(cudaGraphInstantiate(&execs[r], graphs[r], 0));
   }
   for (int replay = 0; replay < 3; ++replay)
     for (int r = 0; r < n; ++r) {
