@@ -4,7 +4,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <mutex>
 #include <limits>
 #include <random>
 #include <string>
@@ -16,6 +19,7 @@
 #include "communicator.h"
 #include "efccl/host/numeric.h"
 #include "group.h"
+#include "init_rank.h"
 #include "logger.h"
 #include "registry.h"
 
@@ -23,6 +27,14 @@
 /// pnccl<name>: the same function under NCCL's profiling name.
 #define EFCCL_ALIAS(name) \
   extern "C" EFCCL_API decltype(name) p##name __attribute__((alias(#name)));
+
+/// The handle of a no-op registration: ncclCommRegister's `void*` and ncclCommWindowRegister's
+/// ncclWindow_t (opaque in nccl.h). Owned by the communicator's `registrations`.
+struct ncclWindow_vidmem {
+  bool window = false;  ///< from ncclCommWindowRegister
+  void* buff = nullptr;
+  size_t size = 0;
+};
 
 using efccl::runtime::ApiStatus;
 using efccl::runtime::Call;
@@ -182,6 +194,15 @@ ncclResult_t finish(const char* function, const ApiStatus& s) {
   return report(function, s);
 }
 
+void log_version_once() {
+  static std::once_flag version_once;
+  std::call_once(version_once, [] {
+    EFCCL_LOG(efccl::runtime::LogLevel::kVersion, efccl::runtime::kLogInit, -1,
+              "efccl (NCCL API " + std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) +
+                  "." + std::to_string(NCCL_PATCH) + "), every transfer an EF program");
+  });
+}
+
 ApiStatus not_supported(const char* function, const char* why) {
   return ApiStatus::invalid_usage(std::string(function) + " is not supported yet in " +
                                   "single-process efccl" + (why[0] != '\0' ? " (" : "") + why +
@@ -228,8 +249,9 @@ EFCCL_ALIAS(ncclResetDebugInit)
 // ---- Communicators ----
 
 EFCCL_API ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
-  // Produced so that programs which always fetch one (nccl-tests does) keep working; the
-  // multi-process ncclCommInitRank* that would consume it is not supported yet.
+  // The key of an in-process rendezvous (init_rank.h): a tag and 120 bytes from
+  // std::random_device (getrandom / /dev/urandom on Linux), so that independent communicators
+  // never share an id.
   if (uniqueId == nullptr) return report("ncclGetUniqueId", ApiStatus::invalid_argument("uniqueId is NULL"));
   std::random_device rd;
   std::memset(uniqueId->internal, 0, sizeof(uniqueId->internal));
@@ -261,12 +283,7 @@ EFCCL_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* d
                                                     std::to_string(d) + " is not a CUDA device (" +
                                                     std::to_string(visible) + " visible)"));
   }
-  static std::once_flag version_once;
-  std::call_once(version_once, [] {
-    EFCCL_LOG(efccl::runtime::LogLevel::kVersion, efccl::runtime::kLogInit, -1,
-              "efccl (NCCL API " + std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) +
-                  "." + std::to_string(NCCL_PATCH) + "), every transfer an EF program");
-  });
+  log_version_once();
   auto clique = efccl::runtime::Clique::create(devices, efccl::runtime::Registry::from_environment());
   if (!clique) return report(fn, ApiStatus::cuda(clique.status().message()));
   for (int r = 0; r < ndev; ++r) {
@@ -286,15 +303,106 @@ EFCCL_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* d
 EFCCL_ALIAS(ncclCommInitAll)
 
 namespace {
+
+/// ncclCommInitRank* of one rank: checks the arguments, allocates the pending communicator
+/// (*newcomm valid on return, as NCCL), joins the id's rendezvous and, outside a group, waits
+/// for the clique (init_rank.h).
+ApiStatus init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& id, int rank,
+                    const ncclConfig_t* config) {
+  if (newcomm == nullptr) return ApiStatus::invalid_argument("comm is NULL");
+  *newcomm = nullptr;
+  if (nranks < 1)
+    return ApiStatus::invalid_argument("nranks " + std::to_string(nranks) + " must be >= 1");
+  if (rank < 0 || rank >= nranks)
+    return ApiStatus::invalid_argument("rank " + std::to_string(rank) + " is out of range (nranks " +
+                                       std::to_string(nranks) + ")");
+  efccl::runtime::CommConfig cfg;
+  if (ApiStatus s = efccl::runtime::parse_config(config, &cfg); !s) return s;
+  log_version_once();
+  int device = -1;
+  std::string device_error;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) {
+    (void)cudaGetLastError();
+    device = -1;
+    device_error = std::string("cudaGetDevice: ") + cudaGetErrorString(e);
+  }
+  auto* comm = new ncclComm();
+  comm->rank = rank;
+  comm->device = device;
+  comm->init = efccl::runtime::CommInit::kPending;
+  comm->blocking = cfg.blocking;
+  std::shared_ptr<efccl::runtime::Rendezvous> rendezvous;
+  if (ApiStatus s = efccl::runtime::join_rendezvous(id, nranks, rank, device, device_error, comm,
+                                                    &rendezvous);
+      !s) {
+    delete comm;
+    return s;
+  }
+  comm->rendezvous = rendezvous;
+  efccl::runtime::register_comm(comm);
+  *newcomm = comm;
+  const bool grouped = efccl::runtime::in_group();
+  EFCCL_INFO(efccl::runtime::kLogInit, device,
+             "comm " + hex(comm) + " rank " + std::to_string(rank) + " nRanks " +
+                 std::to_string(nranks) + " cudaDev " + std::to_string(device) +
+                 (cfg.blocking ? "" : " (non-blocking: completed synchronously)") +
+                 (cfg.hints.empty() ? "" : " ignoring config hints:" + cfg.hints) +
+                 (grouped ? " - joined; the clique forms at ncclGroupEnd"
+                          : " - joined; waiting for the other ranks"));
+  if (grouped) {
+    efccl::runtime::defer_init(std::move(rendezvous));
+    return ApiStatus::ok();
+  }
+  // Only the rendezvous from here on: another thread may destroy the communicator meanwhile.
+  const auto timeout = efccl::runtime::init_timeout();
+  return efccl::runtime::complete_rendezvous(rendezvous, std::chrono::steady_clock::now() + timeout,
+                                             timeout);
+}
+
+}  // namespace
+
+EFCCL_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
+  return finish("ncclCommInitRank", init_rank(comm, nranks, commId, rank, nullptr));
+}
+EFCCL_ALIAS(ncclCommInitRank)
+
+EFCCL_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId,
+                                              int rank, ncclConfig_t* config) {
+  return finish("ncclCommInitRankConfig", init_rank(comm, nranks, commId, rank, config));
+}
+EFCCL_ALIAS(ncclCommInitRankConfig)
+
+EFCCL_API ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId,
+                                                ncclUniqueId* commIds, ncclConfig_t* config) {
+  // The ids only spread NCCL's bootstrap over several roots; in one process the first is the key.
+  const char* fn = "ncclCommInitRankScalable";
+  if (newcomm != nullptr) *newcomm = nullptr;
+  if (commIds == nullptr) return finish(fn, ApiStatus::invalid_argument("commIds is NULL"));
+  if (nId < 1 || nId > std::max(nranks, 1))
+    return finish(fn, ApiStatus::invalid_argument("nId " + std::to_string(nId) + " must be in 1..nranks (" +
+                                                  std::to_string(nranks) + ")"));
+  return finish(fn, init_rank(newcomm, nranks, commIds[0], myrank, config));
+}
+EFCCL_ALIAS(ncclCommInitRankScalable)
+
+namespace {
 /// Destroy and abort: the handle dies at once; the clique (and its executors) when its last
 /// communicator goes.
 ncclResult_t release_comm(const char* fn, ncclComm_t comm, bool abort) {
   if (comm == nullptr) return ncclSuccess;  // as NCCL
-  if (ApiStatus s = efccl::runtime::check_comm(comm); !s) return report(fn, s);
+  efccl::runtime::CommInit init = efccl::runtime::CommInit::kReady;
+  if (ApiStatus s = efccl::runtime::check_comm_handle(comm, &init); !s) return report(fn, s);
   if (!efccl::runtime::unregister_comm(comm))
     return report(fn, ApiStatus::invalid_argument("comm was released concurrently"));
   DeviceGuard guard;
-  if (abort) comm->clique->abort(comm->rank);
+  // After this no other thread touches the communicator; a pending one fails its rendezvous.
+  efccl::runtime::leave_rendezvous(comm, abort);
+  if (abort && comm->clique != nullptr) comm->clique->abort(comm->rank);
+  {
+    std::lock_guard<std::mutex> lock(comm->ops_mu);
+    for (void* h : comm->registrations) delete static_cast<ncclWindow_vidmem*>(h);
+    comm->registrations.clear();
+  }
   EFCCL_INFO(efccl::runtime::kLogInit, comm->device,
              "comm " + hex(comm) + " rank " + std::to_string(comm->rank) +
                  (abort ? " - Abort COMPLETE" : " - Destroy COMPLETE"));
@@ -318,9 +426,16 @@ EFCCL_ALIAS(ncclCommFinalize)
 
 EFCCL_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
   const char* fn = "ncclCommGetAsyncError";
-  if (ApiStatus s = efccl::runtime::check_comm(comm); !s) return report(fn, s);
+  efccl::runtime::CommInit init = efccl::runtime::CommInit::kReady;
+  ApiStatus init_error;
+  if (ApiStatus s = efccl::runtime::check_comm_handle(comm, &init, &init_error); !s)
+    return report(fn, s);
   if (asyncError == nullptr) return report(fn, ApiStatus::invalid_argument("asyncError is NULL"));
-  *asyncError = comm->clique->async_error().code();
+  switch (init) {
+    case efccl::runtime::CommInit::kPending: *asyncError = ncclInProgress; break;  // grouped init
+    case efccl::runtime::CommInit::kFailed: *asyncError = init_error.code(); break;
+    case efccl::runtime::CommInit::kReady: *asyncError = comm->clique->async_error().code(); break;
+  }
   return ncclSuccess;
 }
 EFCCL_ALIAS(ncclCommGetAsyncError)
@@ -334,7 +449,8 @@ EFCCL_API ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
 EFCCL_ALIAS(ncclCommCount)
 
 EFCCL_API ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
-  if (ApiStatus s = efccl::runtime::check_comm(comm); !s) return report("ncclCommCuDevice", s);
+  efccl::runtime::CommInit init;  // any state: the device is known from the start
+  if (ApiStatus s = efccl::runtime::check_comm_handle(comm, &init); !s) return report("ncclCommCuDevice", s);
   if (device == nullptr) return report("ncclCommCuDevice", ApiStatus::invalid_argument("device is NULL"));
   *device = comm->device;
   return ncclSuccess;
@@ -342,7 +458,8 @@ EFCCL_API ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
 EFCCL_ALIAS(ncclCommCuDevice)
 
 EFCCL_API ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
-  if (ApiStatus s = efccl::runtime::check_comm(comm); !s) return report("ncclCommUserRank", s);
+  efccl::runtime::CommInit init;  // any state: the rank is known from the start
+  if (ApiStatus s = efccl::runtime::check_comm_handle(comm, &init); !s) return report("ncclCommUserRank", s);
   if (rank == nullptr) return report("ncclCommUserRank", ApiStatus::invalid_argument("rank is NULL"));
   *rank = comm->rank;
   return ncclSuccess;
@@ -515,24 +632,84 @@ EFCCL_API ncclResult_t ncclMemFree(void* ptr) {
 }
 EFCCL_ALIAS(ncclMemFree)
 
+// ---- Registration (no-ops: every transfer copies through efccl's own FIFOs) ----
+
+namespace {
+
+void log_registration_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    EFCCL_INFO(efccl::runtime::kLogAlloc | efccl::runtime::kLogInit, -1,
+               "ncclCommRegister / ncclCommWindowRegister are accepted as no-ops: efccl copies "
+               "every transfer through its own FIFOs, so user buffers need no registration");
+  });
+}
+
+ApiStatus add_registration(ncclComm_t comm, void* buff, size_t size, bool window, void** out) {
+  if (ApiStatus s = efccl::runtime::check_comm(comm); !s) return s;
+  log_registration_once();
+  auto* h = new ncclWindow_vidmem();
+  h->window = window;
+  h->buff = buff;
+  h->size = size;
+  std::lock_guard<std::mutex> lock(comm->ops_mu);
+  comm->registrations.push_back(h);
+  *out = h;
+  return ApiStatus::ok();
+}
+
+ApiStatus remove_registration(ncclComm_t comm, void* handle, bool window) {
+  if (ApiStatus s = efccl::runtime::check_comm(comm); !s) return s;
+  const char* what = window ? "window" : "handle";
+  if (handle == nullptr) return ApiStatus::invalid_argument(std::string(what) + " is NULL");
+  std::lock_guard<std::mutex> lock(comm->ops_mu);
+  auto it = std::find(comm->registrations.begin(), comm->registrations.end(), handle);
+  if (it == comm->registrations.end() || static_cast<ncclWindow_vidmem*>(*it)->window != window)
+    return ApiStatus::invalid_argument(
+        std::string(what) + " " + hex(handle) + " was not returned by " +
+        (window ? "ncclCommWindowRegister" : "ncclCommRegister") +
+        " on this communicator, or was deregistered already");
+  delete static_cast<ncclWindow_vidmem*>(*it);
+  comm->registrations.erase(it);
+  return ApiStatus::ok();
+}
+
+}  // namespace
+
+EFCCL_API ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size, void** handle) {
+  const char* fn = "ncclCommRegister";
+  if (handle == nullptr) return report(fn, ApiStatus::invalid_argument("handle is NULL"));
+  *handle = nullptr;
+  return report(fn, add_registration(comm, buff, size, false, handle));
+}
+EFCCL_ALIAS(ncclCommRegister)
+
+EFCCL_API ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* handle) {
+  return report("ncclCommDeregister", remove_registration(comm, handle, false));
+}
+EFCCL_ALIAS(ncclCommDeregister)
+
+EFCCL_API ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size,
+                                              ncclWindow_t* win, int winFlags) {
+  const char* fn = "ncclCommWindowRegister";
+  if (win == nullptr) return report(fn, ApiStatus::invalid_argument("win is NULL"));
+  *win = nullptr;
+  if ((winFlags & ~NCCL_WIN_COLL_SYMMETRIC) != 0)
+    return report(fn, ApiStatus::invalid_argument("invalid winFlags " + std::to_string(winFlags) +
+                                                  " (valid: NCCL_WIN_DEFAULT, NCCL_WIN_COLL_SYMMETRIC)"));
+  void* h = nullptr;
+  if (ApiStatus s = add_registration(comm, buff, size, true, &h); !s) return report(fn, s);
+  *win = static_cast<ncclWindow_t>(h);
+  return ncclSuccess;
+}
+EFCCL_ALIAS(ncclCommWindowRegister)
+
+EFCCL_API ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
+  return report("ncclCommWindowDeregister", remove_registration(comm, win, true));
+}
+EFCCL_ALIAS(ncclCommWindowDeregister)
+
 // ---- Not supported yet ----
-
-EFCCL_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
-  return report("ncclCommInitRank", not_supported("ncclCommInitRank", "multi-process initialisation; use ncclCommInitAll"));
-}
-EFCCL_ALIAS(ncclCommInitRank)
-
-EFCCL_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId,
-                                              int rank, ncclConfig_t* config) {
-  return report("ncclCommInitRankConfig", not_supported("ncclCommInitRankConfig", "multi-process initialisation; use ncclCommInitAll"));
-}
-EFCCL_ALIAS(ncclCommInitRankConfig)
-
-EFCCL_API ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId,
-                                                ncclUniqueId* commIds, ncclConfig_t* config) {
-  return report("ncclCommInitRankScalable", not_supported("ncclCommInitRankScalable", "multi-process initialisation; use ncclCommInitAll"));
-}
-EFCCL_ALIAS(ncclCommInitRankScalable)
 
 EFCCL_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
                                      ncclConfig_t* config) {
@@ -550,27 +727,6 @@ EFCCL_API ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
   return report("ncclCommRevoke", not_supported("ncclCommRevoke", ""));
 }
 EFCCL_ALIAS(ncclCommRevoke)
-
-EFCCL_API ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size, void** handle) {
-  return report("ncclCommRegister", not_supported("ncclCommRegister", "buffer registration"));
-}
-EFCCL_ALIAS(ncclCommRegister)
-
-EFCCL_API ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* handle) {
-  return report("ncclCommDeregister", not_supported("ncclCommDeregister", "buffer registration"));
-}
-EFCCL_ALIAS(ncclCommDeregister)
-
-EFCCL_API ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size,
-                                              ncclWindow_t* win, int winFlags) {
-  return report("ncclCommWindowRegister", not_supported("ncclCommWindowRegister", "symmetric memory windows"));
-}
-EFCCL_ALIAS(ncclCommWindowRegister)
-
-EFCCL_API ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
-  return report("ncclCommWindowDeregister", not_supported("ncclCommWindowDeregister", "symmetric memory windows"));
-}
-EFCCL_ALIAS(ncclCommWindowDeregister)
 
 EFCCL_API ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
   return report("ncclGroupSimulateEnd", not_supported("ncclGroupSimulateEnd", ""));

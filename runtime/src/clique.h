@@ -1,4 +1,5 @@
-// A clique: the communicators created together by one ncclCommInitAll, one per rank, sharing
+// A clique: the communicators created together by one ncclCommInitAll (or one in-process
+// ncclCommInitRank* rendezvous, init_rank.h), one per rank, sharing
 // one registry, one executor cache and the rendezvous where the ranks' calls meet. Several
 // ranks may live on one GPU.
 //

@@ -27,7 +27,7 @@ bool unregister_comm(ncclComm* comm) {
   return live_comms().erase(comm) > 0;
 }
 
-ApiStatus check_comm(const ncclComm* comm) {
+ApiStatus check_comm_handle(const ncclComm* comm, CommInit* init, ApiStatus* init_error) {
   if (comm == nullptr) return ApiStatus::invalid_argument("comm is NULL");
   std::lock_guard<std::mutex> lock(live_mutex());
   if (live_comms().count(comm) == 0) {
@@ -38,7 +38,41 @@ ApiStatus check_comm(const ncclComm* comm) {
   }
   if (comm->magic != kCommMagic)
     return ApiStatus::invalid_argument("comm is corrupted (bad magic)");
+  *init = comm->init;
+  if (init_error != nullptr && comm->init == CommInit::kFailed) *init_error = comm->init_error;
   return ApiStatus::ok();
+}
+
+ApiStatus check_comm(const ncclComm* comm) {
+  CommInit init = CommInit::kReady;
+  ApiStatus error;
+  if (ApiStatus s = check_comm_handle(comm, &init, &error); !s) return s;
+  switch (init) {
+    case CommInit::kReady:
+      return ApiStatus::ok();
+    case CommInit::kPending:
+      return ApiStatus::invalid_usage(
+          "the communicator is not initialized yet: its clique forms once every rank of its "
+          "unique id has called ncclCommInitRank* (inside a group: at the outermost "
+          "ncclGroupEnd)");
+    case CommInit::kFailed:
+      return ApiStatus::invalid_usage("the communicator's initialization failed (" +
+                                      error.message() +
+                                      "); it can only be destroyed or aborted");
+  }
+  return ApiStatus::internal("bad communicator init state");
+}
+
+void attach_clique(ncclComm* comm, std::shared_ptr<Clique> clique) {
+  std::lock_guard<std::mutex> lock(live_mutex());
+  comm->clique = std::move(clique);
+  comm->init = CommInit::kReady;
+}
+
+void fail_init(ncclComm* comm, const ApiStatus& why) {
+  std::lock_guard<std::mutex> lock(live_mutex());
+  comm->init = CommInit::kFailed;
+  comm->init_error = why;
 }
 
 }  // namespace efccl::runtime

@@ -1,10 +1,12 @@
 #include "group.h"
 
 #include <algorithm>
+#include <chrono>
 #include <set>
 #include <vector>
 
 #include "clique.h"
+#include "init_rank.h"
 
 namespace efccl::runtime {
 namespace {
@@ -12,6 +14,7 @@ namespace {
 struct GroupState {
   int depth = 0;
   std::vector<Call> calls;
+  std::vector<std::shared_ptr<Rendezvous>> inits;  ///< grouped ncclCommInitRank*, deduplicated
   ApiStatus error;
 };
 
@@ -55,11 +58,27 @@ ApiStatus group_end() {
   if (--g.depth > 0) return ApiStatus::ok();
   std::vector<Call> calls = std::move(g.calls);
   g.calls.clear();
+  std::vector<std::shared_ptr<Rendezvous>> inits = std::move(g.inits);
+  g.inits.clear();
   ApiStatus error = std::move(g.error);
   g.error = ApiStatus::ok();
-  if (!error) return ApiStatus(error.code(), "the group was not run because a call in it failed: " +
-                                                 error.message());
-  return run_group(std::move(calls));
+  if (!error) {
+    ApiStatus failed(error.code(), "the group was not run because a call in it failed: " +
+                                       error.message());
+    for (const auto& r : inits) cancel_rendezvous(r, failed);
+    return failed;
+  }
+  ApiStatus first;
+  if (!inits.empty()) {
+    const auto timeout = init_timeout();
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (const auto& r : inits) {
+      ApiStatus s = complete_rendezvous(r, deadline, timeout);
+      if (!s && first) first = s;
+    }
+  }
+  ApiStatus s = run_group(std::move(calls));
+  return !first ? first : s;
 }
 
 ApiStatus enqueue(Call call) {
@@ -71,6 +90,14 @@ ApiStatus enqueue(Call call) {
   }
   g.calls.push_back(std::move(call));
   return ApiStatus::ok();
+}
+
+bool in_group() { return state().depth > 0; }
+
+void defer_init(std::shared_ptr<Rendezvous> rendezvous) {
+  GroupState& g = state();
+  if (std::find(g.inits.begin(), g.inits.end(), rendezvous) == g.inits.end())
+    g.inits.push_back(std::move(rendezvous));
 }
 
 void fail_group(const ApiStatus& status) {

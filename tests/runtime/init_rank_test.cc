@@ -1,0 +1,186 @@
+// ncclCommInitRank* on GPUs: cliques formed by one thread per rank (PyTorch's pattern), by one
+// thread in a group (nccl-tests' pattern), by ncclCommInitRankScalable, and the no-op buffer
+// registrations. Several ranks share a GPU where fewer are visible.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime_test_util.h"
+
+namespace {
+
+using efccl::runtime::testing::visible_gpus;
+
+std::string last_error() { return ncclGetLastError(nullptr); }
+
+/// Sums 1..n of rank-valued floats over the communicators (one stream per rank, one group).
+void expect_allreduce_works(const std::vector<ncclComm_t>& comms, const std::vector<int>& devices) {
+  const int n = static_cast<int>(comms.size());
+  constexpr int kCount = 1024;
+  std::vector<float*> buffers(n, nullptr);
+  std::vector<cudaStream_t> streams(n, nullptr);
+  for (int r = 0; r < n; ++r) {
+    CUDA_OK(cudaSetDevice(devices[r]));
+    CUDA_OK(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking));
+    CUDA_OK(cudaMalloc(&buffers[r], kCount * sizeof(float)));
+    std::vector<float> host(kCount, static_cast<float>(r + 1));
+    CUDA_OK(cudaMemcpy(buffers[r], host.data(), kCount * sizeof(float), cudaMemcpyHostToDevice));
+  }
+  NCCL_OK(ncclGroupStart());
+  for (int r = 0; r < n; ++r)
+    NCCL_OK(ncclAllReduce(buffers[r], buffers[r], kCount, ncclFloat, ncclSum, comms[r], streams[r]));
+  NCCL_OK(ncclGroupEnd());
+  const float expected = static_cast<float>(n * (n + 1) / 2);
+  for (int r = 0; r < n; ++r) {
+    CUDA_OK(cudaSetDevice(devices[r]));
+    CUDA_OK(cudaStreamSynchronize(streams[r]));
+    std::vector<float> host(kCount, 0.0f);
+    CUDA_OK(cudaMemcpy(host.data(), buffers[r], kCount * sizeof(float), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(host[0], expected) << "rank " << r;
+    EXPECT_EQ(host[kCount - 1], expected) << "rank " << r;
+    ncclResult_t async = ncclInProgress;
+    EXPECT_EQ(ncclCommGetAsyncError(comms[r], &async), ncclSuccess);
+    EXPECT_EQ(async, ncclSuccess);
+    cudaFree(buffers[r]);
+    cudaStreamDestroy(streams[r]);
+  }
+}
+
+std::vector<int> rank_devices(int nranks) {
+  const int gpus = visible_gpus();
+  std::vector<int> devices;
+  for (int r = 0; r < nranks; ++r) devices.push_back(r % gpus);
+  return devices;
+}
+
+TEST(InitRank, OneThreadPerRankWithoutAGroup) {
+  EFCCL_REQUIRE_GPUS(1);
+  const int n = std::max(2, visible_gpus());
+  const std::vector<int> devices = rank_devices(n);
+  ncclUniqueId id;
+  NCCL_OK(ncclGetUniqueId(&id));
+  std::vector<ncclComm_t> comms(n, nullptr);
+  std::vector<ncclResult_t> results(n, ncclInternalError);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      cudaSetDevice(devices[r]);
+      results[r] = ncclCommInitRank(&comms[r], n, id, r);
+      if (results[r] != ncclSuccess) ADD_FAILURE() << "rank " << r << ": " << last_error();
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(results[r], ncclSuccess);
+    int count = 0, rank = -1, device = -1;
+    NCCL_OK(ncclCommCount(comms[r], &count));
+    NCCL_OK(ncclCommUserRank(comms[r], &rank));
+    NCCL_OK(ncclCommCuDevice(comms[r], &device));
+    EXPECT_EQ(count, n);
+    EXPECT_EQ(rank, r);
+    EXPECT_EQ(device, devices[r]);
+  }
+  expect_allreduce_works(comms, devices);
+  for (ncclComm_t c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+}
+
+TEST(InitRank, GroupedInitFromOneThreadLikeNcclTests) {
+  EFCCL_REQUIRE_GPUS(1);
+  const int n = std::max(2, visible_gpus());
+  const std::vector<int> devices = rank_devices(n);
+  for (int blocking : {1, 0}) {
+    ncclUniqueId id;
+    NCCL_OK(ncclGetUniqueId(&id));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = blocking;
+    config.minCTAs = 1;
+    config.maxCTAs = 32;
+    config.CTAPolicy = NCCL_CTA_POLICY_DEFAULT;
+    std::vector<ncclComm_t> comms(n, nullptr);
+    NCCL_OK(ncclGroupStart());
+    for (int r = 0; r < n; ++r) {
+      CUDA_OK(cudaSetDevice(devices[r]));
+      NCCL_OK(ncclCommInitRankConfig(&comms[r], n, id, r, &config));
+      ASSERT_NE(comms[r], nullptr);
+    }
+    NCCL_OK(ncclGroupEnd());
+    for (int r = 0; r < n; ++r) {
+      ncclResult_t async = ncclInProgress;
+      NCCL_OK(ncclCommGetAsyncError(comms[r], &async));
+      EXPECT_EQ(async, ncclSuccess) << "blocking " << blocking;
+      int device = -1;
+      NCCL_OK(ncclCommCuDevice(comms[r], &device));
+      EXPECT_EQ(device, devices[r]);
+    }
+    expect_allreduce_works(comms, devices);
+    for (ncclComm_t c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+  }
+}
+
+TEST(InitRank, SingleRankCompletesAtOnce) {
+  EFCCL_REQUIRE_GPUS(1);
+  ncclUniqueId id;
+  NCCL_OK(ncclGetUniqueId(&id));
+  CUDA_OK(cudaSetDevice(0));
+  ncclComm_t comm = nullptr;
+  NCCL_OK(ncclCommInitRank(&comm, 1, id, 0));
+  int count = 0;
+  NCCL_OK(ncclCommCount(comm, &count));
+  EXPECT_EQ(count, 1);
+  expect_allreduce_works({comm}, {0});
+  // The id may be reused for a new communicator once the first has formed.
+  ncclComm_t again = nullptr;
+  NCCL_OK(ncclCommInitRank(&again, 1, id, 0));
+  EXPECT_NE(again, comm);
+  NCCL_OK(ncclCommDestroy(again));
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST(InitRank, ScalableUsesTheFirstId) {
+  EFCCL_REQUIRE_GPUS(1);
+  const int n = 2;
+  const std::vector<int> devices = rank_devices(n);
+  ncclUniqueId ids[2];
+  NCCL_OK(ncclGetUniqueId(&ids[0]));
+  NCCL_OK(ncclGetUniqueId(&ids[1]));
+  std::vector<ncclComm_t> comms(n, nullptr);
+  NCCL_OK(ncclGroupStart());
+  for (int r = 0; r < n; ++r) {
+    CUDA_OK(cudaSetDevice(devices[r]));
+    NCCL_OK(ncclCommInitRankScalable(&comms[r], n, r, 2, ids, nullptr));
+  }
+  NCCL_OK(ncclGroupEnd());
+  expect_allreduce_works(comms, devices);
+  for (ncclComm_t c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+}
+
+TEST(InitRank, RegistrationsAreNoOps) {
+  EFCCL_REQUIRE_GPUS(1);
+  efccl::runtime::testing::TestClique clique({0, 0});
+  float* buffer = nullptr;
+  CUDA_OK(cudaSetDevice(0));
+  CUDA_OK(cudaMalloc(&buffer, 1 << 20));
+  void* handle = nullptr;
+  NCCL_OK(ncclCommRegister(clique.comms[0], buffer, 1 << 20, &handle));
+  EXPECT_NE(handle, nullptr);
+  EXPECT_EQ(ncclCommDeregister(clique.comms[1], handle), ncclInvalidArgument);  // other comm
+  NCCL_OK(ncclCommDeregister(clique.comms[0], handle));
+  EXPECT_EQ(ncclCommDeregister(clique.comms[0], handle), ncclInvalidArgument);  // twice
+  EXPECT_EQ(ncclCommDeregister(clique.comms[0], nullptr), ncclInvalidArgument);
+
+  ncclWindow_t win = nullptr;
+  NCCL_OK(ncclCommWindowRegister(clique.comms[1], buffer, 1 << 20, &win, NCCL_WIN_COLL_SYMMETRIC));
+  EXPECT_NE(win, nullptr);
+  EXPECT_EQ(ncclCommDeregister(clique.comms[1], win), ncclInvalidArgument);  // a window, not a handle
+  NCCL_OK(ncclCommWindowDeregister(clique.comms[1], win));
+  EXPECT_EQ(ncclCommWindowDeregister(clique.comms[1], win), ncclInvalidArgument);
+  EXPECT_EQ(ncclCommWindowRegister(clique.comms[1], buffer, 1 << 20, &win, 0x10), ncclInvalidArgument);
+
+  // Handles still registered when the communicator goes are released with it.
+  NCCL_OK(ncclCommRegister(clique.comms[0], buffer, 1 << 20, &handle));
+  NCCL_OK(ncclCommWindowRegister(clique.comms[0], buffer, 1 << 20, &win, NCCL_WIN_DEFAULT));
+  cudaFree(buffer);
+}
+
+}  // namespace
