@@ -22,22 +22,29 @@ struct Row {
 
 constexpr Row kTable[] = {
     // allreduce: one-step all-pairs for latency-bound sizes on small cliques, then the ring.
+    // Instances measured on 2x H200 (docs/performance.md, 2026-11-22): one ring threadblock
+    // moves ~12 GB/s, so large messages need ~32 to approach NVLink's ceiling.
     {ef::Collective::kAllReduce, "allpairs_allreduce", 2, 8, 0, 256 * KiB, 1},
-    {ef::Collective::kAllReduce, "ring_allreduce", 1, 4096, 0, 1 * MiB, 1},
-    {ef::Collective::kAllReduce, "ring_allreduce", 1, 4096, 1 * MiB, 64 * MiB, 8},
-    {ef::Collective::kAllReduce, "ring_allreduce", 1, 4096, 64 * MiB, kNoLimit, 16},
-    {ef::Collective::kAllGather, "ring_allgather", 1, 4096, 0, 1 * MiB, 1},
-    {ef::Collective::kAllGather, "ring_allgather", 1, 4096, 1 * MiB, 64 * MiB, 8},
-    {ef::Collective::kAllGather, "ring_allgather", 1, 4096, 64 * MiB, kNoLimit, 16},
-    {ef::Collective::kReduceScatter, "ring_reducescatter", 1, 4096, 0, 1 * MiB, 1},
-    {ef::Collective::kReduceScatter, "ring_reducescatter", 1, 4096, 1 * MiB, 64 * MiB, 8},
-    {ef::Collective::kReduceScatter, "ring_reducescatter", 1, 4096, 64 * MiB, kNoLimit, 16},
-    {ef::Collective::kBroadcast, "ring_broadcast", 1, 4096, 0, 1 * MiB, 1},
-    {ef::Collective::kBroadcast, "ring_broadcast", 1, 4096, 1 * MiB, 64 * MiB, 8},
-    {ef::Collective::kBroadcast, "ring_broadcast", 1, 4096, 64 * MiB, kNoLimit, 16},
-    {ef::Collective::kReduce, "ring_reduce", 1, 4096, 0, 1 * MiB, 1},
-    {ef::Collective::kReduce, "ring_reduce", 1, 4096, 1 * MiB, 64 * MiB, 8},
-    {ef::Collective::kReduce, "ring_reduce", 1, 4096, 64 * MiB, kNoLimit, 16},
+    {ef::Collective::kAllReduce, "ring_allreduce", 1, 4096, 0, 256 * KiB, 1},
+    {ef::Collective::kAllReduce, "ring_allreduce", 1, 4096, 256 * KiB, 1 * MiB, 8},
+    {ef::Collective::kAllReduce, "ring_allreduce", 1, 4096, 1 * MiB, 8 * MiB, 16},
+    {ef::Collective::kAllReduce, "ring_allreduce", 1, 4096, 8 * MiB, kNoLimit, 32},
+    {ef::Collective::kAllGather, "ring_allgather", 1, 4096, 0, 256 * KiB, 1},
+    {ef::Collective::kAllGather, "ring_allgather", 1, 4096, 256 * KiB, 1 * MiB, 8},
+    {ef::Collective::kAllGather, "ring_allgather", 1, 4096, 1 * MiB, 8 * MiB, 16},
+    {ef::Collective::kAllGather, "ring_allgather", 1, 4096, 8 * MiB, kNoLimit, 32},
+    {ef::Collective::kReduceScatter, "ring_reducescatter", 1, 4096, 0, 256 * KiB, 1},
+    {ef::Collective::kReduceScatter, "ring_reducescatter", 1, 4096, 256 * KiB, 1 * MiB, 8},
+    {ef::Collective::kReduceScatter, "ring_reducescatter", 1, 4096, 1 * MiB, 8 * MiB, 16},
+    {ef::Collective::kReduceScatter, "ring_reducescatter", 1, 4096, 8 * MiB, kNoLimit, 32},
+    {ef::Collective::kBroadcast, "ring_broadcast", 1, 4096, 0, 256 * KiB, 1},
+    {ef::Collective::kBroadcast, "ring_broadcast", 1, 4096, 256 * KiB, 1 * MiB, 8},
+    {ef::Collective::kBroadcast, "ring_broadcast", 1, 4096, 1 * MiB, 8 * MiB, 16},
+    {ef::Collective::kBroadcast, "ring_broadcast", 1, 4096, 8 * MiB, kNoLimit, 32},
+    {ef::Collective::kReduce, "ring_reduce", 1, 4096, 0, 256 * KiB, 1},
+    {ef::Collective::kReduce, "ring_reduce", 1, 4096, 256 * KiB, 1 * MiB, 8},
+    {ef::Collective::kReduce, "ring_reduce", 1, 4096, 1 * MiB, 8 * MiB, 16},
+    {ef::Collective::kReduce, "ring_reduce", 1, 4096, 8 * MiB, kNoLimit, 32},
     // alltoall: every rank already has n-1 send and n-1 receive threadblocks per instance.
     {ef::Collective::kAllToAll, "direct_alltoall", 1, 4096, 0, 1 * MiB, 1},
     {ef::Collective::kAllToAll, "direct_alltoall", 1, 4096, 1 * MiB, 64 * MiB, 4},
@@ -56,7 +63,7 @@ struct P2pRow {
   uint64_t min_bytes;
   int32_t channels;
 };
-constexpr P2pRow kP2pTable[] = {{64 * MiB, 16}, {1 * MiB, 8}, {0, 1}};
+constexpr P2pRow kP2pTable[] = {{64 * MiB, 32}, {8 * MiB, 16}, {1 * MiB, 8}, {0, 1}};
 
 std::string describe_range(uint64_t lo, uint64_t hi) {
   const auto human = [](uint64_t b) {

@@ -95,7 +95,7 @@ TEST(RuntimePrograms, TuningTableCoversEveryCollective) {
       for (uint64_t bytes : {uint64_t{0}, uint64_t{4} << 10, uint64_t{4} << 20, uint64_t{1} << 30})
         EXPECT_FALSE(choose_builtin(c, n, bytes).algorithm.empty()) << ef::to_string(c) << " " << n;
   EXPECT_EQ(choose_builtin(ef::Collective::kAllReduce, 8, 1024).algorithm, "allpairs_allreduce");
-  EXPECT_EQ(choose_builtin(ef::Collective::kAllReduce, 8, 128 << 20).instances, 16);
+  EXPECT_EQ(choose_builtin(ef::Collective::kAllReduce, 8, 128 << 20).instances, 32);
 }
 
 CallShape shape(ef::Collective c, int n, uint64_t count, bool inplace = false,
