@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -294,6 +295,27 @@ DeviceExecutor::~DeviceExecutor() {
 const std::vector<int>& DeviceExecutor::devices() const { return impl_->devices; }
 const ef::Program& DeviceExecutor::program() const { return impl_->program; }
 
+/// Peer access from `from` to `to`, enabled once per process: every executor needs it, and
+/// asking again only produces cudaErrorPeerAccessAlreadyEnabled (which compute-sanitizer
+/// reports as an API error). Pairs enabled by someone else are still handled.
+static Status enable_peer_access(int from, int to) {
+  static std::mutex mutex;
+  static std::set<std::pair<int, int>> enabled;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (enabled.count({from, to})) return Status::ok();
+  DeviceScope scope(from);
+  const cudaError_t e = cudaDeviceEnablePeerAccess(to, 0);
+  if (e == cudaErrorPeerAccessAlreadyEnabled) {
+    cudaGetLastError();  // enabled outside efccl; clear the non-sticky error
+  } else if (e != cudaSuccess) {
+    return cuda_error("cudaDeviceEnablePeerAccess(" + std::to_string(from) + " -> " +
+                          std::to_string(to) + ")",
+                      e);
+  }
+  enabled.insert({from, to});
+  return Status::ok();
+}
+
 Status DeviceExecutor::Impl::build() {
   const ef::Program& p = program;
   const int n = p.nranks;
@@ -365,15 +387,7 @@ Status DeviceExecutor::Impl::build() {
                              std::to_string(to) +
                              " directly (peer access); host-staged connections are not "
                              "implemented");
-      DeviceScope scope(from);
-      const cudaError_t e = cudaDeviceEnablePeerAccess(to, 0);
-      if (e == cudaErrorPeerAccessAlreadyEnabled) {
-        cudaGetLastError();  // clear the sticky-free "already enabled" error
-      } else if (e != cudaSuccess) {
-        return cuda_error("cudaDeviceEnablePeerAccess(" + std::to_string(from) + " -> " +
-                              std::to_string(to) + ")",
-                          e);
-      }
+      if (Status s = enable_peer_access(from, to); !s) return s;
     }
   }
 
