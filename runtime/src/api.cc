@@ -17,6 +17,7 @@
 #include "call.h"
 #include "clique.h"
 #include "communicator.h"
+#include "device_guard.h"
 #include "efccl/host/numeric.h"
 #include "group.h"
 #include "init_rank.h"
@@ -39,26 +40,12 @@ struct ncclWindow_vidmem {
 using efccl::runtime::ApiStatus;
 using efccl::runtime::Call;
 using efccl::runtime::CallKind;
+using efccl::runtime::DeviceGuard;
 using efccl::runtime::report;
 namespace ef = efccl::ef;
 
 namespace {
 
-/// Restores the caller's current CUDA device on scope exit.
-class DeviceGuard {
- public:
-  DeviceGuard() {
-    if (cudaGetDevice(&saved_) != cudaSuccess) saved_ = -1;
-  }
-  ~DeviceGuard() {
-    if (saved_ >= 0) cudaSetDevice(saved_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int saved_ = -1;
-};
 
 std::string hex(const void* p) {
   char buf[32];

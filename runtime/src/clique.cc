@@ -1,4 +1,5 @@
 #include "clique.h"
+#include "device_guard.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -35,21 +36,6 @@ std::chrono::nanoseconds timeout_from_environment() {
   return std::chrono::milliseconds(ms);
 }
 
-/// Restores the calling thread's current device on scope exit (NCCL leaves it unchanged).
-class DeviceGuard {
- public:
-  DeviceGuard() {
-    if (cudaGetDevice(&saved_) != cudaSuccess) saved_ = -1;
-  }
-  ~DeviceGuard() {
-    if (saved_ >= 0) cudaSetDevice(saved_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int saved_ = -1;
-};
 
 ApiStatus cuda_status(cudaError_t e, const std::string& what) {
   if (e == cudaSuccess) return ApiStatus::ok();
