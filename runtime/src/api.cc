@@ -113,7 +113,11 @@ ApiStatus resolve_op(ncclComm* comm, ncclRedOp_t op, ncclDataType_t dtype, cudaS
     DeviceGuard guard;
     unsigned char bytes[8] = {};
     cudaSetDevice(comm->device);
-    const cudaError_t e = cudaMemcpy(bytes, p.device_scalar, ef::size_of(p.dtype), cudaMemcpyDefault);
+    // In the call's stream order, so that a kernel the caller queued to compute the scalar has
+    // finished (the legacy default stream does not order against non-blocking streams).
+    cudaError_t e = cudaMemcpyAsync(bytes, p.device_scalar, ef::size_of(p.dtype),
+                                    cudaMemcpyDefault, stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
     if (e != cudaSuccess)
       return ApiStatus::cuda(std::string("reading the premulsum scalar: ") + cudaGetErrorString(e));
     *scalar = scalar_value(p.dtype, bytes);

@@ -43,9 +43,9 @@ Status cuda_error(const std::string& what, cudaError_t e) {
   return Status::error(what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
 }
 
-#define EFCCL_CUDA_RETURN(call, what)                   \
-  do {                                                  \
-    const cudaError_t efccl_e = (call);                 \
+#define EFCCL_CUDA_RETURN(call, what)                               \
+  do {                                                              \
+    const cudaError_t efccl_e = (call);                             \
     if (efccl_e != cudaSuccess) return cuda_error((what), efccl_e); \
   } while (0)
 
@@ -86,9 +86,9 @@ class DeviceBuffer {
     DeviceScope scope(device);
     device_ = device;
     bytes_ = bytes;
-    EFCCL_CUDA_RETURN(cudaMalloc(&ptr_, std::max<std::size_t>(bytes, 16)),
-                      "cudaMalloc(" + std::to_string(bytes) + " bytes) on device " +
-                          std::to_string(device));
+    EFCCL_CUDA_RETURN(
+        cudaMalloc(&ptr_, std::max<std::size_t>(bytes, 16)),
+        "cudaMalloc(" + std::to_string(bytes) + " bytes) on device " + std::to_string(device));
     EFCCL_CUDA_RETURN(cudaMemset(ptr_, 0, std::max<std::size_t>(bytes, 16)), "cudaMemset");
     return Status::ok();
   }
@@ -97,9 +97,9 @@ class DeviceBuffer {
     if (Status s = allocate(device, values.size() * sizeof(T)); !s) return s;
     if (values.empty()) return Status::ok();
     DeviceScope scope(device);
-    EFCCL_CUDA_RETURN(cudaMemcpy(ptr_, values.data(), values.size() * sizeof(T),
-                                 cudaMemcpyHostToDevice),
-                      "uploading the program to device " + std::to_string(device));
+    EFCCL_CUDA_RETURN(
+        cudaMemcpy(ptr_, values.data(), values.size() * sizeof(T), cudaMemcpyHostToDevice),
+        "uploading the program to device " + std::to_string(device));
     return Status::ok();
   }
   Status zero() {
@@ -170,16 +170,47 @@ struct ConnectionPlan {
 };
 
 // Layout of one connection's memory.
-constexpr std::size_t kTailOffset = 0;                      // receiver: written by the sender
-constexpr std::size_t kRecvPositionOffset = kCounterStride; // receiver: its pop count
-constexpr std::size_t kSlotsOffset = 2 * kCounterStride;    // receiver: the slots
-constexpr std::size_t kHeadOffset = 0;                      // sender: written by the receiver
-constexpr std::size_t kSendPositionOffset = kCounterStride; // sender: its push count
+constexpr std::size_t kTailOffset = 0;                       // receiver: written by the sender
+constexpr std::size_t kRecvPositionOffset = kCounterStride;  // receiver: its pop count
+constexpr std::size_t kSlotsOffset = 2 * kCounterStride;     // receiver: the slots
+constexpr std::size_t kHeadOffset = 0;                       // sender: written by the receiver
+constexpr std::size_t kSendPositionOffset = kCounterStride;  // sender: its push count
 constexpr std::size_t kSendEndBytes = 2 * kCounterStride;
 
 }  // namespace
 
 /// Everything one device of the executor owns.
+/// A CUDA event on one device, created on first use, destroyed with its owner.
+class DeviceEvent {
+ public:
+  DeviceEvent() = default;
+  DeviceEvent(DeviceEvent&& o) noexcept { *this = std::move(o); }
+  DeviceEvent& operator=(DeviceEvent&& o) noexcept {
+    std::swap(event_, o.event_);
+    std::swap(device_, o.device_);
+    return *this;
+  }
+  ~DeviceEvent() {
+    if (event_ != nullptr) {
+      DeviceScope scope(device_);
+      cudaEventDestroy(event_);
+    }
+  }
+  /// The event, created on `device` (the current device) when first asked for.
+  StatusOr<cudaEvent_t> get(int device) {
+    if (event_ == nullptr) {
+      device_ = device;
+      EFCCL_CUDA_RETURN(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming),
+                        "cudaEventCreate on device " + std::to_string(device));
+    }
+    return event_;
+  }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+  int device_ = 0;
+};
+
 struct LocalDevice {
   int device = 0;
   int sm_count = 0;
@@ -197,6 +228,11 @@ struct LocalDevice {
   /// Executor-owned memory per local rank (scratch, buffers the API does not provide).
   std::vector<DeviceBuffer> private_memory;
   std::vector<DeviceBuffer> retired;  ///< kept alive for graphs captured before a growth
+  /// The previous (uncaptured) launch on this device and its stream: a launch on another
+  /// stream waits for it, because two launches of one executor share FIFOs, flags and epoch.
+  DeviceEvent last_launch;
+  cudaStream_t last_stream = nullptr;
+  bool launched_before = false;
 };
 
 struct DeviceExecutor::Impl {
@@ -242,8 +278,7 @@ StatusOr<std::unique_ptr<DeviceExecutor>> DeviceExecutor::create(const ef::Progr
     return Status::error("program has no ranks (nranks " + std::to_string(program.nranks) + ")");
   if (rank_devices.size() != program.ranks.size())
     return Status::error("rank_devices has " + std::to_string(rank_devices.size()) +
-                         " entries; the program has " + std::to_string(program.nranks) +
-                         " ranks");
+                         " entries; the program has " + std::to_string(program.nranks) + " ranks");
   if (config.slot_bytes == 0 || config.slot_bytes > (std::size_t{1} << 30))
     return Status::error("slot_bytes must be in [1, 1 GiB], got " +
                          std::to_string(config.slot_bytes));
@@ -308,9 +343,9 @@ static Status enable_peer_access(int from, int to) {
   if (e == cudaErrorPeerAccessAlreadyEnabled) {
     cudaGetLastError();  // enabled outside efccl; clear the non-sticky error
   } else if (e != cudaSuccess) {
-    return cuda_error("cudaDeviceEnablePeerAccess(" + std::to_string(from) + " -> " +
-                          std::to_string(to) + ")",
-                      e);
+    return cuda_error(
+        "cudaDeviceEnablePeerAccess(" + std::to_string(from) + " -> " + std::to_string(to) + ")",
+        e);
   }
   enabled.insert({from, to});
   return Status::ok();
@@ -327,12 +362,13 @@ Status DeviceExecutor::Impl::build() {
   rank_local_index.resize(n);
   for (std::size_t i = 0; i < devices.size(); ++i) {
     locals[i].device = devices[i];
-    EFCCL_CUDA_RETURN(cudaDeviceGetAttribute(&locals[i].sm_count, cudaDevAttrMultiProcessorCount,
-                                             devices[i]),
-                      "cudaDeviceGetAttribute(MultiProcessorCount)");
+    EFCCL_CUDA_RETURN(
+        cudaDeviceGetAttribute(&locals[i].sm_count, cudaDevAttrMultiProcessorCount, devices[i]),
+        "cudaDeviceGetAttribute(MultiProcessorCount)");
   }
   for (int r = 0; r < n; ++r) {
-    const auto d = std::lower_bound(devices.begin(), devices.end(), rank_devices[r]) - devices.begin();
+    const auto d =
+        std::lower_bound(devices.begin(), devices.end(), rank_devices[r]) - devices.begin();
     rank_local_device[r] = static_cast<int>(d);
     rank_local_index[r] = static_cast<int>(locals[d].ranks.size());
     locals[d].ranks.push_back(r);
@@ -340,8 +376,8 @@ Status DeviceExecutor::Impl::build() {
   for (const auto& local : locals)
     if (local.ranks.size() > static_cast<std::size_t>(kMaxLocalRanks))
       return Status::error("device " + std::to_string(local.device) + " serves " +
-                           std::to_string(local.ranks.size()) + " ranks; one launch serves at most " +
-                           std::to_string(kMaxLocalRanks));
+                           std::to_string(local.ranks.size()) +
+                           " ranks; one launch serves at most " + std::to_string(kMaxLocalRanks));
 
   // Connections: (sender, receiver, channel) -> both threadblocks. Validation guarantees that
   // each exists exactly once on each side.
@@ -603,8 +639,8 @@ std::size_t DeviceExecutor::Impl::private_bytes(int r, uint64_t chunk_elements, 
   // reduce) live here, after the scratch buffer; each part 256-byte aligned.
   const uint64_t in = static_cast<uint64_t>(rank.input_chunks) * chunk_elements;
   const uint64_t out = static_cast<uint64_t>(rank.output_chunks) * chunk_elements;
-  std::size_t bytes = align_up(static_cast<uint64_t>(rank.scratch_chunks) * chunk_elements *
-                                   element_size, 256);
+  std::size_t bytes =
+      align_up(static_cast<uint64_t>(rank.scratch_chunks) * chunk_elements * element_size, 256);
   if (in > 0 && ef::api_input_elements(program, r, count) == 0)
     bytes += align_up(in * element_size, 256);
   if (out > 0 && ef::api_output_elements(program, r, count) == 0)
@@ -647,8 +683,9 @@ Status DeviceExecutor::Impl::ensure_private_memory(uint64_t chunk_elements,
 
 Status DeviceExecutor::reserve(uint64_t count, ef::DataType dtype) {
   const auto b = ef::chunk_elements(impl_->program, count);
-  if (!b) return Status::error("count " + std::to_string(count) + " is not a multiple of " +
-                               std::to_string(ef::count_granularity(impl_->program)));
+  if (!b)
+    return Status::error("count " + std::to_string(count) + " is not a multiple of " +
+                         std::to_string(ef::count_granularity(impl_->program)));
   return impl_->ensure_private_memory(*b, ef::size_of(dtype), nullptr);
 }
 
@@ -713,9 +750,8 @@ Status DeviceExecutor::Impl::map_buffers(const LocalDevice& local, std::size_t l
   if (alias) {
     const uint64_t offset[2] = {alias->input_inside_output ? alias->offset_elements : 0,
                                 alias->input_inside_output ? 0 : alias->offset_elements};
-    const uint64_t shared = alias->input_inside_output
-                                ? std::max(api[1], offset[0] + api[0])
-                                : std::max(api[0], offset[1] + api[1]);
+    const uint64_t shared = alias->input_inside_output ? std::max(api[1], offset[0] + api[0])
+                                                       : std::max(api[0], offset[1] + api[1]);
     char* region = alias->input_inside_output ? user[1] : user[0];
     const int inner = alias->input_inside_output ? 0 : 1;
     if (user[inner] != region + alias->offset_elements * size)
@@ -725,8 +761,10 @@ Status DeviceExecutor::Impl::map_buffers(const LocalDevice& local, std::size_t l
     for (int k = 0; k < 2; ++k) {
       if (needed[k] > shared - std::min(shared, offset[k]))
         return Status::error(who + "the program's " + names[k] + " buffer (" +
-                             std::to_string(needed[k]) + " elements) does not fit in the in-place "
-                             "region of " + std::to_string(shared) + " elements");
+                             std::to_string(needed[k]) +
+                             " elements) does not fit in the in-place "
+                             "region of " +
+                             std::to_string(shared) + " elements");
       out.buffers[k] = region + offset[k] * size;
     }
     return Status::ok();
@@ -755,12 +793,17 @@ Status DeviceExecutor::run(const RunArgs& args) {
 
   const int dtype = static_cast<int>(args.dtype);
   const int redop = static_cast<int>(args.op);
-  if (dtype < 0 || dtype >= ef::kNumDataTypes) return Status::error("unknown datatype " + std::to_string(dtype));
-  if (redop < 0 || redop >= ef::kNumRedOps) return Status::error("unknown reduction operator " + std::to_string(redop));
-  if (args.inplace && !p.inplace) return Status::error("program '" + p.name + "' is not valid in place");
-  if (!args.inplace && !p.outofplace) return Status::error("program '" + p.name + "' is valid in place only");
+  if (dtype < 0 || dtype >= ef::kNumDataTypes)
+    return Status::error("unknown datatype " + std::to_string(dtype));
+  if (redop < 0 || redop >= ef::kNumRedOps)
+    return Status::error("unknown reduction operator " + std::to_string(redop));
+  if (args.inplace && !p.inplace)
+    return Status::error("program '" + p.name + "' is not valid in place");
+  if (!args.inplace && !p.outofplace)
+    return Status::error("program '" + p.name + "' is valid in place only");
   if (args.timeout.count() <= 0) return Status::error("timeout must be positive");
-  if (args.inputs.size() != static_cast<std::size_t>(n) || args.outputs.size() != static_cast<std::size_t>(n))
+  if (args.inputs.size() != static_cast<std::size_t>(n) ||
+      args.outputs.size() != static_cast<std::size_t>(n))
     return Status::error("inputs and outputs need one entry per rank (" + std::to_string(n) + ")");
   if (args.streams.size() != m.devices.size())
     return Status::error("streams needs one entry per device of devices() (" +
@@ -770,7 +813,8 @@ Status DeviceExecutor::run(const RunArgs& args) {
 
   const auto chunk = ef::chunk_elements(p, args.count);
   if (!chunk)
-    return Status::error("count " + std::to_string(args.count) + " is not a multiple of the program's granularity " +
+    return Status::error("count " + std::to_string(args.count) +
+                         " is not a multiple of the program's granularity " +
                          std::to_string(ef::count_granularity(p)));
   const uint64_t b = *chunk;
   if (b == 0) return Status::ok();  // nothing runs (§5)
@@ -796,56 +840,86 @@ Status DeviceExecutor::run(const RunArgs& args) {
   if (args.op == ef::RedOp::kMin) reduction = kReduceMin;
   if (args.op == ef::RedOp::kMax) reduction = kReduceMax;
 
+  // A device whose launch fails after others started would leave those spinning until the
+  // timeout: stop them at once instead.
+  std::size_t launched = 0;
   for (std::size_t di = 0; di < m.locals.size(); ++di) {
     LocalDevice& local = m.locals[di];
-    int threads = 0;
-    if (Status s = m.choose_threads(local, dtype, reduction, &threads); !s) return s;
+    Status launched_here = [&]() -> Status {
+      int threads = 0;
+      if (Status s = m.choose_threads(local, dtype, reduction, &threads); !s) return s;
 
-    KernelParams params{};
-    params.threadblocks = local.threadblocks.get<ThreadblockDesc>();
-    params.ops = local.ops.get<OpDesc>();
-    params.deps = local.deps.get<DepDesc>();
-    params.flags = local.flags.get<uint64_t>();
-    params.sends = local.sends.get<SendConnection>();
-    params.recvs = local.recvs.get<RecvConnection>();
-    params.state = local.state.get<LaunchState>();
-    params.error = m.record(di);
-    params.signals = m.signals();
-    params.chunk_elements = b;
-    params.tile_elements = tile;
-    params.iterations = iterations;
-    params.timeout_ns = static_cast<uint64_t>(args.timeout.count());
-    params.premul_shift = args.inplace ? kPremulShiftInPlace : kPremulShiftOutOfPlace;
-    params.premul = premul ? 1 : 0;
+      KernelParams params{};
+      params.threadblocks = local.threadblocks.get<ThreadblockDesc>();
+      params.ops = local.ops.get<OpDesc>();
+      params.deps = local.deps.get<DepDesc>();
+      params.flags = local.flags.get<uint64_t>();
+      params.sends = local.sends.get<SendConnection>();
+      params.recvs = local.recvs.get<RecvConnection>();
+      params.state = local.state.get<LaunchState>();
+      params.error = m.record(di);
+      params.signals = m.signals();
+      params.chunk_elements = b;
+      params.tile_elements = tile;
+      params.iterations = iterations;
+      params.timeout_ns = static_cast<uint64_t>(args.timeout.count());
+      params.premul_shift = args.inplace ? kPremulShiftInPlace : kPremulShiftOutOfPlace;
+      params.premul = premul ? 1 : 0;
 
-    DivideParams divide{};
-    divide.segments = local.divide_segments.get<DivideSegment>();
-    divide.nsegments = local.ndivide_segments;
-    divide.chunk_elements = b;
-    divide.largest_segment_elements = static_cast<uint64_t>(local.largest_divide_chunks) * b;
-    divide.divisor = static_cast<uint64_t>(n);
-    for (std::size_t li = 0; li < local.ranks.size(); ++li) {
-      const int r = local.ranks[li];
-      RankCallArgs& ra = params.ranks[li];
-      if (Status st = m.map_buffers(local, li, args, b, size, ra); !st) return st;
+      DivideParams divide{};
+      divide.segments = local.divide_segments.get<DivideSegment>();
+      divide.nsegments = local.ndivide_segments;
+      divide.chunk_elements = b;
+      divide.largest_segment_elements = static_cast<uint64_t>(local.largest_divide_chunks) * b;
+      divide.divisor = static_cast<uint64_t>(n);
+      for (std::size_t li = 0; li < local.ranks.size(); ++li) {
+        const int r = local.ranks[li];
+        RankCallArgs& ra = params.ranks[li];
+        if (Status st = m.map_buffers(local, li, args, b, size, ra); !st) return st;
 
-      double scalar = 1.0;
-      if (args.op == ef::RedOp::kPreMulSum && !args.premul_scalars.empty()) scalar = args.premul_scalars[r];
-      if (args.op == ef::RedOp::kAvg) scalar = 1.0 / static_cast<double>(n);
-      ra.scalar_f64 = scalar;
-      ra.scalar_f32 = static_cast<float>(scalar);
-      ra.scalar_i64 = integer_scalar(scalar);
+        double scalar = 1.0;
+        if (args.op == ef::RedOp::kPreMulSum && !args.premul_scalars.empty())
+          scalar = args.premul_scalars[r];
+        if (args.op == ef::RedOp::kAvg) scalar = 1.0 / static_cast<double>(n);
+        ra.scalar_f64 = scalar;
+        ra.scalar_f32 = static_cast<float>(scalar);
+        ra.scalar_i64 = integer_scalar(scalar);
 
-      divide.outputs[li] = static_cast<char*>(args.outputs[r]);
+        divide.outputs[li] = static_cast<char*>(args.outputs[r]);
+      }
+
+      DeviceScope scope(local.device);
+      const cudaStream_t stream = args.streams[di];
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      EFCCL_CUDA_RETURN(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
+      // Graph captures are ordered by whoever replays them; eager launches are ordered here.
+      const bool eager = capture == cudaStreamCaptureStatusNone;
+      if (eager && local.launched_before && local.last_stream != stream) {
+        auto event = local.last_launch.get(local.device);
+        if (!event) return event.status();
+        EFCCL_CUDA_RETURN(cudaStreamWaitEvent(stream, *event, 0), "cudaStreamWaitEvent");
+      }
+      EFCCL_CUDA_RETURN(
+          launch_interpreter(params, dtype, reduction, static_cast<int>(local.nblocks), threads,
+                             args.streams[di]),
+          "launching the interpreter on device " + std::to_string(local.device));
+      if (integer_avg)
+        EFCCL_CUDA_RETURN(launch_divide(divide, dtype, args.streams[di]),
+                          "launching avg's division on device " + std::to_string(local.device));
+      if (eager) {
+        auto event = local.last_launch.get(local.device);
+        if (!event) return event.status();
+        EFCCL_CUDA_RETURN(cudaEventRecord(*event, stream), "cudaEventRecord");
+        local.last_stream = stream;
+        local.launched_before = true;
+      }
+      return Status::ok();
+    }();
+    if (!launched_here) {
+      if (launched > 0) abort();
+      return launched_here;
     }
-
-    DeviceScope scope(local.device);
-    EFCCL_CUDA_RETURN(launch_interpreter(params, dtype, reduction, static_cast<int>(local.nblocks),
-                                         threads, args.streams[di]),
-                      "launching the interpreter on device " + std::to_string(local.device));
-    if (integer_avg)
-      EFCCL_CUDA_RETURN(launch_divide(divide, dtype, args.streams[di]),
-                        "launching avg's division on device " + std::to_string(local.device));
+    ++launched;
   }
   return Status::ok();
 }
@@ -886,10 +960,9 @@ std::string DeviceExecutor::Impl::describe(std::size_t device_index, const Error
         static_cast<std::size_t>(e.op) < tbs[e.tb].ops.size())
       op_name = std::string(ef::to_string(tbs[e.tb].ops[e.op].code));
   }
-  o << (e.kind == kErrorAborted ? "aborted" : "timed out") << ": rank " << e.rank
-    << " threadblock " << e.tb << " op " << e.op << " (" << op_name << ") iteration "
-    << e.iteration << " on device " << devices[device_index] << " waited "
-    << e.waited_ns / 1000000 << " ms for ";
+  o << (e.kind == kErrorAborted ? "aborted" : "timed out") << ": rank " << e.rank << " threadblock "
+    << e.tb << " op " << e.op << " (" << op_name << ") iteration " << e.iteration << " on device "
+    << devices[device_index] << " waited " << e.waited_ns / 1000000 << " ms for ";
   switch (e.wait) {
     case kWaitData:
       o << "data on connection " << e.peer << "->" << e.rank << " ch " << e.channel;
@@ -933,7 +1006,8 @@ Status DeviceExecutor::reset() {
   abort();  // a launch still waiting gives up now instead of at its timeout
   for (int d : m.devices) {
     DeviceScope scope(d);
-    EFCCL_CUDA_RETURN(cudaDeviceSynchronize(), "cudaDeviceSynchronize on device " + std::to_string(d));
+    EFCCL_CUDA_RETURN(cudaDeviceSynchronize(),
+                      "cudaDeviceSynchronize on device " + std::to_string(d));
   }
   for (LocalDevice& local : m.locals) {
     for (DeviceBuffer* b : {&local.flags, &local.state, &local.fifo_arena, &local.counter_arena})

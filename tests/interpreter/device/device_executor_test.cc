@@ -589,6 +589,37 @@ TEST(DeviceExecutor, CudaGraphReplaysComputeFreshResults) {
   }
 }
 
+TEST(DeviceExecutor, CallsOnDifferentStreamsAreSerialised) {
+  // Two launches of one executor share FIFOs, flags and the epoch: alternating streams must
+  // not let them overlap (the executor orders them with an event).
+  SKIP_WITHOUT_GPU();
+  const ef::Program& p = program_at(example("ring_allreduce_4r_2ch.json"));
+  const auto devices = map_ranks(p.nranks, true);
+  device::ExecutorConfig config;
+  config.slot_bytes = kSmallSlotBytes;
+  auto executor = device::DeviceExecutor::create(p, devices, config);
+  ASSERT_TRUE(executor.is_ok()) << executor.status().message();
+  device::DeviceExecutor& ex = **executor;
+  Streams first(ex.devices()), second(ex.devices());
+  const uint64_t count = ef::count_granularity(p) * 5000;
+  const DataType dtype = DataType::kFloat32;
+  CallBuffers bufs;
+  make_buffers(p, devices, count, dtype, /*inplace=*/false, false, 11, bufs);
+  const auto a = run_args(p, bufs, count, dtype, RedOp::kSum, false, first.get());
+  const auto b = run_args(p, bufs, count, dtype, RedOp::kSum, false, second.get());
+  for (int call = 0; call < 20; ++call) {
+    const Status s = ex.run(call % 2 == 0 ? a : b);
+    ASSERT_TRUE(s.is_ok()) << s.message();
+  }
+  ASSERT_TRUE(ex.wait(a).is_ok());
+  const Status s = ex.wait(b);
+  ASSERT_TRUE(s.is_ok()) << s.message();
+  auto result = host::execute(p, host_options(a, kSmallSlotBytes), bufs.host);
+  ASSERT_TRUE(result.status.is_ok()) << result.status.message();
+  const std::string failure = compare(p, dtype, bufs);
+  EXPECT_TRUE(failure.empty()) << failure;
+}
+
 // ---- Failures: a program that blocks forever ----
 
 /// Two ranks that each receive before sending: validation's `deadlock` rule, run anyway.
