@@ -223,4 +223,81 @@ TEST_F(CliTest, ListsAndGeneratesLibraryAlgorithms) {
   EXPECT_EQ(run("generate ring_allreduce --ranks 0 -o " + json.string()).exit_code, 2);
 }
 
+// `efccl compile` needs the Python package the build puts at build/python (next to bin/).
+bool python_package_built(std::string* where) {
+  const fs::path dir = fs::path(EFCCL_CLI_PATH).parent_path().parent_path() / "python" / "efccl";
+  *where = dir.string();
+  return fs::is_directory(dir);
+}
+
+#define SKIP_WITHOUT_PYTHON_PACKAGE()                                                    \
+  do {                                                                                   \
+    std::string where;                                                                   \
+    if (!python_package_built(&where))                                                   \
+      GTEST_SKIP() << "the efccl Python package was not built (" << where << " missing)"; \
+  } while (0)
+
+TEST_F(CliTest, CompileWritesJsonAndXmlThatRun) {
+  SKIP_WITHOUT_PYTHON_PACKAGE();
+  const std::string script = std::string(EFCCL_SOURCE_DIR) + "/examples/gc3/fig1a_ring_allreduce.py";
+  const auto json = dir_ / "ring.json", xml = dir_ / "ring.xml";
+  auto o = run("compile " + script + " -o " + json.string() + " -- 4 --channels 2");
+  ASSERT_EQ(o.exit_code, 0) << o.out << o.err;
+  EXPECT_NE(read_file(json).find("\"efccl-ef\""), std::string::npos);
+  o = run("compile " + script + " -o " + xml.string() + " -- 4");
+  ASSERT_EQ(o.exit_code, 0) << o.out << o.err;
+  EXPECT_NE(read_file(xml).find("<algo"), std::string::npos);
+  for (const auto& f : {json, xml}) {
+    o = run("run-host " + f.string());
+    EXPECT_EQ(o.exit_code, 0) << o.out << o.err;
+    EXPECT_EQ(o.out.rfind("PASS", 0), 0u) << o.out;
+  }
+}
+
+TEST_F(CliTest, CompileSavesWhereTheScriptCallsJsonOrXml) {
+  SKIP_WITHOUT_PYTHON_PACKAGE();
+  auto script = write("direct.py", R"(
+from efccl.language import *
+from efccl.language.collectives import AllGather
+from efccl.topologies import fully_connected
+
+with MSCCLProgram("direct_allgather", fully_connected(3), AllGather(3, 1, False), 1):
+    for r in range(3):
+        for d in range(3):
+            chunk(r, Buffer.input, 0).copy(d, Buffer.output, r)
+    JSON()
+)");
+  const auto out = dir_ / "ag.json";
+  auto o = run("compile " + script.string() + " -o " + out.string());
+  ASSERT_EQ(o.exit_code, 0) << o.out << o.err;
+  EXPECT_EQ(o.out, "");  // saved, not printed
+  o = run("run-host " + out.string());
+  EXPECT_EQ(o.exit_code, 0) << o.out << o.err;
+}
+
+TEST_F(CliTest, CompileFailures) {
+  SKIP_WITHOUT_PYTHON_PACKAGE();
+  const auto out = dir_ / "out.json";
+  // A script that raises: exit 1, and no output left behind.
+  auto raises = write("raises.py", "raise ValueError('boom')\n");
+  std::ofstream(out) << "stale";
+  auto o = run("compile " + raises.string() + " -o " + out.string());
+  EXPECT_EQ(o.exit_code, 1) << o.err;
+  EXPECT_NE(o.err.find("boom"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("exited with status 1"), std::string::npos) << o.err;
+  EXPECT_FALSE(fs::exists(out));
+  // A script that compiles nothing.
+  auto nothing = write("nothing.py", "print('hello')\n");
+  o = run("compile " + nothing.string() + " -o " + out.string());
+  EXPECT_EQ(o.exit_code, 1) << o.err;
+  EXPECT_NE(o.err.find("did not compile a program"), std::string::npos) << o.err;
+  // A missing script.
+  o = run("compile " + (dir_ / "missing.py").string() + " -o " + out.string());
+  EXPECT_EQ(o.exit_code, 1) << o.err;
+  EXPECT_NE(o.err.find("no such file"), std::string::npos) << o.err;
+  // Usage errors.
+  EXPECT_EQ(run("compile " + raises.string()).exit_code, 2);  // no -o
+  EXPECT_EQ(run("compile -o " + out.string()).exit_code, 2);  // no script
+}
+
 }  // namespace

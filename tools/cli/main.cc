@@ -2,10 +2,18 @@
 //
 // Exit codes: 0 success, 1 a file is invalid or a run failed, 2 usage error.
 
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -23,6 +31,8 @@
 #include "efccl/ef/msccl_xml.h"
 #include "efccl/ef/validate.h"
 #include "efccl/host/executor.h"
+
+extern char** environ;
 
 namespace {
 
@@ -54,6 +64,12 @@ constexpr std::string_view kUsage =
     "           [--protocol Simple|LL|LL128] [--root R] [--inplace] -o FILE\n"
     "                              write a library algorithm as EF JSON (.json) or MSCCL XML\n"
     "                              (.xml), chosen by the output's extension\n"
+    "  compile PROG.py -o FILE [-- ARGS...]\n"
+    "                              run a Python program written with efccl.language (ARGS\n"
+    "                              are passed to it) and write the program it compiles to\n"
+    "                              FILE: MSCCL XML when FILE ends in .xml, else EF JSON;\n"
+    "                              the result is validated. The efccl package is looked up\n"
+    "                              in $EFCCL_PYTHONPATH, else in <bin>/../python\n"
     "  help                        this text\n"
     "\n"
     "Datatypes: int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 f8e4m3 f8e5m2\n"
@@ -442,6 +458,110 @@ int cmd_generate(const std::vector<std::string>& argv) {
   return write_file(out, text) ? kExitOk : kExitFailed;
 }
 
+/// The folder holding the efccl Python package: $EFCCL_PYTHONPATH, else <bin>/../python (for
+/// build/bin/efccl that is build/python, where the build puts the package and _efccl).
+std::string python_package_dir() {
+  if (const char* env = std::getenv("EFCCL_PYTHONPATH"); env && *env) return env;
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "";
+  return (exe.parent_path().parent_path() / "python").string();
+}
+
+int cmd_compile(const std::vector<std::string>& argv) {
+  // Everything after `--` goes to the script untouched.
+  auto dashes = std::find(argv.begin(), argv.end(), std::string("--"));
+  const std::vector<std::string> own(argv.begin(), dashes);
+  const std::vector<std::string> passthrough(dashes == argv.end() ? argv.end() : dashes + 1,
+                                             argv.end());
+  Args args(own, {"-o"}, {});
+  if (args.positional().size() != 1 || !args.value("-o"))
+    throw UsageError{"compile needs one PROG.py and -o FILE"};
+  const std::string script = args.positional()[0];
+  const std::string out = *args.value("-o");
+  if (out.empty()) throw UsageError{"-o: empty path"};
+
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_regular_file(script, ec)) {
+    std::cerr << script << ": no such file\n";
+    return kExitFailed;
+  }
+  // The script may change directory; it gets an absolute path.
+  const fs::path out_abs = fs::absolute(out, ec);
+  if (ec) {
+    std::cerr << out << ": " << ec.message() << '\n';
+    return kExitFailed;
+  }
+  fs::remove(out_abs, ec);
+  if (ec) {
+    std::cerr << out << ": cannot remove the old file: " << ec.message() << '\n';
+    return kExitFailed;
+  }
+
+  // The child's environment: ours, with PYTHONPATH prefixed and EFCCL_COMPILE_OUTPUT set.
+  std::vector<std::string> env;
+  std::string pythonpath = python_package_dir();
+  for (char** e = environ; e && *e; ++e) {
+    std::string_view kv(*e);
+    if (kv.rfind("PYTHONPATH=", 0) == 0) {
+      std::string_view old = kv.substr(std::strlen("PYTHONPATH="));
+      if (!old.empty()) pythonpath += (pythonpath.empty() ? "" : ":") + std::string(old);
+      continue;
+    }
+    if (kv.rfind("EFCCL_COMPILE_OUTPUT=", 0) == 0) continue;
+    env.emplace_back(kv);
+  }
+  env.push_back("PYTHONPATH=" + pythonpath);
+  env.push_back("EFCCL_COMPILE_OUTPUT=" + out_abs.string());
+  std::vector<char*> envp;
+  for (auto& kv : env) envp.push_back(kv.data());
+  envp.push_back(nullptr);
+
+  std::vector<std::string> child_args = {"python3", script};
+  child_args.insert(child_args.end(), passthrough.begin(), passthrough.end());
+  std::vector<char*> child_argv;
+  for (auto& a : child_args) child_argv.push_back(a.data());
+  child_argv.push_back(nullptr);
+
+  std::cout.flush();
+  std::cerr.flush();
+  pid_t pid = 0;
+  const int spawn_rc =
+      posix_spawnp(&pid, "python3", nullptr, nullptr, child_argv.data(), envp.data());
+  if (spawn_rc != 0) {
+    std::cerr << "efccl compile: cannot start python3: " << std::strerror(spawn_rc) << '\n';
+    return kExitFailed;
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) {
+      std::cerr << "efccl compile: waitpid: " << std::strerror(errno) << '\n';
+      return kExitFailed;
+    }
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    if (WIFEXITED(status))
+      std::cerr << script << ": the program exited with status " << WEXITSTATUS(status) << '\n';
+    else if (WIFSIGNALED(status))
+      std::cerr << script << ": the program was killed by signal " << WTERMSIG(status) << '\n';
+    else
+      std::cerr << script << ": the program did not exit normally\n";
+    fs::remove(out_abs, ec);  // no half-written result
+    return kExitFailed;
+  }
+  if (!fs::exists(out_abs, ec)) {
+    std::cerr << script << ": did not compile a program (no MSCCLProgram block ran to its end, "
+              << "and XML() / JSON() were not called)\n";
+    return kExitFailed;
+  }
+  if (!load_valid(out_abs.string())) {
+    std::cerr << out << ": the compiled program is invalid (see the messages above)\n";
+    return kExitFailed;
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -461,6 +581,7 @@ int main(int argc, char** argv) {
     if (command == "show") return cmd_show(args);
     if (command == "list-algorithms") return cmd_list_algorithms(args);
     if (command == "generate") return cmd_generate(args);
+    if (command == "compile") return cmd_compile(args);
     if (command == "help" || command == "--help" || command == "-h") {
       std::cout << kUsage;
       return kExitOk;

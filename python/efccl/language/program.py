@@ -13,6 +13,7 @@ A ``Ref`` names a location (rank, buffer, index, size), as in MSCCLang: it alway
 the location holds now.
 """
 
+import os
 import sys
 
 from efccl import _efccl
@@ -21,6 +22,28 @@ from efccl.language.chunk import Chunk, ReduceChunk
 from efccl.language.ir import Buffer, ThreadblockPolicy
 
 _current_program = None
+
+# `efccl compile PROG.py -o FILE` runs PROG.py with EFCCL_COMPILE_OUTPUT=FILE: the program it
+# compiles is saved there (where it calls XML() / JSON(), else when its `with MSCCLProgram`
+# block ends) instead of printed. One program per run: the path is written by one program.
+_COMPILE_OUTPUT_ENV = "EFCCL_COMPILE_OUTPUT"
+_compile_output_owner = None
+
+
+def _compile_output():
+    path = os.environ.get(_COMPILE_OUTPUT_ENV)
+    return path if path else None
+
+
+def _save_compile_output(prog, path):
+    """Saves ``prog`` to ``path`` (the EFCCL_COMPILE_OUTPUT target); refuses a second program."""
+    global _compile_output_owner
+    if _compile_output_owner is not None and _compile_output_owner is not prog:
+        raise RuntimeError(f"{path}: this script compiles more than one program; "
+                           f"efccl compile writes only one (the first, "
+                           f"'{_compile_output_owner.name}', was saved already)")
+    prog.save(path)
+    _compile_output_owner = prog
 
 
 def _curr():
@@ -110,6 +133,9 @@ class MSCCLProgram:
         if _current_program is not self:
             raise RuntimeError("This program is not currently in context")
         _current_program = None
+        path = _compile_output()
+        if exc_type is None and path is not None and _compile_output_owner is not self:
+            _save_compile_output(self, path)
 
     # ---- buffers ----
     @staticmethod
@@ -402,12 +428,22 @@ def Check():
 
 def XML():
     """Prints the compiled program as MSCCL XML (EF JSON for custom collectives, with a note
-    on stderr: MSCCL XML cannot state their postconditions)."""
+    on stderr: MSCCL XML cannot state their postconditions). Under `efccl compile`
+    (EFCCL_COMPILE_OUTPUT set) the program is saved to that path instead."""
+    path = _compile_output()
+    if path is not None:
+        _save_compile_output(_curr(), path)
+        return
     _curr()._print_xml()
 
 
 def JSON():
-    """Prints the compiled program as EF JSON."""
+    """Prints the compiled program as EF JSON. Under `efccl compile` (EFCCL_COMPILE_OUTPUT
+    set) the program is saved to that path instead."""
+    path = _compile_output()
+    if path is not None:
+        _save_compile_output(_curr(), path)
+        return
     sys.stdout.write(_curr().generate_json())
 
 
