@@ -179,4 +179,29 @@ std::optional<InPlaceAlias> inplace_alias(const Program& p, int32_t rank, uint64
   return std::nullopt;
 }
 
+Status check_call(const Program& p, uint64_t count, DataType dtype, RedOp op, bool inplace,
+                  std::size_t premul_scalars) {
+  const auto t = static_cast<int>(dtype);
+  const auto o = static_cast<int>(op);
+  if (t < 0 || t >= kNumDataTypes) return Status::error("unknown datatype value " + std::to_string(t));
+  if (o < 0 || o >= kNumRedOps)
+    return Status::error("unknown reduction operator value " + std::to_string(o));
+  if (inplace && !p.inplace)
+    return Status::error("program '" + p.name + "' is not valid for in-place calls");
+  if (!inplace && !p.outofplace)
+    return Status::error("program '" + p.name + "' is not valid for out-of-place calls");
+  if (premul_scalars != 0 && premul_scalars != static_cast<std::size_t>(p.nranks))
+    return Status::error("premul_scalars has " + std::to_string(premul_scalars) +
+                         " entries; expected one per rank (" + std::to_string(p.nranks) + ")");
+  if (count_is_per_block(p.collective) && p.nranks > 0 &&
+      count > UINT64_MAX / static_cast<uint64_t>(p.nranks))
+    return Status::error("count " + std::to_string(count) + " times " + std::to_string(p.nranks) +
+                         " ranks overflows 64 bits");
+  if (!chunk_elements(p, count))
+    return Status::error("count " + std::to_string(count) +
+                         " is not a multiple of the program's count granularity " +
+                         std::to_string(count_granularity(p)));
+  return Status::ok();
+}
+
 }  // namespace efccl::ef

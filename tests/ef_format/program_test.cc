@@ -128,3 +128,37 @@ TEST(ProgramEquality, IgnoresSourceMap) {
 
 }  // namespace
 }  // namespace efccl::ef
+
+namespace efccl::ef {
+namespace {
+
+TEST(CheckCall, NamesThePartThatDoesNotFit) {
+  Program p;
+  p.name = "ar";
+  p.collective = Collective::kAllReduce;
+  p.nranks = 4;
+  p.nchunksperloop = 8;
+  p.ranks.resize(4);
+  p.inplace = false;
+  EXPECT_TRUE(check_call(p, 16, DataType::kFloat32, RedOp::kSum, false, 0).is_ok());
+  EXPECT_TRUE(check_call(p, 16, DataType::kFloat32, RedOp::kPreMulSum, false, 4).is_ok());
+  EXPECT_NE(check_call(p, 12, DataType::kFloat32, RedOp::kSum, false, 0).message().find(
+                "count 12 is not a multiple of the program's count granularity 8"),
+            std::string::npos);
+  EXPECT_NE(check_call(p, 16, DataType::kFloat32, RedOp::kSum, true, 0).message().find(
+                "not valid for in-place calls"),
+            std::string::npos);
+  EXPECT_NE(check_call(p, 16, static_cast<DataType>(42), RedOp::kSum, false, 0).message().find(
+                "unknown datatype value 42"),
+            std::string::npos);
+  EXPECT_NE(check_call(p, 16, DataType::kFloat32, RedOp::kPreMulSum, false, 3).message().find(
+                "premul_scalars has 3 entries"),
+            std::string::npos);
+  p.collective = Collective::kAllGather;
+  EXPECT_NE(check_call(p, UINT64_MAX / 2, DataType::kInt8, RedOp::kSum, false, 0).message().find(
+                "overflows 64 bits"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace efccl::ef

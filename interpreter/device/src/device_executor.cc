@@ -791,16 +791,11 @@ Status DeviceExecutor::run(const RunArgs& args) {
   if (Status s = error_status(); !s)
     return Status::error("executor stopped by an earlier failure (call reset()): " + s.message());
 
+  if (Status s = ef::check_call(p, args.count, args.dtype, args.op, args.inplace,
+                               args.premul_scalars.size());
+      !s)
+    return s;
   const int dtype = static_cast<int>(args.dtype);
-  const int redop = static_cast<int>(args.op);
-  if (dtype < 0 || dtype >= ef::kNumDataTypes)
-    return Status::error("unknown datatype " + std::to_string(dtype));
-  if (redop < 0 || redop >= ef::kNumRedOps)
-    return Status::error("unknown reduction operator " + std::to_string(redop));
-  if (args.inplace && !p.inplace)
-    return Status::error("program '" + p.name + "' is not valid in place");
-  if (!args.inplace && !p.outofplace)
-    return Status::error("program '" + p.name + "' is valid in place only");
   if (args.timeout.count() <= 0) return Status::error("timeout must be positive");
   if (args.inputs.size() != static_cast<std::size_t>(n) ||
       args.outputs.size() != static_cast<std::size_t>(n))
@@ -808,14 +803,7 @@ Status DeviceExecutor::run(const RunArgs& args) {
   if (args.streams.size() != m.devices.size())
     return Status::error("streams needs one entry per device of devices() (" +
                          std::to_string(m.devices.size()) + ")");
-  if (!args.premul_scalars.empty() && args.premul_scalars.size() != static_cast<std::size_t>(n))
-    return Status::error("premul_scalars needs one entry per rank or none");
-
   const auto chunk = ef::chunk_elements(p, args.count);
-  if (!chunk)
-    return Status::error("count " + std::to_string(args.count) +
-                         " is not a multiple of the program's granularity " +
-                         std::to_string(ef::count_granularity(p)));
   const uint64_t b = *chunk;
   if (b == 0) return Status::ok();  // nothing runs (§5)
   const std::size_t size = ef::size_of(args.dtype);

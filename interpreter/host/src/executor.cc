@@ -99,31 +99,12 @@ Status check_indices(const ef::Program& p) {
 /// Checks everything about the call that does not depend on the buffers.
 Status check_call(const ef::Program& p, const ExecOptions& o) {
   if (Status s = check_indices(p); !s) return s;
-  const auto dtype = static_cast<int>(o.dtype);
-  const auto op = static_cast<int>(o.op);
-  if (dtype < 0 || dtype >= ef::kNumDataTypes)
-    return Status::error("unknown datatype value " + std::to_string(dtype));
-  if (op < 0 || op >= ef::kNumRedOps)
-    return Status::error("unknown reduction operator value " + std::to_string(op));
-  if (o.inplace && !p.inplace)
-    return Status::error("program '" + p.name + "' is not valid for in-place calls");
-  if (!o.inplace && !p.outofplace)
-    return Status::error("program '" + p.name + "' is not valid for out-of-place calls");
+  if (Status s = ef::check_call(p, o.count, o.dtype, o.op, o.inplace, o.premul_scalars.size()); !s)
+    return s;
   if (o.connection_slots < 1)
     return Status::error("connection_slots must be at least 1, got " +
                          std::to_string(o.connection_slots));
-  if (!o.premul_scalars.empty() && o.premul_scalars.size() != static_cast<std::size_t>(p.nranks))
-    return Status::error("premul_scalars has " + std::to_string(o.premul_scalars.size()) +
-                         " entries; expected one per rank (" + std::to_string(p.nranks) + ")");
-  if (ef::count_is_per_block(p.collective) &&
-      !checked_mul(o.count, static_cast<uint64_t>(p.nranks)))
-    return Status::error("count " + std::to_string(o.count) + " times " + std::to_string(p.nranks) +
-                         " ranks overflows 64 bits");
   const auto b = ef::chunk_elements(p, o.count);
-  if (!b)
-    return Status::error("count " + std::to_string(o.count) +
-                         " is not a multiple of the program's count granularity " +
-                         std::to_string(ef::count_granularity(p)));
   // Every buffer, API or program, must have a byte size that fits in 64 bits.
   const uint64_t size = ef::size_of(o.dtype);
   for (int r = 0; r < p.nranks; ++r) {

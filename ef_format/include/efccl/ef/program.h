@@ -9,6 +9,9 @@
 #include <string_view>
 #include <vector>
 
+#include "efccl/ef/datatype.h"
+#include "efccl/ef/status.h"
+
 namespace efccl::ef {
 
 /// The collective a program implements; decides buffer shapes, aliasing and verification.
@@ -179,5 +182,11 @@ struct InPlaceAlias {
   uint64_t offset_elements = 0;
 };
 std::optional<InPlaceAlias> inplace_alias(const Program& p, int32_t rank, uint64_t count);
+
+/// Whether a call (NCCL count, datatype, operator, mode, number of premulsum scalars: 0 or one
+/// per rank) is one this program can run; the error says which part does not fit. Every engine
+/// checks calls with this one rule before touching buffers.
+Status check_call(const Program& p, uint64_t count, DataType dtype, RedOp op, bool inplace,
+                  std::size_t premul_scalars);
 
 }  // namespace efccl::ef
