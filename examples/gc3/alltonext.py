@@ -52,7 +52,8 @@ def alltonext(nodes, gpus, instances=1, protocol="Simple"):
     def rank(n, g):
         return n * gpus + g
 
-    with MSCCLProgram("alltonext", topology, collective, instances, protocol=protocol) as prog:
+    prog = MSCCLProgram("alltonext", topology, collective, instances, protocol=protocol)
+    with prog:
         for r in range(size - 1):
             n, g = divmod(r, gpus)
             if g != gpus - 1:

@@ -25,8 +25,9 @@ def two_step_alltoall(nodes, gpus, instances=1, protocol="Simple"):
     def rank(n, g):
         return n * gpus + g
 
-    with MSCCLProgram("alltoall_two_step", topology, collective, instances,
-                      protocol=protocol) as prog:
+    prog = MSCCLProgram("alltoall_two_step", topology, collective, instances,
+                        protocol=protocol)
+    with prog:
         for n1 in range(nodes):
             for hop in range(1, nodes):
                 n2 = (n1 + hop) % nodes

@@ -18,8 +18,9 @@ import gc3_main
 
 def ring_allreduce(size, channels=1, instances=1, protocol="Simple"):
     collective = AllReduce(size, size * channels, inplace=True)
-    with MSCCLProgram("allreduce_ring", ring(size), collective, instances,
-                      protocol=protocol) as prog:
+    prog = MSCCLProgram("allreduce_ring", ring(size), collective, instances,
+                        protocol=protocol)
+    with prog:
         for ch in range(channels):
             for r in range(size):
                 index = r * channels + ch

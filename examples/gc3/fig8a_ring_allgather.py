@@ -1,8 +1,8 @@
 """GC3 Fig. 8a (as recalled, see README.md): ring AllGather, the small program the paper uses to
 walk through compilation (trace -> chunk DAG -> instruction DAG -> fused rcs -> threadblocks).
 
-Each rank's input chunk is copied into its own output slot and then forwarded around the ring;
-every intermediate rank receives it into its output and sends it on (fused into one rcs).
+Each rank's input chunk is copied into its own output slot and sent around the ring; every
+intermediate rank receives it into its output and sends it on (fused into one rcs).
 
     PYTHONPATH=build/python python3 examples/gc3/fig8a_ring_allgather.py 4
 """
@@ -16,13 +16,16 @@ import gc3_main
 
 def ring_allgather(size, chunk_factor=1, instances=1, inplace=False, protocol="Simple"):
     collective = AllGather(size, chunk_factor, inplace)
-    with MSCCLProgram("allgather_ring", ring(size), collective, instances,
-                      protocol=protocol) as prog:
+    prog = MSCCLProgram("allgather_ring", ring(size), collective, instances,
+                        protocol=protocol)
+    with prog:
         for r in range(size):
             for k in range(chunk_factor):
                 index = r * chunk_factor + k
-                # Own chunk into the output (a no-op in-place, where input aliases it).
-                c = chunk(r, Buffer.input, k).copy(r, Buffer.output, index)
+                c = chunk(r, Buffer.input, k)
+                # Own chunk into the output (nothing in-place, where the input aliases it; the
+                # result is not used: MSCCLang returns None for a copy onto itself).
+                c.copy(r, Buffer.output, index)
                 for step in range(1, size):
                     c = c.copy((r + step) % size, Buffer.output, index, ch=k)
         assert Check()

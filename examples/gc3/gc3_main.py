@@ -14,8 +14,13 @@ def parser(description):
 
 def emit(prog, args):
     """Prints (or, with -o, saves) the compiled program of an MSCCLProgram. Custom collectives
-    are printed as EF JSON: MSCCL XML cannot state their postconditions."""
-    if args.output:
+    are printed as EF JSON: MSCCL XML cannot state their postconditions.
+
+    Under msccl-tools itself (the scripts run there after `efccl` is replaced by `msccl` in
+    their imports) only MSCCL XML exists: it is printed whatever the flags say."""
+    if not hasattr(prog, "generate_json"):
+        print(prog.generate_xml())
+    elif args.output:
         prog.save(args.output)
     elif args.json or prog.collective.name == "custom":
         sys.stdout.write(prog.generate_json())

@@ -49,8 +49,12 @@ def hierarchical_allreduce(nodes, gpus, instances=1, protocol="Simple"):
         return [n * gpus + g for n in range(nodes)]
 
     groups = [g * nodes for g in range(gpus)]
-    with MSCCLProgram("hierarchical_allreduce", topology, collective, instances,
-                      protocol=protocol) as prog:
+    # Instances replicate block-wise: the rings move multi-chunk groups, and MSCCLang's
+    # interleaved replication supports only single-chunk ops on the input and output buffers
+    # (efccl's compiler splits such ranges; msccl-tools would emit overlapping, racy ranges).
+    prog = MSCCLProgram("hierarchical_allreduce", topology, collective, instances,
+                        protocol=protocol, interleaved_replication=False)
+    with prog:
         for n in range(nodes):
             ring_reduce_scatter(node_ranks(n), groups, nodes, ch=0)
         for g in range(gpus):

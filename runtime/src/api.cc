@@ -15,6 +15,7 @@
 
 #include "api_status.h"
 #include "call.h"
+#include "bootstrap.h"
 #include "clique.h"
 #include "communicator.h"
 #include "device_guard.h"
@@ -130,6 +131,9 @@ ApiStatus submit_call(CallKind kind, const void* sendbuff, void* recvbuff, size_
                       ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
                       cudaStream_t stream) {
   if (ApiStatus s = efccl::runtime::check_comm(comm); !s) return s;
+  if (comm->revoked.load())
+    return ApiStatus::invalid_usage("the communicator was revoked (ncclCommRevoke): only destroy, "
+                                    "split and shrink are allowed");
   if (ApiStatus s = check_datatype(datatype); !s) return s;
   const int nranks = comm->clique->nranks();
   const bool p2p = efccl::runtime::is_p2p(kind);
@@ -240,17 +244,12 @@ EFCCL_ALIAS(ncclResetDebugInit)
 // ---- Communicators ----
 
 EFCCL_API ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
-  // The key of an in-process rendezvous (init_rank.h): a tag and 120 bytes from
-  // std::random_device (getrandom / /dev/urandom on Linux), so that independent communicators
-  // never share an id.
+  // A random magic and the address of a root listener started here (or NCCL_COMM_ID's), which
+  // the ranks of the communicator meet at (bootstrap.h).
   if (uniqueId == nullptr) return report("ncclGetUniqueId", ApiStatus::invalid_argument("uniqueId is NULL"));
-  std::random_device rd;
-  std::memset(uniqueId->internal, 0, sizeof(uniqueId->internal));
-  std::memcpy(uniqueId->internal, "efccl-id", 8);
-  for (std::size_t i = 8; i + 4 <= sizeof(uniqueId->internal); i += 4) {
-    const uint32_t v = rd();
-    std::memcpy(uniqueId->internal + i, &v, 4);
-  }
+  log_version_once();
+  if (efccl::Status s = efccl::runtime::create_unique_id(uniqueId); !s)
+    return report("ncclGetUniqueId", ApiStatus::system(s.message()));
   return ncclSuccess;
 }
 EFCCL_ALIAS(ncclGetUniqueId)
@@ -299,7 +298,7 @@ namespace {
 /// (*newcomm valid on return, as NCCL), joins the id's rendezvous and, outside a group, waits
 /// for the clique (init_rank.h).
 ApiStatus init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& id, int rank,
-                    const ncclConfig_t* config) {
+                    const ncclConfig_t* config, bool local_only = false) {
   if (newcomm == nullptr) return ApiStatus::invalid_argument("comm is NULL");
   *newcomm = nullptr;
   if (nranks < 1)
@@ -324,7 +323,7 @@ ApiStatus init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& id, int
   comm->blocking = cfg.blocking;
   std::shared_ptr<efccl::runtime::Rendezvous> rendezvous;
   if (ApiStatus s = efccl::runtime::join_rendezvous(id, nranks, rank, device, device_error, comm,
-                                                    &rendezvous);
+                                                    &rendezvous, local_only);
       !s) {
     delete comm;
     return s;
@@ -348,6 +347,86 @@ ApiStatus init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& id, int
   const auto timeout = efccl::runtime::init_timeout();
   return efccl::runtime::complete_rendezvous(rendezvous, std::chrono::steady_clock::now() + timeout,
                                              timeout);
+}
+
+/// ncclCommSplit and ncclCommShrink: the `participants` (ascending parent ranks, the caller
+/// among them) exchange (color, key); ranks of the caller's color, ordered by (key, parent
+/// rank), form a new communicator, initialized like ncclCommInitRank with an id made by its
+/// new rank 0 (multi-process: shared through the parent's bootstrap; single process: an
+/// in-process id no root serves).
+ApiStatus regroup(const char* fn, ncclComm_t parent, const std::vector<int>& participants,
+                  int color, int key, ncclComm_t* newcomm, const ncclConfig_t* config) {
+  uint64_t seq = 0;
+  {
+    std::lock_guard<std::mutex> lock(parent->ops_mu);
+    seq = parent->regroups++;
+  }
+  const auto timeout = efccl::runtime::init_timeout();
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const bool multiprocess = parent->bootstrap != nullptr;
+  // Tags of the parent's bootstrap for its regroups (executors use other namespaces).
+  const uint64_t tag = (uint64_t{3} << 62) | (seq << 1);
+
+  const auto gather = [&](uint64_t t, std::string mine) -> efccl::StatusOr<std::vector<std::string>> {
+    if (multiprocess) return parent->bootstrap->allgather(participants, t, std::move(mine), deadline, nullptr);
+    return efccl::runtime::meet_in_process(parent->clique.get(), (seq << 1) | (t & 1), participants,
+                                           parent->rank, std::move(mine), deadline);
+  };
+  int32_t mine_ck[2] = {color, key};
+  auto entries = gather(tag, std::string(reinterpret_cast<const char*>(mine_ck), sizeof(mine_ck)));
+  if (!entries) return ApiStatus::system(std::string(fn) + ": the ranks could not exchange colors: " + entries.status().message());
+  struct Member { int32_t key; int parent_rank; };
+  std::vector<Member> group;
+  for (std::size_t i = 0; i < participants.size(); ++i) {
+    int32_t ck[2] = {0, 0};
+    if ((*entries)[i].size() != sizeof(ck))
+      return ApiStatus::system(std::string(fn) + ": rank " + std::to_string(participants[i]) + " sent a malformed color");
+    std::memcpy(ck, (*entries)[i].data(), sizeof(ck));
+    if (ck[0] == color && color != NCCL_SPLIT_NOCOLOR) group.push_back({ck[1], participants[i]});
+  }
+  std::sort(group.begin(), group.end(), [](const Member& a, const Member& b) {
+    return a.key != b.key ? a.key < b.key : a.parent_rank < b.parent_rank;
+  });
+  int new_rank = -1;
+  for (std::size_t i = 0; i < group.size(); ++i)
+    if (group[i].parent_rank == parent->rank) new_rank = static_cast<int>(i);
+
+  // The new communicator's id: made by its rank 0, or derived in-process.
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof(id));
+  if (multiprocess) {
+    std::string offer;
+    if (new_rank == 0) {
+      if (efccl::Status s = efccl::runtime::create_unique_id(&id); !s)
+        return ApiStatus::system(std::string(fn) + ": " + s.message());
+      offer.assign(id.internal, sizeof(id.internal));
+    }
+    auto offers = gather(tag | 1, offer);
+    if (!offers) return ApiStatus::system(std::string(fn) + ": the ranks could not exchange ids: " + offers.status().message());
+    if (new_rank >= 0) {
+      const auto at = std::lower_bound(participants.begin(), participants.end(), group[0].parent_rank) - participants.begin();
+      const std::string& theirs = (*offers)[static_cast<std::size_t>(at)];
+      if (theirs.size() != sizeof(id.internal))
+        return ApiStatus::system(std::string(fn) + ": the new communicator's rank 0 sent no id");
+      std::memcpy(id.internal, theirs.data(), sizeof(id.internal));
+    }
+  } else if (new_rank >= 0) {
+    const auto clique = reinterpret_cast<uintptr_t>(parent->clique.get());
+    std::memcpy(id.internal, "efccl-split", 11);
+    std::memcpy(id.internal + 16, &clique, sizeof(clique));
+    std::memcpy(id.internal + 24, &seq, sizeof(seq));
+    std::memcpy(id.internal + 32, &color, sizeof(color));
+  }
+  if (new_rank < 0) return ApiStatus::ok();  // NCCL_SPLIT_NOCOLOR (or excluded): no communicator
+
+  ncclConfig_t inherited = NCCL_CONFIG_INITIALIZER;
+  inherited.blocking = parent->blocking ? 1 : 0;
+  EFCCL_INFO(efccl::runtime::kLogInit, parent->device,
+             std::string(fn) + ": comm " + hex(parent) + " rank " + std::to_string(parent->rank) +
+                 " color " + std::to_string(color) + " key " + std::to_string(key) + " -> rank " +
+                 std::to_string(new_rank) + " of " + std::to_string(group.size()));
+  return init_rank(newcomm, static_cast<int>(group.size()), id, new_rank,
+                   config != nullptr ? config : &inherited, !multiprocess);
 }
 
 }  // namespace
@@ -425,7 +504,10 @@ EFCCL_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyn
   switch (init) {
     case efccl::runtime::CommInit::kPending: *asyncError = ncclInProgress; break;  // grouped init
     case efccl::runtime::CommInit::kFailed: *asyncError = init_error.code(); break;
-    case efccl::runtime::CommInit::kReady: *asyncError = comm->clique->async_error().code(); break;
+    case efccl::runtime::CommInit::kReady:
+      // Revoked: quiescent once ncclCommRevoke returned (it waits for the aborted kernels).
+      *asyncError = comm->revoked.load() ? ncclSuccess : comm->clique->async_error().code();
+      break;
   }
   return ncclSuccess;
 }
@@ -700,22 +782,81 @@ EFCCL_API ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t wi
 }
 EFCCL_ALIAS(ncclCommWindowDeregister)
 
-// ---- Not supported yet ----
+// ---- Split, shrink, revoke ----
 
 EFCCL_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
                                      ncclConfig_t* config) {
-  return report("ncclCommSplit", not_supported("ncclCommSplit", ""));
+  const char* fn = "ncclCommSplit";
+  if (newcomm == nullptr) return report(fn, ApiStatus::invalid_argument("newcomm is NULL"));
+  *newcomm = nullptr;
+  if (ApiStatus s = efccl::runtime::check_comm(comm); !s) return report(fn, s);
+  if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
+    return report(fn, ApiStatus::invalid_argument("color " + std::to_string(color) +
+                                                  " must be >= 0 or NCCL_SPLIT_NOCOLOR"));
+  if (efccl::runtime::in_group())
+    return report(fn, ApiStatus::invalid_usage(
+                          "ncclCommSplit inside ncclGroupStart/End is not supported by efccl: "
+                          "call it outside a group, one thread per rank"));
+  std::vector<int> all(static_cast<std::size_t>(comm->clique->nranks()));
+  for (std::size_t r = 0; r < all.size(); ++r) all[r] = static_cast<int>(r);
+  return finish(fn, regroup(fn, comm, all, color, key, newcomm, config));
 }
 EFCCL_ALIAS(ncclCommSplit)
 
 EFCCL_API ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
                                       ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
-  return report("ncclCommShrink", not_supported("ncclCommShrink", ""));
+  const char* fn = "ncclCommShrink";
+  if (newcomm == nullptr) return report(fn, ApiStatus::invalid_argument("newcomm is NULL"));
+  *newcomm = nullptr;
+  if (ApiStatus s = efccl::runtime::check_comm(comm); !s) return report(fn, s);
+  if (shrinkFlags != NCCL_SHRINK_DEFAULT && shrinkFlags != NCCL_SHRINK_ABORT)
+    return report(fn, ApiStatus::invalid_argument("shrinkFlags " + std::to_string(shrinkFlags) +
+                                                  " is not NCCL_SHRINK_DEFAULT or NCCL_SHRINK_ABORT"));
+  if (excludeRanksCount < 0 || (excludeRanksCount > 0 && excludeRanksList == nullptr))
+    return report(fn, ApiStatus::invalid_argument("excludeRanksList is NULL or excludeRanksCount < 0"));
+  if (efccl::runtime::in_group())
+    return report(fn, ApiStatus::invalid_usage("ncclCommShrink inside a group is not supported by efccl"));
+  const int n = comm->clique->nranks();
+  std::vector<bool> excluded(static_cast<std::size_t>(n), false);
+  for (int i = 0; i < excludeRanksCount; ++i) {
+    const int r = excludeRanksList[i];
+    if (r < 0 || r >= n)
+      return report(fn, ApiStatus::invalid_argument("excludeRanksList[" + std::to_string(i) + "] = " +
+                                                    std::to_string(r) + " is not a rank of the communicator"));
+    excluded[static_cast<std::size_t>(r)] = true;
+  }
+  if (excluded[static_cast<std::size_t>(comm->rank)])
+    return report(fn, ApiStatus::invalid_argument("rank " + std::to_string(comm->rank) +
+                                                  " excludes itself; excluded ranks do not call ncclCommShrink"));
+  if (shrinkFlags == NCCL_SHRINK_ABORT) {
+    comm->clique->abort(comm->rank);
+    DeviceGuard guard;
+    cudaSetDevice(comm->device);
+    (void)cudaDeviceSynchronize();  // the aborted kernels end within about a millisecond
+  }
+  std::vector<int> remaining;
+  for (int r = 0; r < n; ++r)
+    if (!excluded[static_cast<std::size_t>(r)]) remaining.push_back(r);
+  return finish(fn, regroup(fn, comm, remaining, 0, comm->rank, newcomm, config));
 }
 EFCCL_ALIAS(ncclCommShrink)
 
 EFCCL_API ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
-  return report("ncclCommRevoke", not_supported("ncclCommRevoke", ""));
+  const char* fn = "ncclCommRevoke";
+  if (ApiStatus s = efccl::runtime::check_comm(comm); !s) return report(fn, s);
+  if (revokeFlags != NCCL_REVOKE_DEFAULT)
+    return report(fn, ApiStatus::invalid_argument("revokeFlags must be NCCL_REVOKE_DEFAULT (0), got " +
+                                                  std::to_string(revokeFlags)));
+  // In-flight kernels give up; efccl waits for them here, so the communicator is quiescent
+  // (ncclCommGetAsyncError: ncclSuccess) when this returns. Later operations are refused;
+  // destroy, split and shrink remain allowed.
+  comm->revoked.store(true);
+  comm->clique->abort(comm->rank);
+  DeviceGuard guard;
+  cudaSetDevice(comm->device);
+  (void)cudaDeviceSynchronize();
+  (void)cudaGetLastError();
+  return ncclSuccess;
 }
 EFCCL_ALIAS(ncclCommRevoke)
 

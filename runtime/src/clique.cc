@@ -8,6 +8,8 @@
 #include <sstream>
 #include <utility>
 
+#include "bootstrap.h"
+#include "efccl/ef/json_io.h"
 #include "logger.h"
 #include "p2p_program.h"
 #include "tuning.h"
@@ -92,6 +94,10 @@ void program_buffers(const Call& c, uint64_t offset, const void** in, void** out
   }
 }
 
+/// Exchange tags: one namespace for collective executors, one per pair of ranks for p2p.
+constexpr uint64_t kCollectiveExchangeTag = uint64_t{1} << 62;
+constexpr uint64_t kPairExchangeTag = uint64_t{2} << 62;
+
 ncclResult_t kernel_failure_code(const std::string& message) {
   return message.rfind("timed out", 0) == 0 || message.rfind("aborted", 0) == 0 ? ncclSystemError
                                                                               : ncclInternalError;
@@ -102,6 +108,7 @@ ncclResult_t kernel_failure_code(const std::string& message) {
 Clique::Clique(std::vector<int> rank_devices, std::unique_ptr<Registry> registry)
     : rank_devices_(std::move(rank_devices)),
       registry_(std::move(registry)),
+      nlocal_(static_cast<int32_t>(rank_devices_.size())),
       timeout_(timeout_from_environment()),
       pending_(rank_devices_.size()),
       next_sequence_(rank_devices_.size(), 0),
@@ -109,10 +116,35 @@ Clique::Clique(std::vector<int> rank_devices, std::unique_ptr<Registry> registry
       done_(rank_devices_.size(), nullptr) {}
 
 StatusOr<std::shared_ptr<Clique>> Clique::create(std::vector<int> rank_devices,
-                                                 std::unique_ptr<Registry> registry) {
+                                                 std::unique_ptr<Registry> registry,
+                                                 std::unique_ptr<ProcessMap> processes) {
   std::shared_ptr<Clique> c(new Clique(std::move(rank_devices), std::move(registry)));
+  if (processes != nullptr) {
+    const std::size_t n = c->rank_devices_.size();
+    if (processes->local.size() != n || processes->location.size() != n ||
+        processes->leader.size() != n || processes->where.size() != n ||
+        processes->bootstraps.empty())
+      return Status::error("internal: incomplete process map");
+    c->nlocal_ = static_cast<int32_t>(
+        std::count(processes->local.begin(), processes->local.end(), true));
+    c->processes_ = std::move(processes);
+    // A peer process that dies makes this clique's kernels give up at once.
+    std::weak_ptr<Clique> weak = c;
+    const std::shared_ptr<Bootstrap>& boot = c->processes_->bootstraps.front();
+    boot->set_peer_failure_handler([weak](int peer, const std::string& why) {
+      if (auto clique = weak.lock()) clique->peer_failed(peer, why);
+    });
+    // Deaths are noticed on open connections: connect to every other process's leader now.
+    std::set<int32_t> leaders(c->processes_->leader.begin(), c->processes_->leader.end());
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    for (int32_t l : leaders)
+      if (l != boot->rank())
+        if (Status s = boot->connect(l, deadline); !s)
+          return Status::error("connecting to rank " + std::to_string(l) + "'s process: " + s.message());
+  }
   DeviceGuard guard;
   for (std::size_t r = 0; r < c->rank_devices_.size(); ++r) {
+    if (!c->is_local(static_cast<int32_t>(r))) continue;
     cudaError_t e = cudaSetDevice(c->rank_devices_[r]);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->ready_[r], cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->done_[r], cudaEventDisableTiming);
@@ -131,6 +163,7 @@ Clique::~Clique() {
   }
   executors_.clear();  // each waits for its launches (aborted ones end within a millisecond)
   for (std::size_t r = 0; r < rank_devices_.size(); ++r) {
+    if (ready_[r] == nullptr && done_[r] == nullptr) continue;
     cudaSetDevice(rank_devices_[r]);
     if (ready_[r] != nullptr) cudaEventDestroy(ready_[r]);
     if (done_[r] != nullptr) cudaEventDestroy(done_[r]);
@@ -144,6 +177,10 @@ ApiStatus Clique::submit(std::vector<Call> calls, bool whole_clique) {
   DeviceGuard guard;
   std::lock_guard<std::mutex> lock(mu_);
   if (aborted_.load()) return ApiStatus::invalid_usage("the communicator has been aborted");
+  {
+    std::lock_guard<std::mutex> failure_lock(exec_list_mu_);
+    if (!peer_failure_) return peer_failure_;
+  }
 
   std::vector<Call> p2p;
   for (Call& c : calls) {
@@ -157,11 +194,14 @@ ApiStatus Clique::submit(std::vector<Call> calls, bool whole_clique) {
 
   ApiStatus first;
   const auto all_ready = [this] {
-    return std::all_of(pending_.begin(), pending_.end(), [](const auto& q) { return !q.empty(); });
+    for (std::size_t r = 0; r < pending_.size(); ++r)
+      if (is_local(static_cast<int32_t>(r)) && pending_[r].empty()) return false;
+    return true;
   };
   while (all_ready()) {
-    std::vector<Call> set;
+    std::vector<Call> set;  // the local ranks' calls, by rank
     for (auto& q : pending_) {
+      if (q.empty()) continue;
       set.push_back(std::move(q.front()));
       q.pop_front();
     }
@@ -194,7 +234,7 @@ ApiStatus Clique::submit(std::vector<Call> calls, bool whole_clique) {
     if (first) first = ApiStatus::invalid_usage(m.str());
   }
   if (!p2p.empty()) {
-    ApiStatus s = run_p2p(p2p);
+    ApiStatus s = processes_ != nullptr ? run_p2p_pairs(p2p) : run_p2p(p2p);
     if (!s && first) first = s;
   }
   return first;
@@ -226,7 +266,11 @@ ApiStatus Clique::run_collective(std::vector<Call>& set, bool* mismatch) {
   }
 
   // One mode for the whole call: the root's for rooted collectives, else every rank's.
-  bool inplace = call_is_inplace(set[is_rooted(ref.kind) ? static_cast<std::size_t>(ref.root) : 0]);
+  // (Multi-process: the local root's, else the local ranks' own; other processes decide theirs.)
+  const Call* mode_ref = &set[0];
+  for (const Call& c : set)
+    if (is_rooted(ref.kind) && c.rank == ref.root) mode_ref = &c;
+  bool inplace = call_is_inplace(*mode_ref);
   if (!is_rooted(ref.kind)) {
     for (const Call& c : set) {
       if (call_is_inplace(c) != inplace)
@@ -266,12 +310,15 @@ ApiStatus Clique::run_collective(std::vector<Call>& set, bool* mismatch) {
                  " -> " + programs + ": " + plan->reason);
   }
 
+  std::vector<int32_t> all_ranks(static_cast<std::size_t>(nranks()));
+  for (int32_t r = 0; r < nranks(); ++r) all_ranks[static_cast<std::size_t>(r)] = r;
   for (const PlanPiece& piece : plan->pieces) {
     device::DeviceExecutor* executor = nullptr;
     std::ostringstream key;
     key << "coll:" << static_cast<const void*>(piece.program);
-    if (ApiStatus s = executor_for(*piece.program, key.str(), rank_devices_, *capturing,
-                                   piece.count, ref.dtype, &executor);
+    if (ApiStatus s = executor_for(*piece.program, key.str(), all_ranks, *capturing, piece.count,
+                                   ref.dtype, [this] { return kCollectiveExchangeTag | collective_exchanges_++; },
+                                   &executor);
         !s)
       return s;
     Launch l;
@@ -281,14 +328,19 @@ ApiStatus Clique::run_collective(std::vector<Call>& set, bool* mismatch) {
     l.args.op = ref.op;
     l.args.inplace = inplace;
     l.args.timeout = timeout_;
-    if (ref.op == ef::RedOp::kPreMulSum)
-      for (const Call& c : set) l.args.premul_scalars.push_back(c.premul_scalar);
+    // Per program rank (= clique rank); other processes' ranks stay null.
+    const auto n = static_cast<std::size_t>(nranks());
+    if (ref.op == ef::RedOp::kPreMulSum) l.args.premul_scalars.assign(n, 1.0);
+    l.args.inputs.assign(n, nullptr);
+    l.args.outputs.assign(n, nullptr);
     for (const Call& c : set) {
       const void* in = nullptr;
       void* out = nullptr;
       program_buffers(c, piece.offset, &in, &out);
-      l.args.inputs.push_back(in);
-      l.args.outputs.push_back(out);
+      const auto r = static_cast<std::size_t>(c.rank);
+      l.args.inputs[r] = in;
+      l.args.outputs[r] = out;
+      if (ref.op == ef::RedOp::kPreMulSum) l.args.premul_scalars[r] = c.premul_scalar;
       l.ranks.push_back(c.rank);
       l.rank_streams.push_back(c.stream);
     }
@@ -376,11 +428,10 @@ ApiStatus Clique::run_p2p(const std::vector<Call>& calls) {
                         std::to_string(rounds.size()) + " round(s)",
                     false, transfers.size(), nranks()});
   for (const P2pRound& round : rounds) {
-    std::vector<int> devices;
-    for (int32_t r : round.ranks) devices.push_back(device(r));
     device::DeviceExecutor* executor = nullptr;
-    if (ApiStatus s = executor_for(round.program, round.signature, devices, *capturing,
-                                   round.chunk_bytes, ef::DataType::kInt8, &executor);
+    if (ApiStatus s = executor_for(round.program, round.signature, round.ranks, *capturing,
+                                   round.chunk_bytes, ef::DataType::kInt8,
+                                   [] { return uint64_t{0}; }, &executor);
         !s)
       return s;
     Launch l;
@@ -396,6 +447,145 @@ ApiStatus Clique::run_p2p(const std::vector<Call>& calls) {
     for (int32_t r : round.ranks) l.rank_streams.push_back(stream_of[r]);
     if (ApiStatus s = launch(l); !s) return s;
   }
+  return ApiStatus::ok();
+}
+
+ApiStatus Clique::run_p2p_pairs(const std::vector<Call>& calls) {
+  // Messages of each direction between two ranks, in call order; a direction is known to this
+  // process from its sends when the sender is local, from its receives when the receiver is.
+  struct Direction {
+    std::vector<const Call*> sends, recvs;
+  };
+  std::map<std::pair<int32_t, int32_t>, Direction> directions;  // (sender, receiver)
+  std::map<int32_t, cudaStream_t> stream_of;
+  for (const Call& c : calls) {
+    auto [it, fresh] = stream_of.emplace(c.rank, c.stream);
+    if (!fresh && it->second != c.stream)
+      return ApiStatus::invalid_usage(
+          "rank " + std::to_string(c.rank) + " uses different streams for its sends/receives "
+          "of one group; efccl needs one stream per rank and group for point-to-point calls");
+    if (c.kind == CallKind::kSend)
+      directions[{c.rank, c.root}].sends.push_back(&c);
+    else
+      directions[{c.root, c.rank}].recvs.push_back(&c);
+  }
+  // Byte counts per direction; both sides local: they must agree.
+  std::map<std::pair<int32_t, int32_t>, std::vector<uint64_t>> bytes;
+  for (auto& [dir, d] : directions) {
+    const bool both = is_local(dir.first) && is_local(dir.second);
+    if (both && d.sends.size() != d.recvs.size())
+      return ApiStatus::invalid_usage(
+          "rank " + std::to_string(dir.first) + " posts " + std::to_string(d.sends.size()) +
+          " ncclSend to rank " + std::to_string(dir.second) + " but rank " +
+          std::to_string(dir.second) + " posts " + std::to_string(d.recvs.size()) +
+          " ncclRecv from rank " + std::to_string(dir.first) + " in this group");
+    const auto& known = is_local(dir.first) ? d.sends : d.recvs;
+    for (std::size_t k = 0; k < known.size(); ++k) {
+      const uint64_t b = known[k]->count * ef::size_of(known[k]->dtype);
+      if (both) {
+        const uint64_t rb = d.recvs[k]->count * ef::size_of(d.recvs[k]->dtype);
+        if (rb != b)
+          return ApiStatus::invalid_usage(
+              "send #" + std::to_string(k) + " from rank " + std::to_string(dir.first) +
+              " to rank " + std::to_string(dir.second) + " has " + std::to_string(b) +
+              " bytes but the matching receive has " + std::to_string(rb));
+      }
+      bytes[dir].push_back(b);
+    }
+  }
+
+  std::vector<cudaStream_t> streams;
+  for (const auto& [rank, stream] : stream_of) streams.push_back(stream);
+  StatusOr<bool> capturing = any_capturing(streams);
+  if (!capturing) return ApiStatus::cuda(capturing.status().message());
+
+  // Pairs in one global order (a < b), messages in order; each launch involves both ranks of
+  // its pair, so every rank runs its launches in the same global order: no cycle can form.
+  std::set<std::pair<int32_t, int32_t>> pairs;
+  for (const auto& [dir, d] : directions)
+    pairs.insert({std::min(dir.first, dir.second), std::max(dir.first, dir.second)});
+  const uint64_t op_count = launches_++;
+  std::size_t nlaunches = 0;
+  for (const auto& [a, b] : pairs) {
+    if (a == b) {  // to self: a copy on the rank's stream
+      const Direction& d = directions[{a, a}];
+      if (d.sends.size() != d.recvs.size())
+        return ApiStatus::invalid_usage("rank " + std::to_string(a) + " posts " +
+                                        std::to_string(d.sends.size()) + " ncclSend to itself but " +
+                                        std::to_string(d.recvs.size()) + " ncclRecv from itself");
+      for (std::size_t k = 0; k < d.sends.size(); ++k) {
+        const uint64_t sb = d.sends[k]->count * ef::size_of(d.sends[k]->dtype);
+        if (sb == 0) continue;
+        cudaSetDevice(device(a));
+        if (ApiStatus s = cuda_status(cudaMemcpyAsync(d.recvs[k]->recvbuff, d.sends[k]->sendbuff, sb,
+                                                      cudaMemcpyDeviceToDevice, stream_of[a]),
+                                      "ncclSend/ncclRecv to self on rank " + std::to_string(a));
+            !s)
+          return s;
+      }
+      continue;
+    }
+    const std::vector<uint64_t>& ab = bytes[{a, b}];
+    const std::vector<uint64_t>& ba = bytes[{b, a}];
+    const Direction& dab = directions[{a, b}];
+    const Direction& dba = directions[{b, a}];
+    for (std::size_t k = 0; k < std::max(ab.size(), ba.size()); ++k) {
+      // Planned with stand-in addresses in a fixed order, so that every process derives the
+      // same programs (each side has one buffer, at chunk 0); the real buffers of this
+      // process's ranks replace them afterwards, the other process's stay null.
+      static char stand_in[4];
+      std::vector<Transfer> transfers;
+      if (k < ab.size() && ab[k] > 0) transfers.push_back({a, b, &stand_in[0], &stand_in[1], ab[k]});
+      if (k < ba.size() && ba[k] > 0) transfers.push_back({b, a, &stand_in[2], &stand_in[3], ba[k]});
+      if (transfers.empty()) continue;
+      const auto real = [&](const void* p) -> void* {
+        if (p == &stand_in[0]) return is_local(a) ? const_cast<void*>(dab.sends[k]->sendbuff) : nullptr;
+        if (p == &stand_in[1]) return is_local(b) ? dab.recvs[k]->recvbuff : nullptr;
+        if (p == &stand_in[2]) return is_local(b) ? const_cast<void*>(dba.sends[k]->sendbuff) : nullptr;
+        if (p == &stand_in[3]) return is_local(a) ? dba.recvs[k]->recvbuff : nullptr;
+        return nullptr;
+      };
+      for (P2pRound& round : plan_p2p_rounds(transfers, &p2p_channels)) {
+        for (auto& in : round.inputs) in = real(in);
+        for (auto& out : round.outputs) out = real(out);
+        const std::pair<int32_t, int32_t> pair{a, b};
+        device::DeviceExecutor* executor = nullptr;
+        if (ApiStatus s = executor_for(
+                round.program, round.signature, round.ranks, *capturing, round.chunk_bytes,
+                ef::DataType::kInt8,
+                [this, pair] {
+                  return kPairExchangeTag | (static_cast<uint64_t>(pair.first) << 40) |
+                         (static_cast<uint64_t>(pair.second) << 20) | pair_exchanges_[pair]++;
+                },
+                &executor);
+            !s)
+          return s;
+        Launch l;
+        l.executor = executor;
+        l.args.count = round.chunk_bytes;
+        l.args.dtype = ef::DataType::kInt8;
+        l.args.op = ef::RedOp::kSum;
+        l.args.inplace = false;
+        l.args.timeout = timeout_;
+        l.args.inputs = round.inputs;
+        l.args.outputs = round.outputs;
+        for (int32_t r : round.ranks) {
+          if (!is_local(r)) continue;
+          l.ranks.push_back(r);
+          l.rank_streams.push_back(stream_of[r]);
+        }
+        if (ApiStatus s = launch(l); !s) return s;
+        ++nlaunches;
+      }
+    }
+  }
+  EFCCL_INFO(kLogP2p, -1,
+             "send/recv group: opCount " + std::to_string(op_count) + " over " +
+                 std::to_string(pairs.size()) + " pair(s) of ranks in " +
+                 std::to_string(nlaunches) + " launch(es), one pair per launch (multi-process)" +
+                 (*capturing ? " (captured)" : ""));
+  notify_selection({"p2p", "p2p", "runtime",
+                    std::to_string(nlaunches) + " pair launch(es)", false, calls.size(), nranks()});
   return ApiStatus::ok();
 }
 
@@ -416,11 +606,65 @@ StatusOr<bool> Clique::any_capturing(const std::vector<cudaStream_t>& streams) c
   return capturing;
 }
 
+const std::string& Clique::fingerprint(const ef::Program& program) {
+  auto it = fingerprints_.find(&program);
+  if (it == fingerprints_.end()) {
+    const std::string json = ef::save_json(program);
+    std::ostringstream f;
+    f << program.name << "/" << program.nranks << "/" << std::hex << std::hash<std::string>{}(json)
+      << "/" << std::dec << json.size();
+    it = fingerprints_.emplace(&program, f.str()).first;
+  }
+  return it->second;
+}
+
+std::unique_ptr<device::PeerProcesses> Clique::peers_for(const std::vector<int32_t>& ranks,
+                                                         const std::string& key, uint64_t tag) {
+  if (processes_ == nullptr) return nullptr;
+  const ProcessMap& pm = *processes_;
+  std::set<int32_t> leaders;
+  bool remote = false;
+  for (int32_t r : ranks) {
+    leaders.insert(pm.leader[static_cast<std::size_t>(r)]);
+    remote = remote || !pm.local[static_cast<std::size_t>(r)];
+  }
+  if (!remote) return nullptr;
+  auto peers = std::make_unique<device::PeerProcesses>();
+  for (int32_t r : ranks) {
+    peers->local.push_back(pm.local[static_cast<std::size_t>(r)]);
+    peers->location.push_back(pm.location[static_cast<std::size_t>(r)]);
+  }
+  peers->fingerprint = key;
+  std::shared_ptr<Bootstrap> boot = pm.bootstraps.front();
+  const std::vector<int32_t> leader_list(leaders.begin(), leaders.end());
+  const std::chrono::nanoseconds timeout = timeout_;
+  const std::atomic<bool>* abort = &aborted_;
+  std::vector<int32_t> rank_leader;
+  for (int32_t r : ranks) rank_leader.push_back(pm.leader[static_cast<std::size_t>(r)]);
+  peers->exchange = [boot, leader_list, rank_leader, tag, timeout,
+                     abort](const std::string& mine) -> StatusOr<std::vector<std::string>> {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::vector<int> subset(leader_list.begin(), leader_list.end());
+    StatusOr<std::vector<std::string>> got = boot->allgather(subset, tag, mine, deadline, abort);
+    if (!got) return got.status();
+    std::vector<std::string> per_rank;
+    for (int32_t leader : rank_leader) {
+      const auto i = std::lower_bound(subset.begin(), subset.end(), leader) - subset.begin();
+      per_rank.push_back((*got)[static_cast<std::size_t>(i)]);
+    }
+    return per_rank;
+  };
+  return peers;
+}
+
 ApiStatus Clique::executor_for(const ef::Program& program, const std::string& key,
-                               const std::vector<int>& devices, bool capturing, uint64_t count,
-                               ef::DataType dtype, device::DeviceExecutor** out) {
+                               const std::vector<int32_t>& ranks, bool capturing, uint64_t count,
+                               ef::DataType dtype, const std::function<uint64_t()>& tag,
+                               device::DeviceExecutor** out) {
+  std::vector<int> devices;
+  for (int32_t r : ranks) devices.push_back(is_local(r) ? device(r) : -1);
   std::string full_key = key + "@";
-  for (int d : devices) full_key += std::to_string(d) + ",";
+  for (int32_t r : ranks) full_key += std::to_string(r) + ":" + std::to_string(device(r)) + ",";
   if (auto it = executors_.find(full_key); it != executors_.end()) {
     it->second.last_use = ++use_clock_;
     *out = it->second.executor.get();
@@ -432,7 +676,10 @@ ApiStatus Clique::executor_for(const ef::Program& program, const std::string& ke
         "efccl uploads programs and sizes buffers outside capture: run the same call once "
         "before capturing it");
 
-  if (executors_.size() >= kMaxCachedExecutors) {
+  // Multi-process executors are never evicted: every process must create each one at the
+  // same call, which holds only while their caches agree.
+  const bool shared = processes_ != nullptr;
+  if (!shared && executors_.size() >= kMaxCachedExecutors) {
     auto oldest = std::min_element(executors_.begin(), executors_.end(), [](const auto& a, const auto& b) {
       return a.second.last_use < b.second.last_use;
     });
@@ -445,16 +692,32 @@ ApiStatus Clique::executor_for(const ef::Program& program, const std::string& ke
     executors_.erase(oldest);
   }
 
-  auto created = device::DeviceExecutor::create(program, devices);
-  if (!created)
-    return ApiStatus::internal("preparing program '" + program.name + "' on the GPUs: " +
-                               created.status().message());
+  std::unique_ptr<device::PeerProcesses> peers;
+  if (shared) {
+    // Registry programs live as long as the clique (cached by address); generated ones (p2p)
+    // are temporaries, whose key already spells out their structure.
+    std::string k = (key.rfind("coll:", 0) == 0 ? fingerprint(program) : key) + " ranks";
+    for (int32_t r : ranks) k += " " + std::to_string(r);
+    peers = peers_for(ranks, k, tag());
+  }
+  auto created = device::DeviceExecutor::create(program, devices, {}, peers.get());
+  if (!created) {
+    bool remote_failure = false;
+    if (peers != nullptr) {
+      std::lock_guard<std::mutex> lock(exec_list_mu_);
+      remote_failure = !peer_failure_;
+    }
+    return ApiStatus(remote_failure ? ncclRemoteError : ncclInternalError,
+                     "preparing program '" + program.name + "' on the GPUs: " +
+                         created.status().message());
+  }
   // Size scratch for this call now, so that a later capture of the same call needs no growth.
   if (Status s = (*created)->reserve(count, dtype); !s)
     return ApiStatus::system("allocating scratch for program '" + program.name + "': " + s.message());
-  EFCCL_INFO(kLogInit | kLogAlloc, devices.front(),
+  EFCCL_INFO(kLogInit | kLogAlloc, (*created)->devices().front(),
              "prepared program '" + program.name + "' (" + std::to_string(program.nranks) +
-                 " ranks) on " + std::to_string((*created)->devices().size()) + " device(s)");
+                 " ranks) on " + std::to_string((*created)->devices().size()) + " device(s)" +
+                 (peers != nullptr ? " of this process, connected to other processes through CUDA IPC" : ""));
   CachedExecutor& entry = executors_[full_key];
   entry.executor = std::move(created.value());
   entry.last_use = ++use_clock_;
@@ -532,14 +795,33 @@ ApiStatus Clique::async_error() {
   if (!async_error_.is_ok()) return async_error_;
   for (device::DeviceExecutor* e : live_executors_) {
     if (Status s = e->error_status(); !s) {
-      async_error_ = ApiStatus(kernel_failure_code(s.message()),
-                               "a kernel of program '" + e->program().name + "' failed: " + s.message());
+      async_error_ =
+          !peer_failure_
+              ? ApiStatus(ncclRemoteError, peer_failure_.message() + "; a kernel of program '" +
+                                               e->program().name + "' gave up: " + s.message())
+              : ApiStatus(kernel_failure_code(s.message()),
+                          "a kernel of program '" + e->program().name + "' failed: " + s.message());
       EFCCL_WARN(-1, async_error_.message());
       return async_error_;
     }
   }
   if (aborted_.load()) return ApiStatus::invalid_usage("the communicator has been aborted");
   return ApiStatus::ok();
+}
+
+void Clique::peer_failed(int32_t peer, const std::string& why) {
+  std::string where = "rank " + std::to_string(peer);
+  if (processes_ != nullptr && peer >= 0 && peer < nranks())
+    where += " (" + processes_->where[static_cast<std::size_t>(peer)] + ")";
+  {
+    std::lock_guard<std::mutex> lock(exec_list_mu_);
+    if (!peer_failure_) return;
+    peer_failure_ = ApiStatus(ncclRemoteError, where + " is gone: " + why);
+    for (device::DeviceExecutor* e : live_executors_) e->abort();
+  }
+  EFCCL_WARN(-1, "communicator peer " + where + " disconnected without destroying its "
+                 "communicator (" + why + "); this rank's running kernels give up and later "
+                 "calls fail with ncclRemoteError");
 }
 
 void Clique::abort(int32_t rank) {

@@ -7,6 +7,13 @@
 // same sequence number (from one thread's group, or from one thread per rank), after checking
 // that they agree. Send/receive pairs are matched within one group (single process: the thread
 // that ends the group has posted both sides).
+//
+// Multi-process communicators (ncclCommInitRank* across processes): the clique holds the
+// ranks of this process ("local"); the others run in their own processes, each with its own
+// clique, and the kernels meet through connection memory shared by CUDA IPC. A collective
+// runs once every local rank has queued it; executors are created at the same call in every
+// process (deterministically, never evicted) and exchange their arenas through the bootstrap
+// of this process's lowest rank. Send/receive runs per pair of ranks in one global order.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -15,6 +22,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -29,17 +37,38 @@
 
 namespace efccl::runtime {
 
+class Bootstrap;
+
+/// Where the ranks of a multi-process communicator run.
+struct ProcessMap {
+  std::vector<bool> local;        ///< per rank: runs in this process
+  std::vector<int64_t> location;  ///< per rank: equal for ranks sharing a process and GPU
+  std::vector<int32_t> leader;    ///< per rank: the lowest rank of its process
+  std::vector<std::string> where; ///< per rank: "host pid N" for messages
+  /// The bootstraps of this process's ranks; the first is the leader's (exchanges go there).
+  std::vector<std::shared_ptr<Bootstrap>> bootstraps;
+};
+
 class Clique {
  public:
-  /// Creates the clique's events on every device; `rank_devices[r]` is rank r's GPU.
+  /// Creates the clique's events on every device; `rank_devices[r]` is rank r's GPU (for a
+  /// rank of another process: its GPU there, used in messages only). `processes`: null when
+  /// every rank is in this process.
   static StatusOr<std::shared_ptr<Clique>> create(std::vector<int> rank_devices,
-                                                  std::unique_ptr<Registry> registry);
+                                                  std::unique_ptr<Registry> registry,
+                                                  std::unique_ptr<ProcessMap> processes = nullptr);
   ~Clique();
   Clique(const Clique&) = delete;
   Clique& operator=(const Clique&) = delete;
 
   int32_t nranks() const { return static_cast<int32_t>(rank_devices_.size()); }
   int device(int32_t rank) const { return rank_devices_[static_cast<std::size_t>(rank)]; }
+  /// Whether rank `rank` runs in this process.
+  bool is_local(int32_t rank) const {
+    return processes_ == nullptr || processes_->local[static_cast<std::size_t>(rank)];
+  }
+  /// Ranks of this process.
+  int32_t nlocal() const { return nlocal_; }
 
   /// The calls of one outermost group that belong to this clique, in call order.
   /// `whole_clique`: the group holds calls of every rank, so nothing may stay unmatched.
@@ -50,6 +79,9 @@ class Clique {
   ApiStatus async_error();
   /// Makes every kernel of the clique give up (DeviceExecutor::abort); later calls fail.
   void abort(int32_t rank);
+  /// A peer process died (its bootstrap connection broke): running kernels give up and
+  /// later calls fail with ncclRemoteError naming it.
+  void peer_failed(int32_t peer, const std::string& why);
   /// Waits until the rank's device has finished the clique's work, then reports async_error().
   ApiStatus finalize(int32_t rank);
 
@@ -66,14 +98,30 @@ class Clique {
 
   ApiStatus run_collective(std::vector<Call>& set, bool* mismatch);
   ApiStatus run_p2p(const std::vector<Call>& calls);
+  /// Multi-process send/receive: per pair of ranks, in one global order.
+  ApiStatus run_p2p_pairs(const std::vector<Call>& calls);
+  /// Multi-process: the exchange for an executor over comm ranks `ranks`, or null when they
+  /// are all local. `key` identifies the program; `tag` the exchange (equal in every process).
+  std::unique_ptr<device::PeerProcesses> peers_for(const std::vector<int32_t>& ranks,
+                                                   const std::string& key, uint64_t tag);
   ApiStatus launch(Launch& l);
+  /// `ranks`: program rank -> clique rank. `tag`: multi-process exchange tag, used only when
+  /// the executor is created.
   ApiStatus executor_for(const ef::Program& program, const std::string& key,
-                         const std::vector<int>& devices, bool capturing, uint64_t count,
-                         ef::DataType dtype, device::DeviceExecutor** out);
+                         const std::vector<int32_t>& ranks, bool capturing, uint64_t count,
+                         ef::DataType dtype, const std::function<uint64_t()>& tag,
+                         device::DeviceExecutor** out);
+  /// A key naming the program's content (equal in every process for equal programs).
+  const std::string& fingerprint(const ef::Program& program);
   StatusOr<bool> any_capturing(const std::vector<cudaStream_t>& streams) const;
 
   std::vector<int> rank_devices_;
   std::unique_ptr<Registry> registry_;
+  std::unique_ptr<ProcessMap> processes_;  ///< null: single process
+  int32_t nlocal_ = 0;
+  uint64_t collective_exchanges_ = 0;  ///< multi-process: executors created for collectives
+  std::map<std::pair<int32_t, int32_t>, uint64_t> pair_exchanges_;  ///< ... per p2p pair
+  std::map<const ef::Program*, std::string> fingerprints_;
   std::chrono::nanoseconds timeout_;
 
   std::mutex mu_;
@@ -94,6 +142,7 @@ class Clique {
   std::mutex exec_list_mu_;
   std::vector<device::DeviceExecutor*> live_executors_;
   ApiStatus async_error_;  ///< sticky once set
+  ApiStatus peer_failure_;  ///< a peer process died (under exec_list_mu_)
 };
 
 }  // namespace efccl::runtime

@@ -10,6 +10,7 @@
 
 #include <nccl.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -39,6 +40,7 @@ enum class CommInit : uint8_t {
 };
 
 class Rendezvous;
+class Bootstrap;
 
 }  // namespace efccl::runtime
 
@@ -56,6 +58,11 @@ struct ncclComm {
   std::vector<efccl::runtime::PreMulSumOp> premul_ops;  ///< op value ncclNumOps + index
   /// Handles of ncclCommRegister / ncclCommWindowRegister (no-op registrations), under ops_mu.
   std::vector<void*> registrations;
+  /// Multi-process communicators: this rank's bootstrap (ncclCommSplit/Shrink meet through it);
+  /// set before the communicator becomes ready, then immutable.
+  std::shared_ptr<efccl::runtime::Bootstrap> bootstrap;
+  uint64_t regroups = 0;  ///< ncclCommSplit/Shrink calls so far (under ops_mu): their tag
+  std::atomic<bool> revoked{false};  ///< ncclCommRevoke: every later operation is refused
 };
 
 namespace efccl::runtime {

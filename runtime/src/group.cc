@@ -38,7 +38,7 @@ ApiStatus run_group(std::vector<Call> calls) {
       mine.push_back(c);
       ranks.insert(c.rank);
     }
-    const bool whole = static_cast<int32_t>(ranks.size()) == clique->nranks();
+    const bool whole = static_cast<int32_t>(ranks.size()) == clique->nlocal();
     ApiStatus s = clique->submit(std::move(mine), whole);
     if (!s && first) first = s;
   }

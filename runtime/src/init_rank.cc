@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +12,10 @@
 #include <utility>
 #include <vector>
 
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include "bootstrap.h"
 #include "clique.h"
 #include "communicator.h"
 #include "logger.h"
@@ -28,6 +33,7 @@ class Rendezvous {
     int device = -1;
     std::string device_error;
     ncclComm* comm = nullptr;  ///< null once destroyed/aborted while building
+    std::shared_ptr<Bootstrap> boot;  ///< this rank's connection to the others
   };
 
   Rendezvous(const Key& k, int n) : key(k), nranks(n) {}
@@ -40,8 +46,17 @@ class Rendezvous {
   std::map<int, Member> members;     ///< by rank
   ApiStatus error;                   ///< kFailed: why
   ApiStatus cancelled;               ///< set while kBuilding: fail instead of attaching
+  /// The bootstrap's table of every rank (PeerInfo), once a member's bootstrap received it;
+  /// `expected`: the ranks of this process, which must all join here.
+  bool table_known = false;
+  bool table_waiting = false;  ///< a thread is receiving the table (others wait on cv)
+  std::vector<std::string> table;
+  std::vector<int> expected;
+  std::atomic<bool> abort{false};  ///< makes a bootstrap wait give up (destroy/abort/cancel)
 
-  bool complete() const { return static_cast<int>(members.size()) == nranks; }
+  bool complete() const {
+    return table_known && members.size() == expected.size();
+  }
 };
 
 namespace {
@@ -66,6 +81,7 @@ void erase_from_registry(const std::shared_ptr<Rendezvous>& r) {
 
 /// Fails the rendezvous and its communicators; `r->mu` held.
 void fail_locked(Rendezvous& r, const ApiStatus& why) {
+  r.abort.store(true);
   r.state = Rendezvous::State::kFailed;
   r.error = why;
   for (auto& [rank, m] : r.members)
@@ -78,11 +94,68 @@ std::string missing_ranks(const Rendezvous& r) {
   int shown = 0, missing = 0;
   for (int rank = 0; rank < r.nranks; ++rank) {
     if (r.members.count(rank) != 0) continue;
+    if (r.table_known && std::find(r.expected.begin(), r.expected.end(), rank) == r.expected.end())
+      continue;  // runs in another process
     ++missing;
     if (shown < 8) m << (shown++ == 0 ? "" : ", ") << rank;
   }
   if (missing > shown) m << ", ... (" << missing << " in all)";
   return m.str();
+}
+
+/// What each rank tells the others when it joins (Bootstrap info blob).
+struct PeerInfo {
+  uint64_t host_hash = 0;
+  int32_t pid = 0;
+  int32_t device = -1;
+  char bus_id[32] = {};
+  char host[64] = {};
+};
+
+std::string encode_info(int device) {
+  PeerInfo info;
+  info.host_hash = host_hash();
+  info.pid = static_cast<int32_t>(getpid());
+  info.device = device;
+  if (device >= 0 && cudaDeviceGetPCIBusId(info.bus_id, sizeof(info.bus_id) - 1, device) != cudaSuccess)
+    (void)cudaGetLastError();
+  gethostname(info.host, sizeof(info.host) - 1);
+  return std::string(reinterpret_cast<const char*>(&info), sizeof(info));
+}
+
+bool decode_info(const std::string& blob, PeerInfo* info) {
+  if (blob.size() != sizeof(PeerInfo)) return false;
+  std::memcpy(info, blob.data(), sizeof(PeerInfo));
+  info->bus_id[sizeof(info->bus_id) - 1] = '\0';
+  info->host[sizeof(info->host) - 1] = '\0';
+  return true;
+}
+
+/// Reads the table: which ranks run in this process (same host and pid). `r.mu` held.
+ApiStatus learn_table_locked(Rendezvous& r, std::vector<std::string> table) {
+  const int64_t me = getpid();
+  const uint64_t host = host_hash();
+  r.expected.clear();
+  for (std::size_t rank = 0; rank < table.size(); ++rank) {
+    PeerInfo info;
+    if (!decode_info(table[rank], &info))
+      return ApiStatus::system("rank " + std::to_string(rank) +
+                               " sent a malformed description of itself during the rendezvous (" +
+                               std::to_string(table[rank].size()) + " bytes, expected " +
+                               std::to_string(sizeof(PeerInfo)) + "): is it running another efccl?");
+    if (info.host_hash != host)
+      return ApiStatus::invalid_usage(
+          "rank " + std::to_string(rank) + " runs on another host (" + info.host +
+          "); efccl connects GPUs of one host only (no network transport yet)");
+    if (info.pid == me) r.expected.push_back(static_cast<int>(rank));
+  }
+  r.table = std::move(table);
+  r.table_known = true;
+  for (const auto& [rank, m] : r.members)
+    if (std::find(r.expected.begin(), r.expected.end(), rank) == r.expected.end())
+      return ApiStatus::internal("rank " + std::to_string(rank) +
+                                 " joined in this process but the bootstrap places it elsewhere");
+  return ApiStatus::ok();
 }
 
 std::string pointer(const void* p) {
@@ -103,15 +176,63 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
                                " had no current CUDA device when it called ncclCommInitRank (" +
                                m.device_error + ")");
   }
+  // Every rank: its GPU (in its own process) and where it runs; ranks of one process and GPU
+  // share a location.
+  std::unique_ptr<ProcessMap> processes;
+  std::vector<int> all_devices(static_cast<std::size_t>(r.nranks), -1);
+  std::vector<std::shared_ptr<Bootstrap>> boots;
+  for (const auto& [rank, m] : r.members)
+    if (m.boot != nullptr) boots.push_back(m.boot);
+  if (status && static_cast<int>(r.members.size()) < r.nranks) {
+    processes = std::make_unique<ProcessMap>();
+    std::map<std::pair<uint64_t, int32_t>, int64_t> process_index;
+    std::map<int64_t, int32_t> leader_of;
+    const auto n = static_cast<std::size_t>(r.nranks);
+    processes->local.assign(n, false);
+    processes->location.assign(n, 0);
+    processes->leader.assign(n, 0);
+    processes->where.assign(n, "");
+    for (std::size_t rank = 0; rank < n; ++rank) {
+      PeerInfo info;
+      decode_info(r.table[rank], &info);  // checked by learn_table_locked
+      const auto key = std::make_pair(info.host_hash, info.pid);
+      const int64_t proc = process_index.emplace(key, static_cast<int64_t>(process_index.size())).first->second;
+      leader_of.emplace(proc, static_cast<int32_t>(rank));  // ranks ascend: the first is the lowest
+      processes->local[rank] = r.members.count(static_cast<int>(rank)) != 0;
+      processes->location[rank] = proc * 4096 + info.device;
+      processes->leader[rank] = leader_of[proc];
+      processes->where[rank] = std::string(info.host) + " pid " + std::to_string(info.pid) +
+                               " GPU " + std::to_string(info.device) + " " + info.bus_id;
+      all_devices[rank] = processes->local[rank] ? r.members.at(static_cast<int>(rank)).device
+                                                 : info.device;
+    }
+    processes->bootstraps = boots;
+    for (const auto& [rank, m] : r.members)
+      if (m.comm != nullptr) m.comm->bootstrap = m.boot;  // pending: nobody else reads it yet
+  } else {
+    all_devices = devices;
+  }
   std::shared_ptr<Clique> clique;
   if (status) {
     lock.unlock();
-    auto created = Clique::create(devices, Registry::from_environment());
+    // The members' bootstraps have received the table (one did; the root sent it to all).
+    for (const auto& b : boots) {
+      if (!status) break;
+      if (Status s = b->wait_ready(std::chrono::steady_clock::now() + init_timeout(), &r.abort); !s)
+        status = ApiStatus::system("bootstrap: " + s.message());
+    }
+    const bool single_process = processes == nullptr;
+    StatusOr<std::shared_ptr<Clique>> created = Status::error("not created");
+    if (status) created = Clique::create(all_devices, Registry::from_environment(), std::move(processes));
+    if (single_process)
+      for (const auto& b : boots) b->close();  // everything is in this process: no more messages
     lock.lock();
-    if (created)
-      clique = *created;
-    else
-      status = ApiStatus::cuda(created.status().message());
+    if (status) {
+      if (created)
+        clique = *created;
+      else
+        status = ApiStatus::cuda(created.status().message());
+    }
   }
   if (!r.cancelled) status = r.cancelled;
   if (!status) {
@@ -123,8 +244,8 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
       attach_clique(m.comm, clique);
       EFCCL_INFO(kLogInit, m.device,
                  "comm " + pointer(m.comm) + " rank " + std::to_string(rank) + " nRanks " +
-                     std::to_string(r.nranks) + " nNodes 1 cudaDev " + std::to_string(m.device) +
-                     " - Init COMPLETE");
+                     std::to_string(r.nranks) + " localRanks " + std::to_string(r.members.size()) +
+                     " nNodes 1 cudaDev " + std::to_string(m.device) + " - Init COMPLETE");
     }
     r.cv.notify_all();
   }
@@ -244,7 +365,7 @@ ApiStatus parse_config(const ncclConfig_t* config, CommConfig* out) {
 
 ApiStatus join_rendezvous(const ncclUniqueId& id, int nranks, int rank, int device,
                           const std::string& device_error, ncclComm* comm,
-                          std::shared_ptr<Rendezvous>* out) {
+                          std::shared_ptr<Rendezvous>* out, bool local_only) {
   Rendezvous::Key key;
   std::memcpy(key.data(), id.internal, key.size());
   std::lock_guard<std::mutex> registry_lock(registry_mutex());
@@ -256,6 +377,10 @@ ApiStatus join_rendezvous(const ncclUniqueId& id, int nranks, int rank, int devi
   }
   if (r == nullptr) {
     r = std::make_shared<Rendezvous>(key, nranks);
+    if (local_only) {
+      r->table_known = true;  // every rank is here
+      for (int k = 0; k < nranks; ++k) r->expected.push_back(k);
+    }
     registry()[key] = r;
   }
   std::lock_guard<std::mutex> lock(r->mu);
@@ -271,6 +396,14 @@ ApiStatus join_rendezvous(const ncclUniqueId& id, int nranks, int rank, int devi
   m.device = device;
   m.device_error = device_error;
   m.comm = comm;
+  // Announce this rank to the root (does not wait for the others: a group may start several
+  // ranks from one thread before waiting).
+  if (!local_only) {
+    auto boot = Bootstrap::start(id, nranks, rank, encode_info(device),
+                                 std::chrono::steady_clock::now() + init_timeout());
+    if (!boot) return ApiStatus::system("ncclCommInitRank bootstrap: " + boot.status().message());
+    m.boot = *boot;
+  }
   r->members.emplace(rank, std::move(m));
   if (r->complete()) {
     registry().erase(key);  // nobody else may join it
@@ -297,18 +430,41 @@ ApiStatus complete_rendezvous(const std::shared_ptr<Rendezvous>& r,
       case Rendezvous::State::kCollecting:
         break;
     }
+    if (!r->table_known && !r->table_waiting && !r->members.empty()) {
+      // Learn from the root where every rank runs (this thread waits; others wait on cv).
+      r->table_waiting = true;
+      std::shared_ptr<Bootstrap> boot = r->members.begin()->second.boot;
+      lock.unlock();
+      Status got = boot->wait_ready(deadline, &r->abort);
+      lock.lock();
+      r->table_waiting = false;
+      r->cv.notify_all();
+      if (r->state != Rendezvous::State::kCollecting) continue;  // failed meanwhile
+      ApiStatus learned = got ? learn_table_locked(*r, boot->infos())
+                              : ApiStatus::invalid_usage("bootstrap: " + got.message());
+      if (!learned) {
+        fail_locked(*r, learned);
+        const ApiStatus error = r->error;
+        lock.unlock();
+        erase_from_registry(r);
+        return error;
+      }
+      continue;
+    }
     if (r->complete()) {
       build_locked(*r, lock);
+      lock.unlock();
+      erase_from_registry(r);  // formed or failed: the id may be reused
+      lock.lock();
       continue;
     }
     if (std::chrono::steady_clock::now() >= deadline) {
       fail_locked(*r, ApiStatus::invalid_usage(
-                          "only " + std::to_string(r->members.size()) + " of " +
-                          std::to_string(r->nranks) +
-                          " ranks of this unique id joined in this process within " +
+                          "only " + std::to_string(r->members.size()) + " of the " +
+                          std::to_string(r->table_known ? r->expected.size() : r->nranks) +
+                          " ranks of this unique id that run in this process joined within " +
                           std::to_string(timeout.count()) + " ms (EFCCL_INIT_TIMEOUT_MS; missing rank(s) " +
-                          missing_ranks(*r) +
-                          "); multi-process communicators are not supported yet (efccl issue 5)"));
+                          missing_ranks(*r) + ")"));
       const ApiStatus error = r->error;
       lock.unlock();
       erase_from_registry(r);
@@ -348,6 +504,65 @@ void leave_rendezvous(ncclComm* comm, bool abort) {
   fail_locked(*r, why);
   lock.unlock();
   erase_from_registry(r);
+}
+
+namespace {
+
+struct Meeting {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<int, std::string> contributions;
+  int left = 0;  ///< participants that have not yet taken the result
+};
+
+std::mutex& meetings_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<std::pair<const void*, uint64_t>, std::shared_ptr<Meeting>>& meetings() {
+  static auto* m = new std::map<std::pair<const void*, uint64_t>, std::shared_ptr<Meeting>>();
+  return *m;
+}
+
+}  // namespace
+
+StatusOr<std::vector<std::string>> meet_in_process(const void* parent, uint64_t seq,
+                                                   const std::vector<int>& participants, int rank,
+                                                   std::string mine,
+                                                   std::chrono::steady_clock::time_point deadline) {
+  const auto key = std::make_pair(parent, seq);
+  std::shared_ptr<Meeting> m;
+  {
+    std::lock_guard<std::mutex> lock(meetings_mutex());
+    auto& slot = meetings()[key];
+    if (slot == nullptr) {
+      slot = std::make_shared<Meeting>();
+      slot->left = static_cast<int>(participants.size());
+    }
+    m = slot;
+  }
+  std::unique_lock<std::mutex> lock(m->mu);
+  m->contributions[rank] = std::move(mine);
+  m->cv.notify_all();
+  const bool all = m->cv.wait_until(lock, deadline, [&] {
+    return m->contributions.size() == participants.size();
+  });
+  std::vector<std::string> out;
+  if (all)
+    for (int p : participants) out.push_back(m->contributions[p]);
+  const std::size_t arrived = m->contributions.size();
+  if (--m->left == 0 || !all) {
+    lock.unlock();
+    std::lock_guard<std::mutex> registry_lock(meetings_mutex());
+    auto it = meetings().find(key);
+    if (it != meetings().end() && it->second == m) meetings().erase(it);
+  }
+  if (!all)
+    return Status::error("only " + std::to_string(arrived) + " of " +
+                         std::to_string(participants.size()) +
+                         " ranks called it in time (EFCCL_INIT_TIMEOUT_MS); in a single-process "
+                         "communicator every rank must call it from its own thread");
+  return out;
 }
 
 int joined_ranks(const ncclUniqueId& id) {

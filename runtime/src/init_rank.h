@@ -1,20 +1,21 @@
-// In-process cliques for ncclCommInitRank, ncclCommInitRankConfig and ncclCommInitRankScalable.
+// ncclCommInitRank, ncclCommInitRankConfig and ncclCommInitRankScalable (Scalable: the first id).
 //
-// Every call with the same 128-byte unique id (all bytes compared; Scalable: the first id)
-// joins one rendezvous, recording its rank, the calling thread's current CUDA device and its
-// communicator, which is allocated (pending) at once so that *comm is valid on return. When
-// all nranks ranks have joined, the first thread that waits on the rendezvous builds the
-// clique exactly as ncclCommInitAll does (devices in rank order; several ranks per GPU are
-// fine) and attaches it to every communicator.
+// Each rank announces itself to the root named by the unique id (bootstrap.h), which sends every
+// rank the table of all ranks (host, pid, GPU). Ranks of one process meet in an in-process
+// rendezvous keyed by the id's 128 bytes, recording rank, the calling thread's CUDA device and
+// the communicator, which is allocated (pending) at once so that *comm is valid on return.
+// Once the table is known and every rank of this process has joined, the first waiting thread
+// builds the clique of this process's ranks: all ranks when they all live here (exactly as
+// ncclCommInitAll; several ranks per GPU are fine), else a clique of the local ranks with a
+// ProcessMap (clique.h) whose kernels reach the other processes through CUDA IPC.
 //
 // Waiting: outside a group the call itself waits; inside one, the outermost ncclGroupEnd does
 // (group.h). Both wait until a deadline (EFCCL_INIT_TIMEOUT_MS, default 120000 ms); past it the
-// rendezvous fails with ncclInvalidUsage ("only k of n ranks ... joined in this process ...":
-// multi-process communicators are not supported yet, efccl issue 5) and its communicators stay
-// failed: every call on them but destroy/abort/ncclCommGetAsyncError gives ncclInvalidUsage.
-// Destroying or aborting a pending communicator fails its rendezvous at once (the abort path),
-// waking every waiter. A rendezvous leaves the registry when complete or failed, so an id
-// may be reused afterwards for a new communicator.
+// rendezvous fails ("only k of n ranks joined the rendezvous at ADDRESS ...") and its
+// communicators stay failed: every call on them but destroy/abort/ncclCommGetAsyncError gives
+// ncclInvalidUsage. Destroying or aborting a pending communicator fails its rendezvous at once
+// (the abort path), waking every waiter. As with NCCL, an id serves one communicator: its root
+// exits once the rendezvous completed.
 //
 // Non-blocking communicators (ncclConfig_t::blocking = 0) are accepted and initialized
 // synchronously as well: the calls return ncclSuccess, never ncclInProgress, and
@@ -27,8 +28,10 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "api_status.h"
+#include "efccl/ef/status.h"
 
 struct ncclComm;
 
@@ -53,9 +56,20 @@ std::chrono::milliseconds init_timeout();
 /// Records the pending `comm` as rank `rank` of the rendezvous of `id`. `device` < 0: the
 /// thread had no CUDA device (`device_error` says why; the clique build reports it).
 /// A rank that already joined, or an nranks unlike the others', is ncclInvalidArgument.
+/// `local_only`: every rank of `id` joins in this process (a split of a single-process
+/// communicator, whose id no root serves); no bootstrap is used.
 ApiStatus join_rendezvous(const ncclUniqueId& id, int nranks, int rank, int device,
                           const std::string& device_error, ncclComm* comm,
-                          std::shared_ptr<Rendezvous>* out);
+                          std::shared_ptr<Rendezvous>* out, bool local_only = false);
+
+/// ncclCommSplit/Shrink of a communicator whose ranks all live in this process: rank `rank` of
+/// `participants` (ascending ranks of the parent) contributes `mine` to meeting `seq` of
+/// `parent` (the clique); returns everyone's contributions in `participants` order once all
+/// have arrived (one thread per rank), or an error at `deadline`.
+StatusOr<std::vector<std::string>> meet_in_process(const void* parent, uint64_t seq,
+                                                   const std::vector<int>& participants, int rank,
+                                                   std::string mine,
+                                                   std::chrono::steady_clock::time_point deadline);
 
 /// Waits until every rank has joined (until `deadline`, then fails the rendezvous), builds the
 /// clique if no other thread is building it, and returns how the rendezvous ended.

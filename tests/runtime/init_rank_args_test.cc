@@ -192,9 +192,9 @@ TEST(InitRankArgs, MissingRankTimesOut) {
   EXPECT_GE(took, 0.15);
   EXPECT_LT(took, 1.0);
   const std::string e = last_error();
-  EXPECT_TRUE(contains(e, "only 1 of 2 ranks of this unique id joined in this process within 200 ms")) << e;
-  EXPECT_TRUE(contains(e, "missing rank(s) 1")) << e;
-  EXPECT_TRUE(contains(e, "efccl issue 5")) << e;
+  // The bootstrap's root saw only this rank (the others could be in any process).
+  EXPECT_TRUE(contains(e, "only 1 of 2 ranks joined the rendezvous at ")) << e;
+  EXPECT_TRUE(contains(e, "within 200 ms")) << e;
   // The communicator exists, failed: only destroy/abort/async error work on it.
   ASSERT_NE(comm, nullptr);
   ncclResult_t async = ncclSuccess;
@@ -217,8 +217,7 @@ TEST(InitRankArgs, GroupEndTimesOutWithMissingRanks) {
   const auto start = Clock::now();
   EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
   EXPECT_LT(seconds_since(start), 1.0);
-  EXPECT_TRUE(contains(last_error(), "only 1 of 3 ranks")) << last_error();
-  EXPECT_TRUE(contains(last_error(), "missing rank(s) 0, 2")) << last_error();
+  EXPECT_TRUE(contains(last_error(), "only 1 of 3 ranks joined the rendezvous")) << last_error();
   int n = 0;
   EXPECT_EQ(ncclCommCount(comm, &n), ncclInvalidUsage);
   EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);

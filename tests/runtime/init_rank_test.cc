@@ -129,8 +129,9 @@ TEST(InitRank, SingleRankCompletesAtOnce) {
   NCCL_OK(ncclCommCount(comm, &count));
   EXPECT_EQ(count, 1);
   expect_allreduce_works({comm}, {0});
-  // The id may be reused for a new communicator once the first has formed.
+  // A second communicator needs a new id (as with NCCL, an id's root serves one rendezvous).
   ncclComm_t again = nullptr;
+  NCCL_OK(ncclGetUniqueId(&id));
   NCCL_OK(ncclCommInitRank(&again, 1, id, 0));
   EXPECT_NE(again, comm);
   NCCL_OK(ncclCommDestroy(again));

@@ -399,7 +399,7 @@ int cmd_list_algorithms(const std::vector<std::string>& argv) {
   for (const auto& a : algorithms) {
     std::string range = std::to_string(a.default_min_bytes) + ".." +
                         (a.default_max_bytes ? std::to_string(*a.default_max_bytes) : "");
-    std::cout << pad(a.name, 22) << pad(std::string(ef::to_string(a.collective)), 14)
+    std::cout << pad(a.name, 24) << pad(std::string(ef::to_string(a.collective)), 14)
               << pad(range, 16) << a.description << '\n';
   }
   return kExitOk;

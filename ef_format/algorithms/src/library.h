@@ -1,6 +1,7 @@
 // The algorithm generators behind the registry (one file each). Each receives parameters
-// that registry.cc has already checked (ranks >= 1, instances >= 1, channels >= 1, root a rank; the
-// root is in the options) and the compile options to use.
+// that registry.cc has already checked (ranks within the algorithm's range, nodes dividing
+// ranks, instances >= 1, channels within the algorithm's limit, root a rank; the root is in the
+// options) and the compile options to use.
 #pragma once
 
 #include "efccl/algorithms/registry.h"
@@ -16,5 +17,18 @@ StatusOr<ef::Program> allpairs_allreduce(const AlgorithmParams& p,
 StatusOr<ef::Program> ring_broadcast(const AlgorithmParams& p, const compiler::CompileOptions& o);
 StatusOr<ef::Program> ring_reduce(const AlgorithmParams& p, const compiler::CompileOptions& o);
 StatusOr<ef::Program> direct_alltoall(const AlgorithmParams& p, const compiler::CompileOptions& o);
+StatusOr<ef::Program> allpairs_allgather(const AlgorithmParams& p,
+                                         const compiler::CompileOptions& o);
+StatusOr<ef::Program> direct_gather(const AlgorithmParams& p, const compiler::CompileOptions& o);
+StatusOr<ef::Program> direct_scatter(const AlgorithmParams& p, const compiler::CompileOptions& o);
+StatusOr<ef::Program> send_recv(const AlgorithmParams& p, const compiler::CompileOptions& o);
+// Hierarchical: nodes x gpus_per_node, nodes divides ranks (checked).
+StatusOr<ef::Program> two_step_alltoall(const AlgorithmParams& p,
+                                        const compiler::CompileOptions& o);
+StatusOr<ef::Program> hierarchical_allreduce(const AlgorithmParams& p,
+                                             const compiler::CompileOptions& o);
+StatusOr<ef::Program> multilane_allreduce(const AlgorithmParams& p,
+                                          const compiler::CompileOptions& o);
+StatusOr<ef::Program> alltonext(const AlgorithmParams& p, const compiler::CompileOptions& o);
 
 }  // namespace efccl::algorithms::detail

@@ -1,5 +1,5 @@
-// The compiler pipeline (GC3 §5): lower -> check -> dependency edges -> fusion -> threadblocks
-// -> schedule -> synchronization -> ef::Program, validated.
+// The compiler pipeline (GC3 §5): lower -> check -> automatic channels -> dependency edges ->
+// fusion -> threadblocks -> schedule -> synchronization -> ef::Program, validated.
 #include <algorithm>
 #include <optional>
 #include <string>
@@ -144,10 +144,9 @@ StatusOr<ef::Program> compile_once(const Spec& spec, Dag dag, const Attempt& att
   p.nranks = spec.nranks;
   p.nchunksperloop = dag.layout.nchunks;
   // Only rooted collectives carry a root (validation's program-shape rule).
-  const bool rooted = spec.collective == ef::Collective::kBroadcast ||
-                      spec.collective == ef::Collective::kReduce ||
-                      spec.collective == ef::Collective::kGather ||
-                      spec.collective == ef::Collective::kScatter;
+  const bool rooted =
+      spec.collective == ef::Collective::kBroadcast || spec.collective == ef::Collective::kReduce ||
+      spec.collective == ef::Collective::kGather || spec.collective == ef::Collective::kScatter;
   p.root = rooted ? spec.options.root : 0;
   p.outofplace = dag.modes[0];
   p.inplace = dag.modes[1];
@@ -192,11 +191,22 @@ StatusOr<ef::Program> compile_once(const Spec& spec, Dag dag, const Attempt& att
 StatusOr<ef::Program> compile(const Spec& spec, const std::vector<TraceOp>& trace) {
   auto lowered = lower(spec, trace);
   if (!lowered) return lowered.status();
-  Dag& dag = *lowered;
-  if (Status s = check_postconditions(spec, dag, spec.inplace); !s) return s;
-  if (!spec.inplace && spec.options.detect_inplace && check_postconditions(spec, dag, true)) {
-    dag.modes[1] = true;
+  if (Status s = check_postconditions(spec, *lowered, spec.inplace); !s) return s;
+  if (!spec.inplace && spec.options.detect_inplace && check_postconditions(spec, *lowered, true)) {
+    lowered->modes[1] = true;
   }
+  // Automatic channels (ch = -1), then the lowering again with every channel known (the
+  // instances' channel offsets depend on how many channels one instance uses).
+  const std::vector<TraceOp> placed = assign_channels(spec, trace, *lowered);
+  if (!std::equal(placed.begin(), placed.end(), trace.begin(), trace.end(),
+                  [](const TraceOp& a, const TraceOp& b) { return a.channel == b.channel; })) {
+    auto relowered = lower(spec, placed);
+    if (!relowered) return relowered.status();
+    relowered->modes[0] = lowered->modes[0];
+    relowered->modes[1] = lowered->modes[1];
+    lowered = std::move(relowered);
+  }
+  Dag& dag = *lowered;
   // GC3's order first; if it admits no FIFO-consistent schedule or fails validation (e.g. the
   // capacity check), the trace order, then the trace order without fusion, which always has
   // a FIFO-consistent schedule (each send is directly followed by its receive).

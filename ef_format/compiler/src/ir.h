@@ -121,6 +121,11 @@ Status check_postconditions(const Spec& spec, const Dag& dag, bool aliased);
 void build_edges(const Spec& spec, Dag& dag);
 /// rcs, rrcs, rrs as enabled by the options, where `groups` allows the fused threadblock.
 void fuse(const Spec& spec, Dag& dag, ThreadblockGroups& groups);
+/// The trace with a channel for every remote copy and reduce traced with ch = -1 (MSCCLang's
+/// automatic channel search; `lowered` is the trace's lowering, whose fusion candidates
+/// define the flows). Explicit channels are kept.
+std::vector<TraceOp> assign_channels(const Spec& spec, const std::vector<TraceOp>& trace,
+                                     const Dag& lowered);
 /// Per rank union-find over what forces instructions into one threadblock: a send connection
 /// (peer, channel), a receive connection, a manual label. A group may hold at most one send
 /// and one receive connection, all on one channel (docs/ef-format.md §3).

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -239,6 +240,19 @@ struct DeviceExecutor::Impl {
   ef::Program program;
   std::vector<int> rank_devices;
   ExecutorConfig config;
+  /// Multi-process (PeerProcesses): which ranks run here, and each rank's arena group.
+  /// Single-process: every rank is local and its location is its device.
+  bool multiprocess = false;
+  std::vector<bool> local_rank;
+  std::vector<int64_t> location;
+  std::string fingerprint;
+  std::function<StatusOr<std::vector<std::string>>(const std::string&)> exchange;
+  /// Per location: base of its FIFO arena and of its counter arena (this process's own).
+  std::map<int64_t, char*> fifo_base, counter_base;
+  /// Per (location of another process, local device): its arenas as mapped for that device
+  /// (CUDA IPC maps a handle once per device context).
+  std::map<std::pair<int64_t, int>, char*> remote_fifo_base, remote_counter_base;
+  std::vector<void*> opened;  ///< cudaIpcOpenMemHandle mappings, closed by the destructor
   std::vector<int> devices;
   std::vector<LocalDevice> locals;
   std::vector<int> rank_local_device;  ///< rank -> index into locals
@@ -256,6 +270,8 @@ struct DeviceExecutor::Impl {
   }
 
   Status build();
+  Status share_arenas(const std::map<int64_t, std::size_t>& fifo_size,
+                      const std::map<int64_t, std::size_t>& counter_size);
   Status build_device(LocalDevice& local, const std::vector<ConnectionPlan>& connections,
                       const ef::PremulMap* outofplace, const ef::PremulMap* inplace);
   Status ensure_private_memory(uint64_t chunk_elements, std::size_t element_size,
@@ -273,7 +289,8 @@ struct DeviceExecutor::Impl {
 
 StatusOr<std::unique_ptr<DeviceExecutor>> DeviceExecutor::create(const ef::Program& program,
                                                                  std::vector<int> rank_devices,
-                                                                 const ExecutorConfig& config) {
+                                                                 const ExecutorConfig& config,
+                                                                 const PeerProcesses* peers) {
   if (program.nranks <= 0 || static_cast<std::size_t>(program.nranks) != program.ranks.size())
     return Status::error("program has no ranks (nranks " + std::to_string(program.nranks) + ")");
   if (rank_devices.size() != program.ranks.size())
@@ -300,10 +317,20 @@ StatusOr<std::unique_ptr<DeviceExecutor>> DeviceExecutor::create(const ef::Progr
   }
   if (!problems.empty()) return Status::error("program is not valid:" + problems);
 
+  const std::size_t n = rank_devices.size();
+  if (peers != nullptr) {
+    if (peers->local.size() != n || peers->location.size() != n)
+      return Status::error("PeerProcesses needs one local flag and one location per rank (" +
+                           std::to_string(n) + ")");
+    if (std::none_of(peers->local.begin(), peers->local.end(), [](bool b) { return b; }))
+      return Status::error("PeerProcesses: no rank of the program runs in this process");
+    if (!peers->exchange) return Status::error("PeerProcesses: no exchange function");
+  }
+  const auto is_local = [&](std::size_t r) { return peers == nullptr || peers->local[r]; };
   int ndevices = 0;
   EFCCL_CUDA_RETURN(cudaGetDeviceCount(&ndevices), "cudaGetDeviceCount");
-  for (std::size_t r = 0; r < rank_devices.size(); ++r)
-    if (rank_devices[r] < 0 || rank_devices[r] >= ndevices)
+  for (std::size_t r = 0; r < n; ++r)
+    if (is_local(r) && (rank_devices[r] < 0 || rank_devices[r] >= ndevices))
       return Status::error("rank " + std::to_string(r) + " is mapped to device " +
                            std::to_string(rank_devices[r]) + "; " + std::to_string(ndevices) +
                            " CUDA devices are visible");
@@ -312,6 +339,32 @@ StatusOr<std::unique_ptr<DeviceExecutor>> DeviceExecutor::create(const ef::Progr
   impl->program = program;
   impl->rank_devices = std::move(rank_devices);
   impl->config = config;
+  impl->local_rank.assign(n, true);
+  impl->location.assign(impl->rank_devices.begin(), impl->rank_devices.end());
+  if (peers != nullptr) {
+    impl->multiprocess = true;
+    impl->local_rank = peers->local;
+    impl->location = peers->location;
+    impl->fingerprint = peers->fingerprint;
+    impl->exchange = peers->exchange;
+    for (std::size_t r = 0; r < n; ++r)
+      if (!impl->local_rank[r]) impl->rank_devices[r] = -1;
+    // Two local ranks share a location exactly when they share a device.
+    for (std::size_t a = 0; a < n; ++a)
+      for (std::size_t b = 0; b < n; ++b)
+        if (impl->local_rank[a] && impl->local_rank[b] &&
+            (impl->location[a] == impl->location[b]) !=
+                (impl->rank_devices[a] == impl->rank_devices[b]))
+          return Status::error("PeerProcesses: local ranks " + std::to_string(a) + " and " +
+                               std::to_string(b) +
+                               " must share a location exactly when they share a GPU");
+    // A location belongs to one process: local and remote ranks never share one.
+    for (std::size_t a = 0; a < n; ++a)
+      for (std::size_t b = 0; b < n; ++b)
+        if (impl->local_rank[a] && !impl->local_rank[b] && impl->location[a] == impl->location[b])
+          return Status::error("PeerProcesses: rank " + std::to_string(a) + " (this process) and " +
+                               "rank " + std::to_string(b) + " (another) have the same location");
+  }
   if (Status s = impl->build(); !s) return s;
   return std::unique_ptr<DeviceExecutor>(new DeviceExecutor(std::move(impl)));
 }
@@ -325,6 +378,7 @@ DeviceExecutor::~DeviceExecutor() {
     DeviceScope scope(d);
     cudaDeviceSynchronize();
   }
+  for (void* p : impl_->opened) cudaIpcCloseMemHandle(p);
 }
 
 const std::vector<int>& DeviceExecutor::devices() const { return impl_->devices; }
@@ -354,12 +408,13 @@ static Status enable_peer_access(int from, int to) {
 Status DeviceExecutor::Impl::build() {
   const ef::Program& p = program;
   const int n = p.nranks;
-  devices = rank_devices;
+  for (int r = 0; r < n; ++r)
+    if (local_rank[r]) devices.push_back(rank_devices[r]);
   std::sort(devices.begin(), devices.end());
   devices.erase(std::unique(devices.begin(), devices.end()), devices.end());
   locals.resize(devices.size());
-  rank_local_device.resize(n);
-  rank_local_index.resize(n);
+  rank_local_device.assign(n, -1);  // -1: another process runs the rank
+  rank_local_index.assign(n, -1);
   for (std::size_t i = 0; i < devices.size(); ++i) {
     locals[i].device = devices[i];
     EFCCL_CUDA_RETURN(
@@ -367,6 +422,7 @@ Status DeviceExecutor::Impl::build() {
         "cudaDeviceGetAttribute(MultiProcessorCount)");
   }
   for (int r = 0; r < n; ++r) {
+    if (!local_rank[r]) continue;
     const auto d =
         std::lower_bound(devices.begin(), devices.end(), rank_devices[r]) - devices.begin();
     rank_local_device[r] = static_cast<int>(d);
@@ -411,6 +467,7 @@ Status DeviceExecutor::Impl::build() {
   // the receiver's memory, the receiver writes head into the sender's.
   std::set<std::pair<int, int>> pairs;
   for (const auto& c : connections) {
+    if (!local_rank[c.sender] || !local_rank[c.receiver]) continue;  // IPC: share_arenas()
     const int a = rank_devices[c.sender], b = rank_devices[c.receiver];
     if (a != b) pairs.insert({std::min(a, b), std::max(a, b)});
   }
@@ -433,22 +490,26 @@ Status DeviceExecutor::Impl::build() {
   const std::size_t fifo_bytes =
       align_up(kSlotsOffset + slot_stride * static_cast<std::size_t>(config.connection_slots),
                kCounterStride);
-  std::vector<std::size_t> fifo_size(locals.size(), 0), counter_size(locals.size(), 0);
-  std::vector<int> nsends(locals.size(), 0), nrecvs(locals.size(), 0);
+  // Offsets are per location, in connection order, so that every process of a
+  // multi-process executor computes the same layout for every arena.
+  std::map<int64_t, std::size_t> fifo_size, counter_size;
+  for (int r = 0; r < n; ++r) fifo_size[location[r]] = counter_size[location[r]] = 0;
   for (auto& c : connections) {
-    const int sd = rank_local_device[c.sender], rd = rank_local_device[c.receiver];
-    c.recv_offset = fifo_size[rd];
-    fifo_size[rd] += fifo_bytes;
-    c.send_offset = counter_size[sd];
-    counter_size[sd] += kSendEndBytes;
-    c.send_index = nsends[sd]++;
-    c.recv_index = nrecvs[rd]++;
+    c.recv_offset = fifo_size[location[c.receiver]];
+    fifo_size[location[c.receiver]] += fifo_bytes;
+    c.send_offset = counter_size[location[c.sender]];
+    counter_size[location[c.sender]] += kSendEndBytes;
   }
   for (std::size_t i = 0; i < locals.size(); ++i) {
-    if (Status s = locals[i].fifo_arena.allocate(locals[i].device, fifo_size[i]); !s) return s;
-    if (Status s = locals[i].counter_arena.allocate(locals[i].device, counter_size[i]); !s)
+    const int64_t loc = location[locals[i].ranks.front()];
+    if (Status s = locals[i].fifo_arena.allocate(locals[i].device, fifo_size[loc]); !s) return s;
+    if (Status s = locals[i].counter_arena.allocate(locals[i].device, counter_size[loc]); !s)
       return s;
+    fifo_base[loc] = locals[i].fifo_arena.get();
+    counter_base[loc] = locals[i].counter_arena.get();
   }
+  if (multiprocess)
+    if (Status s = share_arenas(fifo_size, counter_size); !s) return s;
 
   // Host-mapped stop signals and error records.
   if (Status s = host_mapped.allocate(align_up(sizeof(StopSignals), 64) +
@@ -473,6 +534,157 @@ Status DeviceExecutor::Impl::build() {
   return Status::ok();
 }
 
+// ---------------------------------------------------------------------------------------------
+// Multi-process: arenas shared through CUDA IPC
+
+namespace {
+
+constexpr char kArenaBlobMagic[4] = {'E', 'F', 'A', '1'};
+
+/// One process's arenas, as exchanged.
+struct SharedArena {
+  int64_t location = 0;
+  uint64_t fifo_bytes = 0, counter_bytes = 0;
+  char bus_id[32] = {};  ///< the owning GPU's PCI bus id
+  cudaIpcMemHandle_t fifo{}, counter{};
+};
+
+template <typename T>
+void put(std::string& out, const T& v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+
+/// Reads a T at `*pos`, advancing it; false when the blob is too short.
+template <typename T>
+bool take(const std::string& in, std::size_t* pos, T* v) {
+  if (*pos > in.size() || in.size() - *pos < sizeof(T)) return false;
+  std::memcpy(v, in.data() + *pos, sizeof(T));
+  *pos += sizeof(T);
+  return true;
+}
+
+Status parse_arenas(const std::string& blob, std::string* fingerprint,
+                    std::vector<SharedArena>* arenas) {
+  std::size_t pos = 0;
+  char magic[4];
+  uint32_t fp_size = 0, count = 0;
+  if (!take(blob, &pos, &magic) || std::memcmp(magic, kArenaBlobMagic, 4) != 0)
+    return Status::error("not an efccl arena description (bad magic)");
+  if (!take(blob, &pos, &fp_size) || blob.size() - pos < fp_size)
+    return Status::error("truncated arena description (fingerprint)");
+  fingerprint->assign(blob.data() + pos, fp_size);
+  pos += fp_size;
+  if (!take(blob, &pos, &count) || count > 4096)
+    return Status::error("arena description lists a bad number of arenas");
+  for (uint32_t i = 0; i < count; ++i) {
+    SharedArena a;
+    if (!take(blob, &pos, &a)) return Status::error("truncated arena description");
+    a.bus_id[sizeof(a.bus_id) - 1] = '\0';
+    arenas->push_back(a);
+  }
+  if (pos != blob.size()) return Status::error("arena description has trailing bytes");
+  return Status::ok();
+}
+
+}  // namespace
+
+Status DeviceExecutor::Impl::share_arenas(const std::map<int64_t, std::size_t>& fifo_size,
+                                          const std::map<int64_t, std::size_t>& counter_size) {
+  std::string mine(kArenaBlobMagic, 4);
+  put(mine, static_cast<uint32_t>(fingerprint.size()));
+  mine += fingerprint;
+  put(mine, static_cast<uint32_t>(locals.size()));
+  for (LocalDevice& local : locals) {
+    SharedArena a;
+    a.location = location[local.ranks.front()];
+    a.fifo_bytes = fifo_size.at(a.location);
+    a.counter_bytes = counter_size.at(a.location);
+    EFCCL_CUDA_RETURN(cudaDeviceGetPCIBusId(a.bus_id, sizeof(a.bus_id) - 1, local.device),
+                      "cudaDeviceGetPCIBusId");
+    DeviceScope scope(local.device);
+    EFCCL_CUDA_RETURN(cudaIpcGetMemHandle(&a.fifo, local.fifo_arena.get()),
+                      "cudaIpcGetMemHandle (FIFO arena, device " + std::to_string(local.device) + ")");
+    EFCCL_CUDA_RETURN(cudaIpcGetMemHandle(&a.counter, local.counter_arena.get()),
+                      "cudaIpcGetMemHandle (counter arena)");
+    put(mine, a);
+  }
+  // The arenas must be zero before any peer can write into them.
+  for (LocalDevice& local : locals) {
+    DeviceScope scope(local.device);
+    EFCCL_CUDA_RETURN(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  }
+
+  StatusOr<std::vector<std::string>> all = exchange(mine);
+  if (!all) return Status::error("exchanging connection memory with the other processes: " +
+                                 all.status().message());
+  const int n = program.nranks;
+  if (all->size() != static_cast<std::size_t>(n))
+    return Status::error("the exchange returned " + std::to_string(all->size()) +
+                         " descriptions for " + std::to_string(n) + " ranks");
+
+  // Remote locations this process talks to, and the local devices that talk to each.
+  std::map<int64_t, std::set<int>> needed;
+  for (int r = 0; r < n; ++r) {
+    if (!local_rank[r]) continue;
+    for (const auto& tb : program.ranks[r].threadblocks)
+      for (int peer : {tb.send_peer, tb.recv_peer})
+        if (peer >= 0 && !local_rank[peer]) needed[location[peer]].insert(rank_devices[r]);
+  }
+  std::map<int64_t, SharedArena> remote;
+  for (int r = 0; r < n; ++r) {
+    if (local_rank[r] || !needed.count(location[r]) || remote.count(location[r])) continue;
+    std::string theirs;
+    std::vector<SharedArena> arenas;
+    if (Status s = parse_arenas((*all)[r], &theirs, &arenas); !s)
+      return Status::error("rank " + std::to_string(r) + "'s process sent a bad description: " +
+                           s.message());
+    if (theirs != fingerprint)
+      return Status::error("rank " + std::to_string(r) + " runs a different program or call (" +
+                           theirs + ") than this process (" + fingerprint +
+                           "): every rank must make the same collective calls in the same order, "
+                           "with the same count, datatype, operator and root");
+    for (const SharedArena& a : arenas) {
+      if (a.location != location[r]) continue;
+      if (a.fifo_bytes != fifo_size.at(a.location) || a.counter_bytes != counter_size.at(a.location))
+        return Status::error("rank " + std::to_string(r) + "'s process laid out its connection " +
+                             "memory differently (" + std::to_string(a.fifo_bytes) + " FIFO bytes, " +
+                             "expected " + std::to_string(fifo_size.at(a.location)) + ")");
+      remote[a.location] = a;
+    }
+    if (!remote.count(location[r]))
+      return Status::error("rank " + std::to_string(r) + "'s process did not describe its arena");
+  }
+  for (auto& [loc, a] : remote) {
+    int owner = -1;
+    if (cudaDeviceGetByPCIBusId(&owner, a.bus_id) != cudaSuccess) {
+      (void)cudaGetLastError();  // not visible here (e.g. CUDA_VISIBLE_DEVICES): IPC still maps it
+      owner = -1;
+    }
+    for (int opener : needed[loc]) {
+    if (owner >= 0 && owner != opener)
+      if (Status s = enable_peer_access(opener, owner); !s) return s;
+    DeviceScope scope(opener);
+    void* fifo = nullptr;
+    void* counters = nullptr;
+    cudaError_t e = cudaIpcOpenMemHandle(&fifo, a.fifo, cudaIpcMemLazyEnablePeerAccess);
+    if (e != cudaSuccess)
+      return cuda_error("cudaIpcOpenMemHandle of the FIFO memory of GPU " + std::string(a.bus_id) +
+                        " (another process) on device " + std::to_string(opener),
+                        e);
+    opened.push_back(fifo);
+    e = cudaIpcOpenMemHandle(&counters, a.counter, cudaIpcMemLazyEnablePeerAccess);
+    if (e != cudaSuccess)
+      return cuda_error("cudaIpcOpenMemHandle of the counter memory of GPU " +
+                            std::string(a.bus_id) + " on device " + std::to_string(opener),
+                        e);
+    opened.push_back(counters);
+    remote_fifo_base[{loc, opener}] = static_cast<char*>(fifo);
+    remote_counter_base[{loc, opener}] = static_cast<char*>(counters);
+    }
+  }
+  return Status::ok();
+}
+
 Status DeviceExecutor::Impl::build_device(LocalDevice& local,
                                           const std::vector<ConnectionPlan>& connections,
                                           const ef::PremulMap* outofplace,
@@ -485,11 +697,16 @@ Status DeviceExecutor::Impl::build_device(LocalDevice& local,
   std::vector<RecvConnection> recvs;
   std::map<std::pair<int, int>, int> send_of, recv_of;  // (rank, tb) -> table index
   for (const auto& c : connections) {
-    const auto sd = static_cast<std::size_t>(rank_local_device[c.sender]);
-    const auto rd = static_cast<std::size_t>(rank_local_device[c.receiver]);
-    char* fifo = locals[rd].fifo_arena.get() + c.recv_offset;
-    char* counters = locals[sd].counter_arena.get() + c.send_offset;
-    if (sd == local_index) {
+    const int sd = rank_local_device[c.sender];
+    const int rd = rank_local_device[c.receiver];
+    if (sd != static_cast<int>(local_index) && rd != static_cast<int>(local_index)) continue;
+    const auto base = [&](const std::map<int64_t, char*>& own,
+                          const std::map<std::pair<int64_t, int>, char*>& remote, int rank) {
+      return local_rank[rank] ? own.at(location[rank]) : remote.at({location[rank], local.device});
+    };
+    char* fifo = base(fifo_base, remote_fifo_base, c.receiver) + c.recv_offset;
+    char* counters = base(counter_base, remote_counter_base, c.sender) + c.send_offset;
+    if (sd == static_cast<int>(local_index)) {
       SendConnection s{};
       s.slots = fifo + kSlotsOffset;
       s.tail = reinterpret_cast<uint64_t*>(fifo + kTailOffset);
@@ -502,7 +719,7 @@ Status DeviceExecutor::Impl::build_device(LocalDevice& local,
       send_of[{c.sender, c.send_tb}] = static_cast<int>(sends.size());
       sends.push_back(s);
     }
-    if (rd == local_index) {
+    if (rd == static_cast<int>(local_index)) {
       RecvConnection r{};
       r.slots = fifo + kSlotsOffset;
       r.tail = reinterpret_cast<uint64_t*>(fifo + kTailOffset);
@@ -991,6 +1208,9 @@ void DeviceExecutor::abort() {
 
 Status DeviceExecutor::reset() {
   Impl& m = *impl_;
+  if (m.multiprocess)
+    return Status::error("reset() of a multi-process executor: its connection counters are "
+                         "shared with other processes and cannot be cleared from one side");
   abort();  // a launch still waiting gives up now instead of at its timeout
   for (int d : m.devices) {
     DeviceScope scope(d);

@@ -244,11 +244,12 @@ TEST(Fusion, RrsAndRrcsSwitchedOff) {
 
 TEST(Fusion, NotWhenTheThreadblockWouldNeedTwoReceivePeers) {
   // Rank 1 forwards data from 0 and from 3 to 2 on one channel: only one of the two can be
-  // an rcs (a threadblock receives from one peer).
+  // an rcs (a threadblock receives from one peer). The channel is explicit: the automatic
+  // search would put the two flows on two channels (channel_assignment_test.cc).
   auto b = custom(4, {}, 2);
   b->set_postconditions({{2, 0, {{0, 0}}}, {2, 1, {{3, 1}}}});
-  b->chunk(0, kInput, 0).copy(1, kScratch, 0).copy(2, kOutput, 0);
-  b->chunk(3, kInput, 1).copy(1, kScratch, 1).copy(2, kOutput, 1);
+  b->chunk(0, kInput, 0).copy(1, kScratch, 0, -1, -1, 0).copy(2, kOutput, 0, -1, -1, 0);
+  b->chunk(3, kInput, 1).copy(1, kScratch, 1, -1, -1, 0).copy(2, kOutput, 1, -1, -1, 0);
   auto p = b->compile();
   ASSERT_TRUE(p) << p.status().message();
   EXPECT_EQ(count_ops(*p, 1, OpCode::kRecvCopySend), 1);

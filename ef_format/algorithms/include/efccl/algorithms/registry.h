@@ -19,11 +19,11 @@ namespace efccl::algorithms {
 /// node split for a single-level ring) it is checked and otherwise ignored.
 struct AlgorithmParams {
   int32_t ranks = 0;
-  int32_t nodes = 1;
+  int32_t nodes = 1;          ///< hierarchical algorithms: rank = node * gpus_per_node + gpu
   int32_t gpus_per_node = 0;  ///< 0: ranks / nodes
   int32_t instances = 1;      ///< GC3 instances: the whole program replicated on more channels
   int32_t channels = 1;       ///< parallel rings / chunk lanes inside one instance
-  int32_t root = 0;           ///< broadcast, reduce
+  int32_t root = 0;           ///< broadcast, reduce, gather, scatter
   ef::Protocol protocol = ef::Protocol::kSimple;
   /// false: an out-of-place program, also marked in-place when it is correct under NCCL's
   /// aliasing; true: a program for in-place calls only (may avoid scratch or copies).
@@ -40,6 +40,10 @@ struct AlgorithmInfo {
   std::string description;
   uint64_t default_min_bytes = 0;
   std::optional<uint64_t> default_max_bytes;  ///< nullopt: unbounded
+  int32_t min_ranks = 1;                      ///< the rank counts the algorithm is defined for
+  int32_t max_ranks = 4096;
+  int32_t max_channels = 32;  ///< 1: the algorithm has no channel parameter
+  bool hierarchical = false;  ///< shaped by nodes x gpus_per_node (others ignore the split)
 };
 
 /// Every algorithm generate_algorithm() knows, sorted by name.

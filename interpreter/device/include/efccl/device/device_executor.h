@@ -17,7 +17,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "efccl/ef/datatype.h"
@@ -45,6 +47,28 @@ struct ExecutorConfig {
   bool allow_blocking_programs = false;
 };
 
+/// Multi-process executors: the program's ranks are served by several processes, each running
+/// an executor for its own ranks. Connection memory lives where the single-process executor
+/// puts it (FIFO slots and tail at the receiver, head at the sender); each process allocates
+/// its part and shares it through CUDA IPC. The layout is computed from the program and
+/// `location` alone, so every process derives the same offsets; only one IPC handle per
+/// (process, device) arena is exchanged.
+struct PeerProcesses {
+  /// Per rank: true where this process runs the rank (its `rank_devices` entry is its GPU;
+  /// other ranks' entries are ignored).
+  std::vector<bool> local;
+  /// Per rank: ranks with equal values share one process and GPU (one launch, one arena).
+  /// Every process must pass the same vector.
+  std::vector<int64_t> location;
+  /// Identifies the program and call shape; processes whose fingerprints differ are running
+  /// different programs, which create() reports instead of letting the kernels hang.
+  std::string fingerprint;
+  /// Sends this process's blob to every other process serving ranks of the program and
+  /// returns, per rank, the blob of the process serving it (entries of local ranks are
+  /// ignored). Called once, inside create(), at the same point by every process.
+  std::function<StatusOr<std::vector<std::string>>(const std::string& mine)> exchange;
+};
+
 /// One call, as the NCCL API describes it.
 struct RunArgs {
   uint64_t count = 0;  ///< NCCL's count argument for the program's collective
@@ -54,7 +78,8 @@ struct RunArgs {
   /// premulsum: one scalar per rank (empty: 1.0 for every rank). avg derives 1/nranks itself.
   std::vector<double> premul_scalars;
   /// Per rank (index = rank): the API's send and receive buffers, device pointers on the
-  /// rank's GPU. Null where the API has none for the rank (e.g. the output of a non-root rank
+  /// rank's GPU (multi-process: entries of other processes' ranks are ignored). Null where
+  /// the API has none for the rank (e.g. the output of a non-root rank
   /// of reduce). In-place calls alias them exactly as NCCL does (docs/ef-format.md §2; checked).
   std::vector<const void*> inputs;
   std::vector<void*> outputs;
@@ -70,9 +95,12 @@ class DeviceExecutor {
  public:
   /// Validates `program` (ef::validate with config.connection_slots), enables peer access
   /// between the GPUs it connects, and uploads it. `rank_devices[r]` is rank r's CUDA device.
+  /// `peers`: null when this process runs every rank; otherwise see PeerProcesses (reset()
+  /// is then refused: counters shared with other processes cannot be cleared from one side).
   static StatusOr<std::unique_ptr<DeviceExecutor>> create(const ef::Program& program,
                                                           std::vector<int> rank_devices,
-                                                          const ExecutorConfig& config = {});
+                                                          const ExecutorConfig& config = {},
+                                                          const PeerProcesses* peers = nullptr);
   /// Waits for launches still in flight, then frees the device memory.
   ~DeviceExecutor();
   DeviceExecutor(const DeviceExecutor&) = delete;

@@ -1,0 +1,443 @@
+// ncclCommInitRank across processes: every test forks its ranks' processes before anything
+// touches CUDA (a forked child cannot use a CUDA context of its parent), rank 0 creates the
+// unique id and hands it to the others through pipes, and each child checks its results and
+// reports through its exit status (0 pass, 77 not enough GPUs, anything else a failure whose
+// reason the child printed).
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <nccl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+constexpr int kSkip = 77;
+
+/// A child's failure: printed with its rank, then the child exits 1.
+#define CHILD_CHECK(cond, ...)                                      \
+  do {                                                              \
+    if (!(cond)) {                                                  \
+      std::fprintf(stderr, "[rank %d] %s:%d: check failed: %s: ", g_rank, __FILE__, __LINE__, #cond); \
+      std::fprintf(stderr, __VA_ARGS__);                            \
+      std::fprintf(stderr, "\n");                                   \
+      std::fflush(stderr);                                          \
+      _exit(1);                                                     \
+    }                                                               \
+  } while (0)
+#define CHILD_CUDA(x)                                                                      \
+  do {                                                                                     \
+    const cudaError_t e_ = (x);                                                            \
+    CHILD_CHECK(e_ == cudaSuccess, "%s", cudaGetErrorString(e_));                          \
+  } while (0)
+#define CHILD_NCCL(x)                                                                      \
+  do {                                                                                     \
+    const ncclResult_t r_ = (x);                                                           \
+    CHILD_CHECK(r_ == ncclSuccess, "%s (%s)", ncclGetErrorString(r_), ncclGetLastError(nullptr)); \
+  } while (0)
+
+int g_rank = -1;
+
+struct Job {
+  int nprocs = 2;
+  /// Runs in each child: `proc` index, `id` shared by all. Returns the exit status.
+  std::function<int(int proc, const ncclUniqueId& id)> body;
+  std::vector<std::string> env;  ///< "NAME=value" set in the children
+  int timeout_s = 120;
+};
+
+/// Forks the job's processes; returns their exit statuses (-signal if killed).
+std::vector<int> run_job(const Job& job) {
+  std::vector<int> fds(static_cast<std::size_t>(2 * job.nprocs));
+  for (int p = 0; p < job.nprocs; ++p)
+    if (pipe(&fds[static_cast<std::size_t>(2 * p)]) != 0) return {};
+  std::vector<pid_t> pids;
+  for (int p = 0; p < job.nprocs; ++p) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      g_rank = p;
+      for (const std::string& e : job.env) putenv(strdup(e.c_str()));
+      ncclUniqueId id;
+      if (p == 0) {
+        if (ncclGetUniqueId(&id) != ncclSuccess) {
+          std::fprintf(stderr, "ncclGetUniqueId: %s\n", ncclGetLastError(nullptr));
+          _exit(1);
+        }
+        for (int q = 1; q < job.nprocs; ++q)
+          if (write(fds[static_cast<std::size_t>(2 * q + 1)], &id, sizeof(id)) != sizeof(id)) _exit(1);
+      } else if (read(fds[static_cast<std::size_t>(2 * p)], &id, sizeof(id)) != sizeof(id)) {
+        _exit(1);  // rank 0 died before sending the id
+      }
+      const int status = job.body(p, id);
+      std::fflush(stdout);
+      std::fflush(stderr);
+      _exit(status);
+    }
+    pids.push_back(pid);
+  }
+  for (int fd : fds) close(fd);
+  std::vector<int> status(static_cast<std::size_t>(job.nprocs), -1000);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(job.timeout_s);
+  int left = job.nprocs;
+  while (left > 0) {
+    for (int p = 0; p < job.nprocs; ++p) {
+      if (status[static_cast<std::size_t>(p)] != -1000) continue;
+      int ws = 0;
+      if (waitpid(pids[static_cast<std::size_t>(p)], &ws, WNOHANG) == pids[static_cast<std::size_t>(p)]) {
+        status[static_cast<std::size_t>(p)] = WIFEXITED(ws) ? WEXITSTATUS(ws) : -WTERMSIG(ws);
+        --left;
+      }
+    }
+    if (left > 0 && std::chrono::steady_clock::now() > deadline) {
+      for (int p = 0; p < job.nprocs; ++p)
+        if (status[static_cast<std::size_t>(p)] == -1000) {
+          kill(pids[static_cast<std::size_t>(p)], SIGKILL);
+          waitpid(pids[static_cast<std::size_t>(p)], nullptr, 0);
+          status[static_cast<std::size_t>(p)] = -SIGKILL;
+        }
+      ADD_FAILURE() << "the job did not finish within " << job.timeout_s << " s (killed)";
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return status;
+}
+
+/// GTEST_SKIP when a child found too few GPUs; otherwise every child must have passed.
+#define EXPECT_JOB_PASSED(statuses)                                                   \
+  do {                                                                                \
+    const std::vector<int> s_ = (statuses);                                           \
+    ASSERT_FALSE(s_.empty()) << "could not start the job";                            \
+    bool skipped_ = false;                                                            \
+    for (int v : s_) skipped_ = skipped_ || v == kSkip;                               \
+    if (skipped_) GTEST_SKIP() << "needs more CUDA devices than are visible";          \
+    for (std::size_t p_ = 0; p_ < s_.size(); ++p_)                                    \
+      EXPECT_EQ(s_[p_], 0) << "process " << p_ << " failed (see its output above)";   \
+  } while (0)
+
+int gpus_in_child() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
+  return n;
+}
+
+template <typename T>
+std::vector<T> download(const void* d, std::size_t n) {
+  std::vector<T> h(n);
+  if (cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost) != cudaSuccess) h.clear();
+  return h;
+}
+
+template <typename T>
+void* upload(const std::vector<T>& h) {
+  void* d = nullptr;
+  if (cudaMalloc(&d, std::max<std::size_t>(1, h.size()) * sizeof(T)) != cudaSuccess) return nullptr;
+  cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
+  return d;
+}
+
+/// Every collective and send/recv of one rank of `n`, one rank per process, checked exactly.
+int collectives_body(int rank, int n, const ncclUniqueId& id, int gpus_needed) {
+  if (gpus_in_child() < gpus_needed) return kSkip;
+  CHILD_CUDA(cudaSetDevice(rank % gpus_in_child()));
+  ncclComm_t comm = nullptr;
+  CHILD_NCCL(ncclCommInitRank(&comm, n, id, rank));
+  int count = 0, me = -1;
+  CHILD_NCCL(ncclCommCount(comm, &count));
+  CHILD_NCCL(ncclCommUserRank(comm, &me));
+  CHILD_CHECK(count == n && me == rank, "count %d rank %d", count, me);
+  cudaStream_t stream = nullptr;
+  CHILD_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  for (const std::size_t elems : {std::size_t{1}, std::size_t{1000}, std::size_t{262147},
+                                  std::size_t{4} << 20}) {
+    // allreduce sum of floats, out of place and in place.
+    std::vector<float> in(elems);
+    for (std::size_t i = 0; i < elems; ++i) in[i] = static_cast<float>((rank + 1) * (i % 97));
+    void* sb = upload(in);
+    void* rb = upload(std::vector<float>(elems, -1.0f));
+    CHILD_NCCL(ncclAllReduce(sb, rb, elems, ncclFloat, ncclSum, comm, stream));
+    CHILD_NCCL(ncclAllReduce(sb, sb, elems, ncclFloat, ncclSum, comm, stream));
+    CHILD_CUDA(cudaStreamSynchronize(stream));
+    const float tri = static_cast<float>(n * (n + 1) / 2);
+    for (void* b : {rb, sb}) {
+      const auto out = download<float>(b, elems);
+      for (std::size_t i = 0; i < elems; ++i)
+        CHILD_CHECK(out[i] == tri * static_cast<float>(i % 97), "allreduce elems %zu [%zu] = %g",
+                    elems, i, out[i]);
+    }
+    cudaFree(sb);
+    cudaFree(rb);
+
+    // allgather and reducescatter of int64.
+    std::vector<int64_t> mine(elems);
+    for (std::size_t i = 0; i < elems; ++i) mine[i] = static_cast<int64_t>(rank) * 1000003 + static_cast<int64_t>(i);
+    void* g_in = upload(mine);
+    void* g_out = upload(std::vector<int64_t>(elems * static_cast<std::size_t>(n), -1));
+    CHILD_NCCL(ncclAllGather(g_in, g_out, elems, ncclInt64, comm, stream));
+    CHILD_CUDA(cudaStreamSynchronize(stream));
+    {
+      const auto out = download<int64_t>(g_out, elems * static_cast<std::size_t>(n));
+      for (int r = 0; r < n; ++r)
+        for (std::size_t i = 0; i < elems; i += 1 + elems / 64)
+          CHILD_CHECK(out[static_cast<std::size_t>(r) * elems + i] == static_cast<int64_t>(r) * 1000003 + static_cast<int64_t>(i),
+                      "allgather block %d [%zu]", r, i);
+    }
+    CHILD_NCCL(ncclReduceScatter(g_out, g_in, elems, ncclInt64, ncclSum, comm, stream));
+    CHILD_CUDA(cudaStreamSynchronize(stream));
+    {
+      const auto out = download<int64_t>(g_in, elems);
+      for (std::size_t i = 0; i < elems; i += 1 + elems / 64) {
+        // Every rank contributed the gathered vector, whose block `rank` is rank's own data.
+        CHILD_CHECK(out[i] == static_cast<int64_t>(n) * (static_cast<int64_t>(rank) * 1000003 + static_cast<int64_t>(i)),
+                    "reducescatter [%zu] = %lld", i, static_cast<long long>(out[i]));
+      }
+    }
+    cudaFree(g_in);
+    cudaFree(g_out);
+  }
+
+  // Rooted collectives and alltoall, small counts.
+  const std::size_t c = 4099;
+  for (int root = 0; root < n; ++root) {
+    std::vector<int32_t> v(c);
+    for (std::size_t i = 0; i < c; ++i) v[i] = rank * 7 + static_cast<int32_t>(i);
+    void* b = upload(v);
+    CHILD_NCCL(ncclBroadcast(b, b, c, ncclInt32, root, comm, stream));
+    CHILD_CUDA(cudaStreamSynchronize(stream));
+    auto out = download<int32_t>(b, c);
+    for (std::size_t i = 0; i < c; ++i)
+      CHILD_CHECK(out[i] == root * 7 + static_cast<int32_t>(i), "broadcast root %d [%zu]", root, i);
+    void* rb = upload(std::vector<int32_t>(c, -1));
+    void* sb = upload(v);
+    CHILD_NCCL(ncclReduce(sb, rb, c, ncclInt32, ncclMax, root, comm, stream));
+    CHILD_CUDA(cudaStreamSynchronize(stream));
+    if (rank == root) {
+      out = download<int32_t>(rb, c);
+      for (std::size_t i = 0; i < c; ++i)
+        CHILD_CHECK(out[i] == (n - 1) * 7 + static_cast<int32_t>(i), "reduce max root %d [%zu]", root, i);
+    }
+    cudaFree(b);
+    cudaFree(rb);
+    cudaFree(sb);
+  }
+  {
+    std::vector<float> v(c * static_cast<std::size_t>(n));
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(rank * 100000 + static_cast<int>(i));
+    void* sb = upload(v);
+    void* rb = upload(std::vector<float>(v.size(), -1.0f));
+    CHILD_NCCL(ncclAlltoAll(sb, rb, c, ncclFloat, comm, stream));
+    CHILD_CUDA(cudaStreamSynchronize(stream));
+    const auto out = download<float>(rb, v.size());
+    for (int r = 0; r < n; ++r)
+      for (std::size_t i = 0; i < c; ++i)
+        CHILD_CHECK(out[static_cast<std::size_t>(r) * c + i] ==
+                        static_cast<float>(r * 100000 + rank * static_cast<int>(c) + static_cast<int>(i)),
+                    "alltoall from %d [%zu]", r, i);
+    cudaFree(sb);
+    cudaFree(rb);
+  }
+
+  // Send/receive: a ring (send to next, receive from previous) in one group, several sizes.
+  for (const std::size_t bytes : {std::size_t{1}, std::size_t{4096}, std::size_t{3} << 20}) {
+    std::vector<uint8_t> v(bytes);
+    for (std::size_t i = 0; i < bytes; ++i) v[i] = static_cast<uint8_t>(rank * 31 + i);
+    void* sb = upload(v);
+    void* rb = upload(std::vector<uint8_t>(bytes, 0));
+    const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+    CHILD_NCCL(ncclGroupStart());
+    CHILD_NCCL(ncclSend(sb, bytes, ncclUint8, next, comm, stream));
+    CHILD_NCCL(ncclRecv(rb, bytes, ncclUint8, prev, comm, stream));
+    CHILD_NCCL(ncclGroupEnd());
+    CHILD_CUDA(cudaStreamSynchronize(stream));
+    const auto out = download<uint8_t>(rb, bytes);
+    for (std::size_t i = 0; i < bytes; ++i)
+      CHILD_CHECK(out[i] == static_cast<uint8_t>(prev * 31 + i), "ring recv %zu bytes [%zu]", bytes, i);
+    cudaFree(sb);
+    cudaFree(rb);
+  }
+
+  // An allreduce captured in a CUDA graph and replayed with new input.
+  {
+    const std::size_t e = 65536;
+    void* b = upload(std::vector<float>(e, 1.0f));
+    CHILD_NCCL(ncclAllReduce(b, b, e, ncclFloat, ncclSum, comm, stream));  // prepare outside capture
+    CHILD_CUDA(cudaStreamSynchronize(stream));
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    CHILD_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    CHILD_NCCL(ncclAllReduce(b, b, e, ncclFloat, ncclSum, comm, stream));
+    CHILD_CUDA(cudaStreamEndCapture(stream, &graph));
+    CHILD_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 3; ++replay) {
+      const float start = static_cast<float>(rank + replay);
+      CHILD_CUDA(cudaMemcpy(b, std::vector<float>(e, start).data(), e * sizeof(float), cudaMemcpyHostToDevice));
+      CHILD_CUDA(cudaGraphLaunch(exec, stream));
+      CHILD_CUDA(cudaStreamSynchronize(stream));
+      const auto out = download<float>(b, e);
+      const float want = static_cast<float>(n * (n - 1) / 2 + n * replay);
+      CHILD_CHECK(out[0] == want && out[e - 1] == want, "graph replay %d: %g, want %g", replay, out[0], want);
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaFree(b);
+  }
+
+  ncclResult_t async = ncclInProgress;
+  CHILD_NCCL(ncclCommGetAsyncError(comm, &async));
+  CHILD_CHECK(async == ncclSuccess, "async error %d", async);
+  CHILD_NCCL(ncclCommDestroy(comm));
+  cudaStreamDestroy(stream);
+  return 0;
+}
+
+TEST(MultiProcess, EveryCollectiveOneRankPerProcess) {
+  Job job;
+  job.nprocs = 2;
+  job.body = [](int proc, const ncclUniqueId& id) { return collectives_body(proc, 2, id, 2); };
+  EXPECT_JOB_PASSED(run_job(job));
+}
+
+TEST(MultiProcess, TwoProcessesShareOneGpu) {
+  // Without MPS the two contexts time-slice the GPU, so keep the work small.
+  Job job;
+  job.nprocs = 2;
+  job.body = [](int proc, const ncclUniqueId& id) -> int {
+    if (gpus_in_child() < 1) return kSkip;
+    CHILD_CUDA(cudaSetDevice(0));
+    ncclComm_t comm = nullptr;
+    CHILD_NCCL(ncclCommInitRank(&comm, 2, id, proc));
+    void* b = upload(std::vector<int32_t>(1000, proc + 1));
+    CHILD_NCCL(ncclAllReduce(b, b, 1000, ncclInt32, ncclSum, comm, nullptr));
+    CHILD_CUDA(cudaStreamSynchronize(nullptr));
+    const auto out = download<int32_t>(b, 1000);
+    CHILD_CHECK(out[0] == 3 && out[999] == 3, "allreduce on one GPU: %d", out[0]);
+    cudaFree(b);
+    CHILD_NCCL(ncclCommDestroy(comm));
+    return 0;
+  };
+  EXPECT_JOB_PASSED(run_job(job));
+}
+
+TEST(MultiProcess, TwoRanksPerProcessInitInAGroup) {
+  // nccl-tests under MPI with -g 2: each process initializes two ranks from one thread.
+  Job job;
+  job.nprocs = 2;
+  job.body = [](int proc, const ncclUniqueId& id) -> int {
+    const int gpus = gpus_in_child();
+    if (gpus < 2) return kSkip;
+    const int n = 4;
+    ncclComm_t comms[2] = {nullptr, nullptr};
+    cudaStream_t streams[2] = {nullptr, nullptr};
+    void* bufs[2] = {nullptr, nullptr};
+    void* recv[2] = {nullptr, nullptr};
+    CHILD_NCCL(ncclGroupStart());
+    for (int l = 0; l < 2; ++l) {
+      CHILD_CUDA(cudaSetDevice(l));
+      CHILD_NCCL(ncclCommInitRank(&comms[l], n, id, proc * 2 + l));
+    }
+    CHILD_NCCL(ncclGroupEnd());
+    const std::size_t e = 300001;
+    for (int l = 0; l < 2; ++l) {
+      CHILD_CUDA(cudaSetDevice(l));
+      CHILD_CUDA(cudaStreamCreateWithFlags(&streams[l], cudaStreamNonBlocking));
+      bufs[l] = upload(std::vector<float>(e, static_cast<float>(proc * 2 + l + 1)));
+      recv[l] = upload(std::vector<float>(e, 0.0f));
+    }
+    CHILD_NCCL(ncclGroupStart());
+    for (int l = 0; l < 2; ++l)
+      CHILD_NCCL(ncclAllReduce(bufs[l], bufs[l], e, ncclFloat, ncclSum, comms[l], streams[l]));
+    CHILD_NCCL(ncclGroupEnd());
+    // A ring of sends across the four ranks.
+    CHILD_NCCL(ncclGroupStart());
+    for (int l = 0; l < 2; ++l) {
+      const int r = proc * 2 + l;
+      CHILD_NCCL(ncclSend(bufs[l], e, ncclFloat, (r + 1) % n, comms[l], streams[l]));
+      CHILD_NCCL(ncclRecv(recv[l], e, ncclFloat, (r + n - 1) % n, comms[l], streams[l]));
+    }
+    CHILD_NCCL(ncclGroupEnd());
+    for (int l = 0; l < 2; ++l) {
+      CHILD_CUDA(cudaSetDevice(l));
+      CHILD_CUDA(cudaStreamSynchronize(streams[l]));
+      for (void* b : {bufs[l], recv[l]}) {
+        const auto out = download<float>(b, e);
+        CHILD_CHECK(out[0] == 10.0f && out[e - 1] == 10.0f, "rank %d: %g", proc * 2 + l, out[0]);
+      }
+      CHILD_NCCL(ncclCommDestroy(comms[l]));
+    }
+    return 0;
+  };
+  EXPECT_JOB_PASSED(run_job(job));
+}
+
+TEST(MultiProcess, KilledPeerMakesTheSurvivorFailInsteadOfHanging) {
+  Job job;
+  job.nprocs = 2;
+  // The kernels' own deadline is far away: the error must come from noticing the dead peer.
+  job.env = {"EFCCL_TIMEOUT_MS=600000"};
+  job.timeout_s = 90;
+  job.body = [](int proc, const ncclUniqueId& id) -> int {
+    const int gpus = gpus_in_child();
+    if (gpus < 1) return kSkip;
+    CHILD_CUDA(cudaSetDevice(proc % gpus));
+    ncclComm_t comm = nullptr;
+    CHILD_NCCL(ncclCommInitRank(&comm, 2, id, proc));
+    const std::size_t e = 1 << 20;
+    void* b = upload(std::vector<float>(e, 1.0f));
+    CHILD_NCCL(ncclAllReduce(b, b, e, ncclFloat, ncclSum, comm, nullptr));
+    CHILD_CUDA(cudaStreamSynchronize(nullptr));
+    if (proc == 1) {
+      raise(SIGKILL);  // dies without destroying its communicator
+    }
+    const auto start = std::chrono::steady_clock::now();
+    ncclResult_t result = ncclSuccess;
+    for (int i = 0; i < 1000 && result == ncclSuccess; ++i) {
+      result = ncclAllReduce(b, b, e, ncclFloat, ncclSum, comm, nullptr);
+      if (result != ncclSuccess) break;
+      // Poll the way PyTorch's watchdog does.
+      while (cudaStreamQuery(nullptr) == cudaErrorNotReady) {
+        ncclResult_t async = ncclSuccess;
+        ncclCommGetAsyncError(comm, &async);
+        if (async != ncclSuccess) {
+          result = async;
+          break;
+        }
+        CHILD_CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(60),
+                    "still waiting 60 s after the peer died");
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      if (result == ncclSuccess) {
+        ncclResult_t async = ncclSuccess;
+        ncclCommGetAsyncError(comm, &async);
+        result = async;
+      }
+    }
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::fprintf(stderr, "[rank 0] error %d (%s) after %.2f s: %s\n", result,
+                 ncclGetErrorString(result), waited, ncclGetLastError(comm));
+    CHILD_CHECK(result == ncclRemoteError || result == ncclSystemError,
+                "expected ncclRemoteError or ncclSystemError, got %d", result);
+    CHILD_CHECK(waited < 30.0, "took %.1f s", waited);
+    cudaStreamSynchronize(nullptr);
+    ncclCommAbort(comm);
+    return 0;
+  };
+  const std::vector<int> statuses = run_job(job);
+  ASSERT_EQ(statuses.size(), 2u);
+  if (statuses[0] == kSkip) GTEST_SKIP() << "needs a CUDA device";
+  EXPECT_EQ(statuses[0], 0) << "the survivor failed (see its output above)";
+  EXPECT_EQ(statuses[1], -SIGKILL);
+}
+
+}  // namespace
