@@ -199,8 +199,8 @@ void log_version_once() {
 }
 
 ApiStatus not_supported(const char* function, const char* why) {
-  return ApiStatus::invalid_usage(std::string(function) + " is not supported yet in " +
-                                  "single-process efccl" + (why[0] != '\0' ? " (" : "") + why +
+  return ApiStatus::invalid_usage(std::string(function) + " is not supported yet by efccl" +
+                                  (why[0] != '\0' ? " (" : "") + why +
                                   (why[0] != '\0' ? ")" : ""));
 }
 
@@ -359,17 +359,19 @@ ApiStatus regroup(const char* fn, ncclComm_t parent, const std::vector<int>& par
   uint64_t seq = 0;
   {
     std::lock_guard<std::mutex> lock(parent->ops_mu);
-    seq = parent->regroups++;
+    seq = parent->regroups[participants]++;
   }
+  uint64_t set_hash = 1469598103934665603ull;  // FNV-1a over the participants
+  for (int p : participants) set_hash = (set_hash ^ static_cast<uint64_t>(p)) * 1099511628211ull;
   const auto timeout = efccl::runtime::init_timeout();
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   const bool multiprocess = parent->bootstrap != nullptr;
   // Tags of the parent's bootstrap for its regroups (executors use other namespaces).
-  const uint64_t tag = (uint64_t{3} << 62) | (seq << 1);
+  const uint64_t tag = (uint64_t{3} << 62) | ((set_hash & 0xffffffffull) << 24) | ((seq & 0x7fffff) << 1);
 
   const auto gather = [&](uint64_t t, std::string mine) -> efccl::StatusOr<std::vector<std::string>> {
     if (multiprocess) return parent->bootstrap->allgather(participants, t, std::move(mine), deadline, nullptr);
-    return efccl::runtime::meet_in_process(parent->clique.get(), (seq << 1) | (t & 1), participants,
+    return efccl::runtime::meet_in_process(parent->clique.get(), t, participants,
                                            parent->rank, std::move(mine), deadline);
   };
   int32_t mine_ck[2] = {color, key};
@@ -416,6 +418,7 @@ ApiStatus regroup(const char* fn, ncclComm_t parent, const std::vector<int>& par
     std::memcpy(id.internal + 16, &clique, sizeof(clique));
     std::memcpy(id.internal + 24, &seq, sizeof(seq));
     std::memcpy(id.internal + 32, &color, sizeof(color));
+    std::memcpy(id.internal + 40, &set_hash, sizeof(set_hash));
   }
   if (new_rank < 0) return ApiStatus::ok();  // NCCL_SPLIT_NOCOLOR (or excluded): no communicator
 
@@ -506,7 +509,13 @@ EFCCL_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyn
     case efccl::runtime::CommInit::kFailed: *asyncError = init_error.code(); break;
     case efccl::runtime::CommInit::kReady:
       // Revoked: quiescent once ncclCommRevoke returned (it waits for the aborted kernels).
-      *asyncError = comm->revoked.load() ? ncclSuccess : comm->clique->async_error().code();
+      if (comm->revoked.load()) {
+        *asyncError = ncclSuccess;
+      } else {
+        const ApiStatus async = comm->clique->async_error();
+        efccl::runtime::remember(fn, async);
+        *asyncError = async.code();
+      }
       break;
   }
   return ncclSuccess;

@@ -54,8 +54,7 @@ ncclResult_t ncclLLA2ACreateRequirement(int nBlocks, int nSlots, ncclLLA2AHandle
 #define EFCCL_API __attribute__((visibility("default")))
 /// pnccl<name>: the same function under NCCL's profiling name. (The team functions are
 /// overloaded for device code in the headers, so their aliases spell the signature out.)
-#define EFCCL_ALIAS(name) \
-  extern "C" EFCCL_API decltype(name) p##name __attribute__((alias(#name)));
+#define EFCCL_ALIAS(name) extern "C" EFCCL_API decltype(name) p##name __attribute__((alias(#name)));
 #define EFCCL_ALIAS_SIGNATURE(result, name, ...) \
   extern "C" EFCCL_API result p##name(__VA_ARGS__) __attribute__((alias(#name)));
 
@@ -194,8 +193,8 @@ EFCCL_API ncclResult_t ncclLLA2ACreateRequirement(int nBlocks, int nSlots,
   if (ApiStatus s = check_requirement_args(nBlocks, "nBlocks", outHandle, outReq); !s)
     return report(fn, s);
   if (nSlots < 0)
-    return report(fn, ApiStatus::invalid_argument("nSlots " + std::to_string(nSlots) +
-                                                  " is negative"));
+    return report(fn,
+                  ApiStatus::invalid_argument("nSlots " + std::to_string(nSlots) + " is negative"));
   // As NCCL: per block one 16-byte header and two 16-byte lines per slot.
   outHandle->nSlots = static_cast<uint32_t>(nSlots);
   std::memset(outReq, 0, sizeof(*outReq));

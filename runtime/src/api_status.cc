@@ -14,6 +14,10 @@ ncclResult_t report(const char* function, const ApiStatus& status) {
   return status.code();
 }
 
+void remember(const char* function, const ApiStatus& status) {
+  if (!status.is_ok()) t_last_error = std::string(function) + ": " + status.message();
+}
+
 const char* last_error_message() { return t_last_error.c_str(); }
 
 }  // namespace efccl::runtime

@@ -43,6 +43,10 @@ class ApiStatus {
 /// as a warning prefixed with `function`, and returns the code.
 ncclResult_t report(const char* function, const ApiStatus& status);
 
+/// Records a failure for ncclGetLastError without logging it (for results that are polled,
+/// such as ncclCommGetAsyncError's, which the async error's own warning already logged).
+void remember(const char* function, const ApiStatus& status);
+
 /// The calling thread's last error message ("" when none).
 const char* last_error_message();
 

@@ -94,6 +94,8 @@ void program_buffers(const Call& c, uint64_t offset, const void** in, void** out
   }
 }
 
+/// Pair plans (sizes -> prepared rounds) kept per clique before the table is cleared.
+constexpr std::size_t kMaxCachedPairPlans = 4096;
 /// Exchange tags: one namespace for collective executors, one per pair of ranks for p2p.
 constexpr uint64_t kCollectiveExchangeTag = uint64_t{1} << 62;
 constexpr uint64_t kPairExchangeTag = uint64_t{2} << 62;
@@ -176,11 +178,11 @@ Clique::~Clique() {
 ApiStatus Clique::submit(std::vector<Call> calls, bool whole_clique) {
   DeviceGuard guard;
   std::lock_guard<std::mutex> lock(mu_);
-  if (aborted_.load()) return ApiStatus::invalid_usage("the communicator has been aborted");
   {
     std::lock_guard<std::mutex> failure_lock(exec_list_mu_);
     if (!peer_failure_) return peer_failure_;
   }
+  if (aborted_.load()) return ApiStatus::invalid_usage("the communicator has been aborted");
 
   std::vector<Call> p2p;
   for (Call& c : calls) {
@@ -316,8 +318,17 @@ ApiStatus Clique::run_collective(std::vector<Call>& set, bool* mismatch) {
     device::DeviceExecutor* executor = nullptr;
     std::ostringstream key;
     key << "coll:" << static_cast<const void*>(piece.program);
+    // The exchange tag names the program (and how often it was prepared), so that processes
+    // that ever disagreed on one program do not disagree on every later one.
+    const ef::Program* program = piece.program;
     if (ApiStatus s = executor_for(*piece.program, key.str(), all_ranks, *capturing, piece.count,
-                                   ref.dtype, [this] { return kCollectiveExchangeTag | collective_exchanges_++; },
+                                   ref.dtype,
+                                   [this, program] {
+                                     const std::string& f = fingerprint(*program);
+                                     const uint64_t h = std::hash<std::string>{}(f) & 0xffffffffffull;
+                                     return kCollectiveExchangeTag | (h << 16) |
+                                            (collective_exchanges_[f]++ & 0xffff);
+                                   },
                                    &executor);
         !s)
       return s;
@@ -545,30 +556,49 @@ ApiStatus Clique::run_p2p_pairs(const std::vector<Call>& calls) {
         if (p == &stand_in[3]) return is_local(a) ? dba.recvs[k]->recvbuff : nullptr;
         return nullptr;
       };
-      for (P2pRound& round : plan_p2p_rounds(transfers, &p2p_channels)) {
-        for (auto& in : round.inputs) in = real(in);
-        for (auto& out : round.outputs) out = real(out);
-        const std::pair<int32_t, int32_t> pair{a, b};
-        device::DeviceExecutor* executor = nullptr;
-        if (ApiStatus s = executor_for(
-                round.program, round.signature, round.ranks, *capturing, round.chunk_bytes,
-                ef::DataType::kInt8,
-                [this, pair] {
-                  return kPairExchangeTag | (static_cast<uint64_t>(pair.first) << 40) |
-                         (static_cast<uint64_t>(pair.second) << 20) | pair_exchanges_[pair]++;
-                },
-                &executor);
-            !s)
-          return s;
+      // The pair's rounds for these sizes: planned and prepared once, then reused (programs
+      // and executors depend only on the pair and the sizes).
+      const PairKey pkey{a, b, k < ab.size() ? ab[k] : 0, k < ba.size() ? ba[k] : 0};
+      auto cached = pair_rounds_.find(pkey);
+      if (cached == pair_rounds_.end()) {
+        std::vector<PairRound> prepared;
+        for (P2pRound& round : plan_p2p_rounds(transfers, &p2p_channels)) {
+          const std::pair<int32_t, int32_t> pair{a, b};
+          PairRound pr;
+          if (ApiStatus s = executor_for(
+                  round.program, round.signature, round.ranks, *capturing, round.chunk_bytes,
+                  ef::DataType::kInt8,
+                  [this, pair] {
+                    return kPairExchangeTag | (static_cast<uint64_t>(pair.first) << 40) |
+                           (static_cast<uint64_t>(pair.second) << 20) | pair_exchanges_[pair]++;
+                  },
+                  &pr.executor);
+              !s)
+            return s;
+          pr.chunk_bytes = round.chunk_bytes;
+          pr.ranks = round.ranks;
+          const auto slot = [&](const void* p) {
+            for (int i = 0; i < 4; ++i)
+              if (p == &stand_in[i]) return i;
+            return -1;
+          };
+          for (const void* in : round.inputs) pr.input_slot.push_back(slot(in));
+          for (const void* out : round.outputs) pr.output_slot.push_back(slot(out));
+          prepared.push_back(std::move(pr));
+        }
+        if (pair_rounds_.size() >= kMaxCachedPairPlans) pair_rounds_.clear();  // executors stay
+        cached = pair_rounds_.emplace(pkey, std::move(prepared)).first;
+      }
+      for (const PairRound& round : cached->second) {
         Launch l;
-        l.executor = executor;
+        l.executor = round.executor;
         l.args.count = round.chunk_bytes;
         l.args.dtype = ef::DataType::kInt8;
         l.args.op = ef::RedOp::kSum;
         l.args.inplace = false;
         l.args.timeout = timeout_;
-        l.args.inputs = round.inputs;
-        l.args.outputs = round.outputs;
+        for (int i : round.input_slot) l.args.inputs.push_back(i < 0 ? nullptr : real(&stand_in[i]));
+        for (int i : round.output_slot) l.args.outputs.push_back(i < 0 ? nullptr : real(&stand_in[i]));
         for (int32_t r : round.ranks) {
           if (!is_local(r)) continue;
           l.ranks.push_back(r);
@@ -711,13 +741,12 @@ ApiStatus Clique::executor_for(const ef::Program& program, const std::string& ke
                      "preparing program '" + program.name + "' on the GPUs: " +
                          created.status().message());
   }
-  // Size scratch for this call now, so that a later capture of the same call needs no growth.
-  if (Status s = (*created)->reserve(count, dtype); !s)
-    return ApiStatus::system("allocating scratch for program '" + program.name + "': " + s.message());
   EFCCL_INFO(kLogInit | kLogAlloc, (*created)->devices().front(),
              "prepared program '" + program.name + "' (" + std::to_string(program.nranks) +
                  " ranks) on " + std::to_string((*created)->devices().size()) + " device(s)" +
                  (peers != nullptr ? " of this process, connected to other processes through CUDA IPC" : ""));
+  // Cached before anything else can fail: the other processes cached theirs (whose kernels
+  // point into this one's arenas), so this one must keep it too.
   CachedExecutor& entry = executors_[full_key];
   entry.executor = std::move(created.value());
   entry.last_use = ++use_clock_;
@@ -725,6 +754,9 @@ ApiStatus Clique::executor_for(const ef::Program& program, const std::string& ke
     std::lock_guard<std::mutex> lock(exec_list_mu_);
     live_executors_.push_back(entry.executor.get());
   }
+  // Size scratch for this call now, so that a later capture of the same call needs no growth.
+  if (Status s = entry.executor->reserve(count, dtype); !s)
+    return ApiStatus::system("allocating scratch for program '" + program.name + "': " + s.message());
   *out = entry.executor.get();
   return ApiStatus::ok();
 }
@@ -793,6 +825,8 @@ ApiStatus Clique::launch(Launch& l) {
 ApiStatus Clique::async_error() {
   std::lock_guard<std::mutex> lock(exec_list_mu_);
   if (!async_error_.is_ok()) return async_error_;
+  // A dead peer aborts every executor (peer_failed), so from then on this reports
+  // ncclRemoteError naming it, as do later calls.
   for (device::DeviceExecutor* e : live_executors_) {
     if (Status s = e->error_status(); !s) {
       async_error_ =
@@ -805,6 +839,7 @@ ApiStatus Clique::async_error() {
       return async_error_;
     }
   }
+  if (!peer_failure_) return peer_failure_;
   if (aborted_.load()) return ApiStatus::invalid_usage("the communicator has been aborted");
   return ApiStatus::ok();
 }
@@ -818,6 +853,7 @@ void Clique::peer_failed(int32_t peer, const std::string& why) {
     if (!peer_failure_) return;
     peer_failure_ = ApiStatus(ncclRemoteError, where + " is gone: " + why);
     for (device::DeviceExecutor* e : live_executors_) e->abort();
+    aborted_.store(true);  // an exchange waiting on the bootstrap gives up too
   }
   EFCCL_WARN(-1, "communicator peer " + where + " disconnected without destroying its "
                  "communicator (" + why + "); this rank's running kernels give up and later "

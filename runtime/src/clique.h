@@ -28,6 +28,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "api_status.h"
@@ -119,9 +120,21 @@ class Clique {
   std::unique_ptr<Registry> registry_;
   std::unique_ptr<ProcessMap> processes_;  ///< null: single process
   int32_t nlocal_ = 0;
-  uint64_t collective_exchanges_ = 0;  ///< multi-process: executors created for collectives
+  /// Multi-process: executors prepared per collective program fingerprint (exchange tags).
+  std::map<std::string, uint64_t> collective_exchanges_;
   std::map<std::pair<int32_t, int32_t>, uint64_t> pair_exchanges_;  ///< ... per p2p pair
   std::map<const ef::Program*, std::string> fingerprints_;
+  /// Multi-process send/receive: prepared rounds per (a, b, bytes a->b, bytes b->a).
+  using PairKey = std::tuple<int32_t, int32_t, uint64_t, uint64_t>;
+  struct PairRound {
+    device::DeviceExecutor* executor = nullptr;  ///< owned by executors_ (never evicted here)
+    uint64_t chunk_bytes = 0;
+    std::vector<int32_t> ranks;  ///< program rank -> clique rank
+    /// Per program rank: which of the pair's four buffers (a's send, b's receive, b's send,
+    /// a's receive) is its input / output, or -1.
+    std::vector<int> input_slot, output_slot;
+  };
+  std::map<PairKey, std::vector<PairRound>> pair_rounds_;
   std::chrono::nanoseconds timeout_;
 
   std::mutex mu_;

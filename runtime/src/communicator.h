@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -61,7 +62,9 @@ struct ncclComm {
   /// Multi-process communicators: this rank's bootstrap (ncclCommSplit/Shrink meet through it);
   /// set before the communicator becomes ready, then immutable.
   std::shared_ptr<efccl::runtime::Bootstrap> bootstrap;
-  uint64_t regroups = 0;  ///< ncclCommSplit/Shrink calls so far (under ops_mu): their tag
+  /// ncclCommSplit/Shrink calls so far per set of participating ranks (under ops_mu): each
+  /// participant counts the same calls, so the count names the call in their tags.
+  std::map<std::vector<int>, uint64_t> regroups;
   std::atomic<bool> revoked{false};  ///< ncclCommRevoke: every later operation is refused
 };
 

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <random>
 #include <mutex>
 #include <sstream>
 #include <utility>
@@ -106,15 +107,26 @@ std::string missing_ranks(const Rendezvous& r) {
 /// What each rank tells the others when it joins (Bootstrap info blob).
 struct PeerInfo {
   uint64_t host_hash = 0;
+  /// Random per process: pids repeat across PID namespaces (containers sharing a host).
+  uint64_t process_nonce = 0;
   int32_t pid = 0;
   int32_t device = -1;
   char bus_id[32] = {};
   char host[64] = {};
 };
 
+uint64_t process_nonce() {
+  static const uint64_t nonce = [] {
+    std::random_device rd;
+    return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
+  }();
+  return nonce;
+}
+
 std::string encode_info(int device) {
   PeerInfo info;
   info.host_hash = host_hash();
+  info.process_nonce = process_nonce();
   info.pid = static_cast<int32_t>(getpid());
   info.device = device;
   if (device >= 0 && cudaDeviceGetPCIBusId(info.bus_id, sizeof(info.bus_id) - 1, device) != cudaSuccess)
@@ -147,7 +159,8 @@ ApiStatus learn_table_locked(Rendezvous& r, std::vector<std::string> table) {
       return ApiStatus::invalid_usage(
           "rank " + std::to_string(rank) + " runs on another host (" + info.host +
           "); efccl connects GPUs of one host only (no network transport yet)");
-    if (info.pid == me) r.expected.push_back(static_cast<int>(rank));
+    if (info.pid == me && info.process_nonce == process_nonce())
+      r.expected.push_back(static_cast<int>(rank));
   }
   r.table = std::move(table);
   r.table_known = true;
@@ -185,7 +198,7 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
     if (m.boot != nullptr) boots.push_back(m.boot);
   if (status && static_cast<int>(r.members.size()) < r.nranks) {
     processes = std::make_unique<ProcessMap>();
-    std::map<std::pair<uint64_t, int32_t>, int64_t> process_index;
+    std::map<std::pair<uint64_t, uint64_t>, int64_t> process_index;
     std::map<int64_t, int32_t> leader_of;
     const auto n = static_cast<std::size_t>(r.nranks);
     processes->local.assign(n, false);
@@ -195,7 +208,7 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
     for (std::size_t rank = 0; rank < n; ++rank) {
       PeerInfo info;
       decode_info(r.table[rank], &info);  // checked by learn_table_locked
-      const auto key = std::make_pair(info.host_hash, info.pid);
+      const auto key = std::make_pair(info.host_hash, info.process_nonce);
       const int64_t proc = process_index.emplace(key, static_cast<int64_t>(process_index.size())).first->second;
       leader_of.emplace(proc, static_cast<int32_t>(rank));  // ranks ascend: the first is the lowest
       processes->local[rank] = r.members.count(static_cast<int>(rank)) != 0;

@@ -83,12 +83,25 @@ TEST(RuntimeApiArgs, InitAllRejectsBadArguments) {
 }
 
 TEST(RuntimeApiArgs, UnsupportedCallsSaySo) {
-  ncclComm_t comm = nullptr;
-  EXPECT_EQ(ncclCommSplit(nullptr, 0, 0, &comm, nullptr), ncclInvalidUsage);
-  EXPECT_NE(last_error().find("not supported yet in single-process efccl"), std::string::npos)
-      << last_error();
   ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
   EXPECT_EQ(ncclGroupSimulateEnd(&sim), ncclInvalidUsage);
+  EXPECT_NE(last_error().find("not supported yet"), std::string::npos) << last_error();
+}
+
+TEST(RuntimeApiArgs, SplitShrinkRevokeCheckTheirArguments) {
+  ncclComm_t comm = reinterpret_cast<ncclComm_t>(0x1);
+  EXPECT_EQ(ncclCommSplit(nullptr, 0, 0, &comm, nullptr), ncclInvalidArgument);
+  EXPECT_EQ(comm, nullptr);  // cleared first, as NCCL
+  EXPECT_NE(last_error().find("comm is NULL"), std::string::npos) << last_error();
+  EXPECT_EQ(ncclCommSplit(nullptr, 0, 0, nullptr, nullptr), ncclInvalidArgument);
+  EXPECT_NE(last_error().find("newcomm is NULL"), std::string::npos) << last_error();
+  int dead = 0;
+  EXPECT_EQ(ncclCommSplit(reinterpret_cast<ncclComm_t>(&dead), 0, 0, &comm, nullptr),
+            ncclInvalidArgument);
+  EXPECT_NE(last_error().find("not a live communicator"), std::string::npos) << last_error();
+  EXPECT_EQ(ncclCommShrink(nullptr, nullptr, 0, &comm, nullptr, NCCL_SHRINK_DEFAULT), ncclInvalidArgument);
+  EXPECT_EQ(ncclCommShrink(nullptr, nullptr, 0, nullptr, nullptr, NCCL_SHRINK_DEFAULT), ncclInvalidArgument);
+  EXPECT_EQ(ncclCommRevoke(nullptr, NCCL_REVOKE_DEFAULT), ncclInvalidArgument);
 }
 
 TEST(RuntimeApiArgs, MemAllocChecksItsPointer) {

@@ -3,10 +3,9 @@
 // installed next to nccl.h) and every host function of NCCL's device API (nccl_device/*.h),
 // whose pure helpers compute what NCCL computes and whose device communicators are refused.
 #include <dlfcn.h>
+#include <gtest/gtest.h>
 #include <nccl.h>
 #include <nccl_device/core.h>
-
-#include <gtest/gtest.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -31,7 +30,8 @@ std::string real_nccl_path() {
   if (const char* p = std::getenv("EFCCL_REAL_NCCL")) return p;
   const auto root = std::filesystem::path(NCCL_HEADER).parent_path().parent_path();
   for (const char* lib : {"lib64", "lib"})
-    if (std::filesystem::exists(root / lib / "libnccl.so.2")) return (root / lib / "libnccl.so.2").string();
+    if (std::filesystem::exists(root / lib / "libnccl.so.2"))
+      return (root / lib / "libnccl.so.2").string();
   return "";
 }
 
@@ -55,7 +55,8 @@ std::set<std::string> device_api_host_functions() {
   std::set<std::string> names;
   const auto dir = std::filesystem::path(NCCL_HEADER).parent_path() / "nccl_device";
   if (!std::filesystem::is_directory(dir)) return names;
-  const std::regex fn(R"(NCCL_EXTERN_C\s+__host__\s+[A-Za-z_][A-Za-z0-9_]*\s*\*?\s*(nccl[A-Z][A-Za-z0-9]*)\s*\()");
+  const std::regex fn(
+      R"(NCCL_EXTERN_C\s+__host__\s+[A-Za-z_][A-Za-z0-9_]*\s*\*?\s*(nccl[A-Z][A-Za-z0-9]*)\s*\()");
   for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
     if (entry.path().extension() != ".h") continue;
     std::ifstream in(entry.path());
@@ -92,8 +93,8 @@ struct DeviceHelpers {
     calc_slots = reinterpret_cast<decltype(calc_slots)>(dlsym(library, "ncclLLA2ACalcSlots"));
     lsa_requirement = reinterpret_cast<decltype(lsa_requirement)>(
         dlsym(library, "ncclLsaBarrierCreateRequirement"));
-    lla2a_requirement = reinterpret_cast<decltype(lla2a_requirement)>(
-        dlsym(library, "ncclLLA2ACreateRequirement"));
+    lla2a_requirement =
+        reinterpret_cast<decltype(lla2a_requirement)>(dlsym(library, "ncclLLA2ACreateRequirement"));
   }
   bool complete() const { return calc_slots && lsa_requirement && lla2a_requirement; }
 };
@@ -144,7 +145,8 @@ TEST_F(Exports, GetVersionThroughTheLibrary) {
 
 TEST_F(Exports, InternalsAreHidden) {
   EXPECT_EQ(dlsym(handle_, "_ZN5efccl7runtime18last_error_messageEv"), nullptr);
-  EXPECT_EQ(dlsym(handle_, "_ZN5efccl2ef8validateERKNS0_7ProgramERKNS0_15ValidateOptionsE"), nullptr);
+  EXPECT_EQ(dlsym(handle_, "_ZN5efccl2ef8validateERKNS0_7ProgramERKNS0_15ValidateOptionsE"),
+            nullptr);
 }
 
 TEST_F(Exports, EveryDeviceApiHostFunctionAndItsAlias) {
@@ -154,7 +156,8 @@ TEST_F(Exports, EveryDeviceApiHostFunctionAndItsAlias) {
   for (const std::string& name : names) {
     void* f = dlsym(handle_, name.c_str());
     EXPECT_NE(f, nullptr) << name << " is not exported";
-    EXPECT_EQ(f, dlsym(handle_, ("p" + name).c_str())) << "p" << name << " is not an alias of " << name;
+    EXPECT_EQ(f, dlsym(handle_, ("p" + name).c_str()))
+        << "p" << name << " is not an alias of " << name;
   }
 }
 
@@ -169,23 +172,29 @@ TEST_F(Exports, EverySymbolOfTheRealLibnccl) {
     void* f = dlsym(handle_, name.c_str());
     EXPECT_NE(f, nullptr) << real << " exports " << name << ", libefccl.so does not";
     if (f != nullptr && name.rfind("pnccl", 0) == 0) {
-      EXPECT_EQ(f, dlsym(handle_, name.c_str() + 1)) << name << " is not an alias of " << (name.c_str() + 1);
+      EXPECT_EQ(f, dlsym(handle_, name.c_str() + 1))
+          << name << " is not an alias of " << (name.c_str() + 1);
     }
   }
 }
 
 TEST_F(Exports, DeviceCommunicatorsAreRefusedWithAReason) {
-  auto last_error = reinterpret_cast<const char* (*)(ncclComm_t)>(dlsym(handle_, "ncclGetLastError"));
-  auto create = reinterpret_cast<ncclResult_t (*)(ncclComm_t, const ncclDevCommRequirements_t*, void*)>(
-      dlsym(handle_, "ncclDevCommCreate"));
-  auto destroy = reinterpret_cast<ncclResult_t (*)(ncclComm_t, const void*)>(dlsym(handle_, "ncclDevCommDestroy"));
-  auto gin = reinterpret_cast<ncclResult_t (*)(ncclComm_t, ncclTeam_t, int, void*, ncclDevResourceRequirements_t*)>(
+  auto last_error =
+      reinterpret_cast<const char* (*)(ncclComm_t)>(dlsym(handle_, "ncclGetLastError"));
+  auto create =
+      reinterpret_cast<ncclResult_t (*)(ncclComm_t, const ncclDevCommRequirements_t*, void*)>(
+          dlsym(handle_, "ncclDevCommCreate"));
+  auto destroy = reinterpret_cast<ncclResult_t (*)(ncclComm_t, const void*)>(
+      dlsym(handle_, "ncclDevCommDestroy"));
+  auto gin = reinterpret_cast<ncclResult_t (*)(ncclComm_t, ncclTeam_t, int, void*,
+                                               ncclDevResourceRequirements_t*)>(
       dlsym(handle_, "ncclGinBarrierCreateRequirement"));
   ASSERT_TRUE(last_error && create && destroy && gin);
   ncclDevCommRequirements_t reqs{};
   char dev_comm[1024] = {};
   EXPECT_EQ(create(nullptr, &reqs, dev_comm), ncclInvalidUsage);
-  EXPECT_NE(std::string(last_error(nullptr)).find("ncclDevCommCreate is not supported by efccl"), std::string::npos)
+  EXPECT_NE(std::string(last_error(nullptr)).find("ncclDevCommCreate is not supported by efccl"),
+            std::string::npos)
       << last_error(nullptr);
   EXPECT_EQ(destroy(nullptr, dev_comm), ncclInvalidUsage);
   EXPECT_NE(std::string(last_error(nullptr)).find("ncclDevCommDestroy"), std::string::npos);
@@ -196,8 +205,10 @@ TEST_F(Exports, DeviceCommunicatorsAreRefusedWithAReason) {
 }
 
 TEST_F(Exports, TeamHelpersOnAnInvalidCommunicator) {
-  auto last_error = reinterpret_cast<const char* (*)(ncclComm_t)>(dlsym(handle_, "ncclGetLastError"));
-  auto to_world = reinterpret_cast<int (*)(ncclComm_t, ncclTeam_t, int)>(dlsym(handle_, "ncclTeamRankToWorld"));
+  auto last_error =
+      reinterpret_cast<const char* (*)(ncclComm_t)>(dlsym(handle_, "ncclGetLastError"));
+  auto to_world =
+      reinterpret_cast<int (*)(ncclComm_t, ncclTeam_t, int)>(dlsym(handle_, "ncclTeamRankToWorld"));
   ASSERT_TRUE(last_error && to_world);
   for (const char* name : {"ncclTeamWorld", "ncclTeamLsa", "ncclTeamRail"}) {
     auto team = reinterpret_cast<ncclTeam_t (*)(ncclComm_t)>(dlsym(handle_, name));
@@ -205,7 +216,8 @@ TEST_F(Exports, TeamHelpersOnAnInvalidCommunicator) {
     const ncclTeam_t t = team(nullptr);
     EXPECT_EQ(t.nRanks, 0) << name << " of NULL is the empty team";
     EXPECT_EQ(t.stride, 1) << name;
-    EXPECT_NE(std::string(last_error(nullptr)).find(name), std::string::npos) << last_error(nullptr);
+    EXPECT_NE(std::string(last_error(nullptr)).find(name), std::string::npos)
+        << last_error(nullptr);
   }
   EXPECT_EQ(to_world(nullptr, ncclTeam_t{1, 0, 1}, 0), -1);
 }
@@ -239,14 +251,16 @@ TEST_F(Exports, PureDeviceHelpersComputeWhatNcclComputes) {
 
   // And the real NCCL's, where it is installed: the same answers over a grid.
   const std::string real = real_nccl_path();
-  if (real.empty()) GTEST_SKIP() << "no libnccl.so.2 installed next to " << NCCL_HEADER << " to compare with";
+  if (real.empty())
+    GTEST_SKIP() << "no libnccl.so.2 installed next to " << NCCL_HEADER << " to compare with";
   void* nccl = dlopen(real.c_str(), RTLD_NOW | RTLD_LOCAL);
   ASSERT_NE(nccl, nullptr) << dlerror();
   const DeviceHelpers reference(nccl);
   ASSERT_TRUE(reference.complete());
   for (int elts : {-3, 0, 1, 7, 64, 4096})
     for (int size : {-9, 0, 1, 8, 9, 16, 100})
-      EXPECT_EQ(efccl.calc_slots(elts, size), reference.calc_slots(elts, size)) << elts << ", " << size;
+      EXPECT_EQ(efccl.calc_slots(elts, size), reference.calc_slots(elts, size))
+          << elts << ", " << size;
   for (int ranks : {1, 2, 8})
     for (int barriers : {0, 1, 5}) {
       LsaBarrierHandle a, b;

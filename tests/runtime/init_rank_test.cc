@@ -185,3 +185,38 @@ TEST(InitRank, RegistrationsAreNoOps) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(InitRank, SplitOfASingleProcessCommunicatorFromOneThreadPerRank) {
+  EFCCL_REQUIRE_GPUS(1);
+  const int n = 4;
+  const std::vector<int> devices = rank_devices(n);
+  std::vector<ncclComm_t> comms(n, nullptr);
+  NCCL_OK(ncclCommInitAll(comms.data(), n, devices.data()));
+  // Even and odd ranks, ordered by descending key; rank 3 opts out.
+  std::vector<ncclComm_t> halves(n, nullptr);
+  std::vector<ncclResult_t> results(n, ncclInternalError);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      cudaSetDevice(devices[r]);
+      results[r] = ncclCommSplit(comms[r], r == 3 ? NCCL_SPLIT_NOCOLOR : r % 2, -r, &halves[r], nullptr);
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) ASSERT_EQ(results[r], ncclSuccess) << "rank " << r;
+  EXPECT_EQ(halves[3], nullptr);
+  int count = 0, rank = -1;
+  NCCL_OK(ncclCommCount(halves[0], &count));
+  NCCL_OK(ncclCommUserRank(halves[0], &rank));
+  EXPECT_EQ(count, 2);
+  EXPECT_EQ(rank, 1);  // key 0 sorts after rank 2's key -2
+  NCCL_OK(ncclCommCount(halves[1], &count));
+  EXPECT_EQ(count, 1);
+  expect_allreduce_works({halves[2], halves[0]}, {devices[2], devices[0]});
+  for (ncclComm_t c : halves)
+    if (c != nullptr) NCCL_OK(ncclCommDestroy(c));
+  for (ncclComm_t c : comms) NCCL_OK(ncclCommDestroy(c));
+}
+
+}  // namespace

@@ -58,20 +58,25 @@ TEST(LibncclAlias, ProgramLinkedAgainstNcclRunsOnEfccl) {
   const std::string dir = kEfccl.parent_path().string();
   const auto r = run_command("LD_LIBRARY_PATH=" + shell_quote(dir) + " " + shell_quote(kProbe));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("library=" + std::filesystem::canonical(kEfccl).string() + "\n"), std::string::npos)
-      << "ncclGetVersion must come from libefccl.so:\n" << r.output;
+  EXPECT_NE(r.output.find("library=" + std::filesystem::canonical(kEfccl).string() + "\n"),
+            std::string::npos)
+      << "ncclGetVersion must come from libefccl.so:\n"
+      << r.output;
   EXPECT_NE(r.output.find("loaded-as=" + dir + "/libnccl.so.2\n"), std::string::npos)
-      << "found under NCCL's name:\n" << r.output;
+      << "found under NCCL's name:\n"
+      << r.output;
   EXPECT_NE(r.output.find("version=22809 result=0\n"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("last-error=ncclGetVersion: version is NULL"), std::string::npos)
-      << "efccl's error message:\n" << r.output;
+      << "efccl's error message:\n"
+      << r.output;
 }
 
 TEST(LibncclAlias, LddResolvesLibncclToBuildLib) {
   const std::string dir = kEfccl.parent_path().string();
   const auto r = run_command("LD_LIBRARY_PATH=" + shell_quote(dir) + " ldd " + shell_quote(kProbe));
   if (r.exit_code == 127) GTEST_SKIP() << "ldd is not installed";
-  EXPECT_NE(r.output.find("libnccl.so.2 => " + dir + "/libnccl.so.2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("libnccl.so.2 => " + dir + "/libnccl.so.2"), std::string::npos)
+      << r.output;
 }
 
 TEST(LibncclAlias, TheProbeTellsTheRealNcclApart) {
@@ -79,9 +84,11 @@ TEST(LibncclAlias, TheProbeTellsTheRealNcclApart) {
   const auto r = run_command("LD_LIBRARY_PATH=" + shell_quote(real.parent_path().string()) + " " +
                              shell_quote(kProbe));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("library=" + std::filesystem::canonical(real).string() + "\n"), std::string::npos)
+  EXPECT_NE(r.output.find("library=" + std::filesystem::canonical(real).string() + "\n"),
+            std::string::npos)
       << r.output;
-  EXPECT_EQ(r.output.find("last-error=ncclGetVersion: version is NULL"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("last-error=ncclGetVersion: version is NULL"), std::string::npos)
+      << r.output;
 }
 
 }  // namespace

@@ -347,7 +347,10 @@ TEST(MultiProcess, TwoRanksPerProcessInitInAGroup) {
       CHILD_NCCL(ncclCommInitRank(&comms[l], n, id, proc * 2 + l));
     }
     CHILD_NCCL(ncclGroupEnd());
-    const std::size_t e = 300001;
+    // Odd: the allreduce runs as two programs (ring body, all-pairs tail).
+    const std::size_t e = std::getenv("EFCCL_TEST_ELEMENTS") != nullptr
+                              ? std::strtoull(std::getenv("EFCCL_TEST_ELEMENTS"), nullptr, 10)
+                              : 300001;
     for (int l = 0; l < 2; ++l) {
       CHILD_CUDA(cudaSetDevice(l));
       CHILD_CUDA(cudaStreamCreateWithFlags(&streams[l], cudaStreamNonBlocking));
@@ -371,10 +374,73 @@ TEST(MultiProcess, TwoRanksPerProcessInitInAGroup) {
       CHILD_CUDA(cudaStreamSynchronize(streams[l]));
       for (void* b : {bufs[l], recv[l]}) {
         const auto out = download<float>(b, e);
-        CHILD_CHECK(out[0] == 10.0f && out[e - 1] == 10.0f, "rank %d: %g", proc * 2 + l, out[0]);
+        std::size_t bad = e;
+        for (std::size_t i = 0; i < e && bad == e; ++i)
+          if (out[i] != 10.0f) bad = i;
+        CHILD_CHECK(bad == e, "rank %d %s: [%zu] = %g (of %zu)", proc * 2 + l,
+                    b == bufs[l] ? "allreduce" : "ring receive", bad, out[bad], e);
       }
       CHILD_NCCL(ncclCommDestroy(comms[l]));
     }
+    return 0;
+  };
+  EXPECT_JOB_PASSED(run_job(job));
+}
+
+TEST(MultiProcess, SplitShrinkAndRevoke) {
+  Job job;
+  job.nprocs = 2;
+  job.body = [](int proc, const ncclUniqueId& id) -> int {
+    const int gpus = gpus_in_child();
+    if (gpus < 1) return kSkip;
+    CHILD_CUDA(cudaSetDevice(proc % gpus));
+    ncclComm_t comm = nullptr;
+    CHILD_NCCL(ncclCommInitRank(&comm, 2, id, proc));
+    const auto allreduce_sum = [&](ncclComm_t c, int value) -> int {
+      void* b = upload(std::vector<int32_t>(333, value));
+      if (ncclAllReduce(b, b, 333, ncclInt32, ncclSum, c, nullptr) != ncclSuccess) return -1;
+      cudaStreamSynchronize(nullptr);
+      const int v = download<int32_t>(b, 333)[332];
+      cudaFree(b);
+      return v;
+    };
+    // Both in one color, keys reversing the order: rank 1 becomes new rank 0.
+    ncclComm_t both = nullptr;
+    CHILD_NCCL(ncclCommSplit(comm, 7, 1 - proc, &both, nullptr));
+    int r = -1, n = 0;
+    CHILD_NCCL(ncclCommUserRank(both, &r));
+    CHILD_NCCL(ncclCommCount(both, &n));
+    CHILD_CHECK(r == 1 - proc && n == 2, "split: rank %d of %d", r, n);
+    CHILD_CHECK(allreduce_sum(both, proc + 1) == 3, "allreduce on the split communicator");
+    // Rank 1 opts out: rank 0 alone.
+    ncclComm_t alone = nullptr;
+    CHILD_NCCL(ncclCommSplit(comm, proc == 0 ? 0 : NCCL_SPLIT_NOCOLOR, 0, &alone, nullptr));
+    CHILD_CHECK((alone == nullptr) == (proc == 1), "NOCOLOR gives no communicator");
+    if (alone != nullptr) {
+      CHILD_CHECK(allreduce_sum(alone, 5) == 5, "allreduce of one rank");
+      CHILD_NCCL(ncclCommDestroy(alone));
+    }
+    // Shrink excluding rank 1: only rank 0 calls it.
+    if (proc == 0) {
+      int exclude[1] = {1};
+      ncclComm_t shrunk = nullptr;
+      CHILD_NCCL(ncclCommShrink(comm, exclude, 1, &shrunk, nullptr, NCCL_SHRINK_DEFAULT));
+      CHILD_NCCL(ncclCommCount(shrunk, &n));
+      CHILD_CHECK(n == 1, "shrunk to %d ranks", n);
+      CHILD_CHECK(allreduce_sum(shrunk, 9) == 9, "allreduce on the shrunk communicator");
+      CHILD_NCCL(ncclCommDestroy(shrunk));
+    }
+    // Revoke: later calls are refused; the communicator can still be destroyed.
+    CHILD_NCCL(ncclCommRevoke(both, NCCL_REVOKE_DEFAULT));
+    void* b = upload(std::vector<int32_t>(4, 1));
+    CHILD_CHECK(ncclAllReduce(b, b, 4, ncclInt32, ncclSum, both, nullptr) == ncclInvalidUsage,
+                "a revoked communicator refuses collectives");
+    ncclResult_t async = ncclInProgress;
+    CHILD_NCCL(ncclCommGetAsyncError(both, &async));
+    CHILD_CHECK(async == ncclSuccess, "revoked and quiescent: %d", async);
+    cudaFree(b);
+    CHILD_NCCL(ncclCommDestroy(both));
+    CHILD_NCCL(ncclCommDestroy(comm));
     return 0;
   };
   EXPECT_JOB_PASSED(run_job(job));
@@ -397,7 +463,10 @@ TEST(MultiProcess, KilledPeerMakesTheSurvivorFailInsteadOfHanging) {
     CHILD_NCCL(ncclAllReduce(b, b, e, ncclFloat, ncclSum, comm, nullptr));
     CHILD_CUDA(cudaStreamSynchronize(nullptr));
     if (proc == 1) {
-      raise(SIGKILL);  // dies without destroying its communicator
+      // Dies without destroying its communicator while rank 0's next allreduce already waits
+      // for it on the GPU.
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      raise(SIGKILL);
     }
     const auto start = std::chrono::steady_clock::now();
     ncclResult_t result = ncclSuccess;
@@ -429,6 +498,8 @@ TEST(MultiProcess, KilledPeerMakesTheSurvivorFailInsteadOfHanging) {
     CHILD_CHECK(result == ncclRemoteError || result == ncclSystemError,
                 "expected ncclRemoteError or ncclSystemError, got %d", result);
     CHILD_CHECK(waited < 30.0, "took %.1f s", waited);
+    CHILD_CHECK(std::strstr(ncclGetLastError(comm), "rank 1") != nullptr,
+                "the error does not name the dead peer: %s", ncclGetLastError(comm));
     cudaStreamSynchronize(nullptr);
     ncclCommAbort(comm);
     return 0;

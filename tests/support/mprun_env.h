@@ -42,8 +42,7 @@ inline int mprun_size() { return mprun_env_detail::env_int("EFCCL_MPRUN_SIZE", 1
 /// One ncclUniqueId for every rank of the job: rank 0 calls ncclGetUniqueId and publishes it
 /// atomically in EFCCL_MPRUN_ID_FILE (written to a temporary name, then renamed); the others
 /// wait for the file, up to `timeout`. Throws std::runtime_error saying why when it cannot.
-inline ncclUniqueId share_unique_id(
-    std::chrono::milliseconds timeout = std::chrono::seconds(120)) {
+inline ncclUniqueId share_unique_id(std::chrono::milliseconds timeout = std::chrono::seconds(120)) {
   ncclUniqueId id{};
   const int rank = mprun_rank();
   const char* path = std::getenv("EFCCL_MPRUN_ID_FILE");
@@ -58,7 +57,8 @@ inline ncclUniqueId share_unique_id(
   if (rank == 0) {
     const std::string tmp = std::string(path) + ".tmp." + std::to_string(::getpid());
     std::FILE* f = std::fopen(tmp.c_str(), "wb");
-    if (f == nullptr) throw std::runtime_error("cannot create " + tmp + ": " + std::strerror(errno));
+    if (f == nullptr)
+      throw std::runtime_error("cannot create " + tmp + ": " + std::strerror(errno));
     const bool written = std::fwrite(&id, sizeof(id), 1, f) == 1;
     const bool closed = std::fclose(f) == 0;
     if (!written || !closed || std::rename(tmp.c_str(), path) != 0) {
@@ -76,8 +76,9 @@ inline ncclUniqueId share_unique_id(
       if (read) return id;  // renamed into place whole, so a complete id or no file at all
     }
     if (std::chrono::steady_clock::now() >= deadline)
-      throw std::runtime_error(std::string("rank ") + std::to_string(rank) + ": rank 0 did not publish a unique id in " +
-                               path + " within " + std::to_string(timeout.count()) + " ms");
+      throw std::runtime_error(std::string("rank ") + std::to_string(rank) +
+                               ": rank 0 did not publish a unique id in " + path + " within " +
+                               std::to_string(timeout.count()) + " ms");
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 }

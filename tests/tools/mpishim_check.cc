@@ -49,7 +49,7 @@ void check_allreduce(MPI_Datatype type, const char* type_name) {
       expected[i] = value<T>(0, i);
       for (int r = 1; r < g_size; ++r) {
         const T v = value<T>(r, i);
-        expected[i] = op.op == MPI_SUM ? expected[i] + v
+        expected[i] = op.op == MPI_SUM   ? expected[i] + v
                       : op.op == MPI_MIN ? (v < expected[i] ? v : expected[i])
                                          : (v > expected[i] ? v : expected[i]);
       }

@@ -57,7 +57,8 @@ int main(int argc, char** argv) {
     ++failures;
   }
   MPI_Allreduce(MPI_IN_PLACE, &failures, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  if (rank == 0 && failures == 0) std::printf("mprun_env_check: %d ranks share one unique id\n", size);
+  if (rank == 0 && failures == 0)
+    std::printf("mprun_env_check: %d ranks share one unique id\n", size);
   MPI_Finalize();
   return failures == 0 ? 0 : 1;
 }

@@ -74,9 +74,10 @@ TEST(Mprun, SetsTheEnvironmentOfEveryRank) {
 }
 
 TEST(Mprun, IdFileIsInAFreshFolderOrWhereAsked) {
-  auto r = mprun("-n 2 --timeout 30",
-                 "d=$(dirname \"$EFCCL_MPRUN_ID_FILE\"); [ -d \"$d\" ] && [ -z \"$(ls -A \"$d\")\" ] "
-                 "&& echo fresh-and-empty");
+  auto r =
+      mprun("-n 2 --timeout 30",
+            "d=$(dirname \"$EFCCL_MPRUN_ID_FILE\"); [ -d \"$d\" ] && [ -z \"$(ls -A \"$d\")\" ] "
+            "&& echo fresh-and-empty");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("[0] fresh-and-empty"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("[1] fresh-and-empty"), std::string::npos) << r.output;
@@ -85,19 +86,22 @@ TEST(Mprun, IdFileIsInAFreshFolderOrWhereAsked) {
   const std::string file = (dir.path() / "id").string();
   std::ofstream(file) << "stale";
   r = mprun("-n 2 --timeout 30 --id-file " + file,
-            "[ \"$EFCCL_MPRUN_ID_FILE\" = " + shell_quote(file) + " ] && [ ! -e \"$EFCCL_MPRUN_ID_FILE\" ] && echo asked");
+            "[ \"$EFCCL_MPRUN_ID_FILE\" = " + shell_quote(file) +
+                " ] && [ ! -e \"$EFCCL_MPRUN_ID_FILE\" ] && echo asked");
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("[0] asked"), std::string::npos) << "stale file removed first: " << r.output;
+  EXPECT_NE(r.output.find("[0] asked"), std::string::npos)
+      << "stale file removed first: " << r.output;
 }
 
 TEST(Mprun, PrefixesEveryLineWithItsRank) {
-  const auto r = mprun("-n 2 --timeout 30",
-                       "printf 'one\\ntwo\\n'; echo to-stderr >&2; printf unterminated");
+  const auto r =
+      mprun("-n 2 --timeout 30", "printf 'one\\ntwo\\n'; echo to-stderr >&2; printf unterminated");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* rank : {"[0] ", "[1] "})
     for (const char* text : {"one\n", "two\n", "to-stderr\n", "unterminated\n"})
       EXPECT_NE(r.output.find(std::string(rank) + text), std::string::npos)
-          << rank << text << " missing in:\n" << r.output;
+          << rank << text << " missing in:\n"
+          << r.output;
 }
 
 TEST(Mprun, FailingRankStopsTheOthersPromptly) {
@@ -137,7 +141,8 @@ TEST(Mprun, RankIgnoringSigtermGetsSigkillAfterTheGrace) {
   EXPECT_GE(r.seconds, 1.4);
   EXPECT_LT(r.seconds, 10) << r.output;
   EXPECT_NE(r.output.find("sending SIGKILL"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("rank 1: was killed by signal 9 (SIGKILL)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 1: was killed by signal 9 (SIGKILL)"), std::string::npos)
+      << r.output;
 }
 
 TEST(Mprun, TimeoutStopsTheJob) {
@@ -176,8 +181,9 @@ TEST(Mprun, UsageErrors) {
 }
 
 TEST(Mprun, InterruptedLauncherStopsTheRanks) {
-  const auto r = run_command("sh -c " + shell_quote(kMprun + " -n 2 -- sleep 60 & p=$!; sleep 0.5; "
-                                                             "kill -TERM $p; wait $p; echo launcher=$?"));
+  const auto r =
+      run_command("sh -c " + shell_quote(kMprun + " -n 2 -- sleep 60 & p=$!; sleep 0.5; "
+                                                  "kill -TERM $p; wait $p; echo launcher=$?"));
   EXPECT_NE(r.output.find("launcher=143"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("received SIGTERM"), std::string::npos) << r.output;
   EXPECT_LT(r.seconds, 10) << r.output;

@@ -23,8 +23,7 @@ inline CommandResult run_command(const std::string& command) {
   size_t n;
   while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) result.output.append(buf, n);
   const int status = ::pclose(pipe);
-  result.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
   if (WIFSIGNALED(status)) result.exit_code = 128 + WTERMSIG(status);
   return result;

@@ -90,23 +90,39 @@ class DeviceBuffer {
     EFCCL_CUDA_RETURN(
         cudaMalloc(&ptr_, std::max<std::size_t>(bytes, 16)),
         "cudaMalloc(" + std::to_string(bytes) + " bytes) on device " + std::to_string(device));
-    EFCCL_CUDA_RETURN(cudaMemset(ptr_, 0, std::max<std::size_t>(bytes, 16)), "cudaMemset");
-    return Status::ok();
+    return zero_now(std::max<std::size_t>(bytes, 16));
   }
   template <typename T>
   Status upload(int device, const std::vector<T>& values) {
     if (Status s = allocate(device, values.size() * sizeof(T)); !s) return s;
     if (values.empty()) return Status::ok();
     DeviceScope scope(device);
-    EFCCL_CUDA_RETURN(
-        cudaMemcpy(ptr_, values.data(), values.size() * sizeof(T), cudaMemcpyHostToDevice),
-        "uploading the program to device " + std::to_string(device));
+    // On a private stream, waited for: a pageable cudaMemcpy may return before its DMA lands,
+    // and the first launch (on a non-blocking stream) would not wait for it.
+    cudaStream_t s = nullptr;
+    EFCCL_CUDA_RETURN(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    cudaError_t e = cudaMemcpyAsync(ptr_, values.data(), values.size() * sizeof(T),
+                                    cudaMemcpyHostToDevice, s);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+    EFCCL_CUDA_RETURN(e, "uploading the program to device " + std::to_string(device));
     return Status::ok();
   }
   Status zero() {
     if (ptr_ == nullptr) return Status::ok();
     DeviceScope scope(device_);
-    EFCCL_CUDA_RETURN(cudaMemset(ptr_, 0, bytes_), "cudaMemset");
+    return zero_now(bytes_);
+  }
+  /// Zeroes the first `bytes` and waits for exactly that: cudaMemset would run on the legacy
+  /// stream, which kernels on non-blocking streams do not wait for (a first launch could read
+  /// stale flags), and a device-wide sync would wait for other, possibly spinning, kernels.
+  Status zero_now(std::size_t bytes) {
+    cudaStream_t s = nullptr;
+    EFCCL_CUDA_RETURN(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    cudaError_t e = cudaMemsetAsync(ptr_, 0, bytes, s);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+    EFCCL_CUDA_RETURN(e, "zeroing " + std::to_string(bytes) + " bytes on device " + std::to_string(device_));
     return Status::ok();
   }
 
@@ -252,7 +268,18 @@ struct DeviceExecutor::Impl {
   /// Per (location of another process, local device): its arenas as mapped for that device
   /// (CUDA IPC maps a handle once per device context).
   std::map<std::pair<int64_t, int>, char*> remote_fifo_base, remote_counter_base;
-  std::vector<void*> opened;  ///< cudaIpcOpenMemHandle mappings, closed by the destructor
+  /// cudaIpcOpenMemHandle mappings (device, pointer), closed when the Impl goes, also after a
+  /// failed create().
+  std::vector<std::pair<int, void*>> opened;
+  Impl() = default;
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+  ~Impl() {
+    for (const auto& [device, p] : opened) {
+      DeviceScope scope(device);
+      cudaIpcCloseMemHandle(p);
+    }
+  }
   std::vector<int> devices;
   std::vector<LocalDevice> locals;
   std::vector<int> rank_local_device;  ///< rank -> index into locals
@@ -378,7 +405,6 @@ DeviceExecutor::~DeviceExecutor() {
     DeviceScope scope(d);
     cudaDeviceSynchronize();
   }
-  for (void* p : impl_->opened) cudaIpcCloseMemHandle(p);
 }
 
 const std::vector<int>& DeviceExecutor::devices() const { return impl_->devices; }
@@ -608,11 +634,9 @@ Status DeviceExecutor::Impl::share_arenas(const std::map<int64_t, std::size_t>& 
                       "cudaIpcGetMemHandle (counter arena)");
     put(mine, a);
   }
-  // The arenas must be zero before any peer can write into them.
-  for (LocalDevice& local : locals) {
-    DeviceScope scope(local.device);
-    EFCCL_CUDA_RETURN(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  }
+  // The arenas are zero already (DeviceBuffer::allocate waits for that), before any peer can
+  // write into them. No device-wide sync here: it would wait for this process's earlier,
+  // possibly still spinning, kernels.
 
   StatusOr<std::vector<std::string>> all = exchange(mine);
   if (!all) return Status::error("exchanging connection memory with the other processes: " +
@@ -671,13 +695,13 @@ Status DeviceExecutor::Impl::share_arenas(const std::map<int64_t, std::size_t>& 
       return cuda_error("cudaIpcOpenMemHandle of the FIFO memory of GPU " + std::string(a.bus_id) +
                         " (another process) on device " + std::to_string(opener),
                         e);
-    opened.push_back(fifo);
+    opened.emplace_back(opener, fifo);
     e = cudaIpcOpenMemHandle(&counters, a.counter, cudaIpcMemLazyEnablePeerAccess);
     if (e != cudaSuccess)
       return cuda_error("cudaIpcOpenMemHandle of the counter memory of GPU " +
                             std::string(a.bus_id) + " on device " + std::to_string(opener),
                         e);
-    opened.push_back(counters);
+    opened.emplace_back(opener, counters);
     remote_fifo_base[{loc, opener}] = static_cast<char*>(fifo);
     remote_counter_base[{loc, opener}] = static_cast<char*>(counters);
     }

@@ -99,12 +99,18 @@ Communicator& comm_of(const char* fn, MPI_Comm comm) {
 
 size_t type_size(const char* fn, MPI_Datatype t) {
   switch (t) {
-    case MPI_BYTE: return 1;
-    case MPI_INT: return sizeof(int);
-    case MPI_LONG: return sizeof(long);
-    case MPI_LONG_LONG: return sizeof(long long);
-    case MPI_INT64_T: return sizeof(int64_t);
-    case MPI_DOUBLE: return sizeof(double);
+    case MPI_BYTE:
+      return 1;
+    case MPI_INT:
+      return sizeof(int);
+    case MPI_LONG:
+      return sizeof(long);
+    case MPI_LONG_LONG:
+      return sizeof(long long);
+    case MPI_INT64_T:
+      return sizeof(int64_t);
+    case MPI_DOUBLE:
+      return sizeof(double);
     default:
       fatal(fn, "invalid datatype handle " + std::to_string(t) +
                     " (the shim has MPI_BYTE, MPI_INT, MPI_LONG, MPI_LONG_LONG, MPI_INT64_T, "
@@ -130,7 +136,9 @@ void check_buffer(const char* fn, const char* what, const void* p, size_t bytes)
 
 void send_to(const char* fn, const Communicator& c, int member, const Tag& tag, const void* data,
              size_t bytes) {
-  if (Status s = job().mesh->send(c.world[static_cast<size_t>(member)], tag, data, bytes, deadline()); !s)
+  if (Status s =
+          job().mesh->send(c.world[static_cast<size_t>(member)], tag, data, bytes, deadline());
+      !s)
     peer_failure(fn, s);
 }
 
@@ -176,21 +184,36 @@ void reduce_into(char* acc, const char* in, size_t count, MPI_Op op) {
 
 void reduce_into(char* acc, const char* in, size_t count, MPI_Datatype t, MPI_Op op) {
   switch (t) {
-    case MPI_INT: reduce_into<int>(acc, in, count, op); break;
-    case MPI_LONG: reduce_into<long>(acc, in, count, op); break;
-    case MPI_LONG_LONG: reduce_into<long long>(acc, in, count, op); break;
-    case MPI_INT64_T: reduce_into<int64_t>(acc, in, count, op); break;
-    case MPI_DOUBLE: reduce_into<double>(acc, in, count, op); break;
-    default: break;  // checked before
+    case MPI_INT:
+      reduce_into<int>(acc, in, count, op);
+      break;
+    case MPI_LONG:
+      reduce_into<long>(acc, in, count, op);
+      break;
+    case MPI_LONG_LONG:
+      reduce_into<long long>(acc, in, count, op);
+      break;
+    case MPI_INT64_T:
+      reduce_into<int64_t>(acc, in, count, op);
+      break;
+    case MPI_DOUBLE:
+      reduce_into<double>(acc, in, count, op);
+      break;
+    default:
+      break;  // checked before
   }
 }
 
 const char* op_name(MPI_Op op) {
   switch (op) {
-    case MPI_SUM: return "MPI_SUM";
-    case MPI_MIN: return "MPI_MIN";
-    case MPI_MAX: return "MPI_MAX";
-    default: return nullptr;
+    case MPI_SUM:
+      return "MPI_SUM";
+    case MPI_MIN:
+      return "MPI_MIN";
+    case MPI_MAX:
+      return "MPI_MAX";
+    default:
+      return nullptr;
   }
 }
 
@@ -215,8 +238,8 @@ double parse_timeout() {
   char* end = nullptr;
   const double v = std::strtod(text, &end);
   if (end == text || *end != '\0' || !(v > 0) || v > 1e7)
-    fatal("MPI_Init", std::string("EFCCL_MPISHIM_TIMEOUT='") + text +
-                          "' is not a number of seconds > 0");
+    fatal("MPI_Init",
+          std::string("EFCCL_MPISHIM_TIMEOUT='") + text + "' is not a number of seconds > 0");
   return v;
 }
 
@@ -328,15 +351,19 @@ EFCCL_MPI_API int MPI_Comm_split(MPI_Comm comm, int color, int key, MPI_Comm* ne
       members.push_back({theirs[0], theirs[1], m});
     }
     std::stable_sort(members.begin(), members.end(), [](const Member& a, const Member& b) {
-      return a.color != b.color ? a.color < b.color : a.key != b.key ? a.key < b.key : a.rank < b.rank;
+      return a.color != b.color ? a.color < b.color
+             : a.key != b.key   ? a.key < b.key
+                                : a.rank < b.rank;
     });
     for (size_t first = 0; first < members.size();) {
       size_t last = first;
       while (last < members.size() && members[last].color == members[first].color) ++last;
       // Ids are unique in the job: this rank's world rank, then its own counter.
-      const uint64_t id = (static_cast<uint64_t>(job().world_rank + 1) << 32) | ++job().next_comm_serial;
+      const uint64_t id =
+          (static_cast<uint64_t>(job().world_rank + 1) << 32) | ++job().next_comm_serial;
       std::vector<int64_t> message{static_cast<int64_t>(id), 0, static_cast<int64_t>(last - first)};
-      for (size_t i = first; i < last; ++i) message.push_back(c.world[static_cast<size_t>(members[i].rank)]);
+      for (size_t i = first; i < last; ++i)
+        message.push_back(c.world[static_cast<size_t>(members[i].rank)]);
       for (size_t i = first; i < last; ++i) {
         message[1] = static_cast<int64_t>(i - first);
         if (members[i].rank == 0)
@@ -383,7 +410,8 @@ EFCCL_MPI_API int MPI_Barrier(MPI_Comm comm) {
   return MPI_SUCCESS;
 }
 
-EFCCL_MPI_API int MPI_Bcast(void* buffer, int count, MPI_Datatype datatype, int root, MPI_Comm comm) {
+EFCCL_MPI_API int MPI_Bcast(void* buffer, int count, MPI_Datatype datatype, int root,
+                            MPI_Comm comm) {
   std::lock_guard<std::mutex> lock(call_mutex());
   const char* fn = "MPI_Bcast";
   Communicator& c = comm_of(fn, comm);
@@ -476,7 +504,8 @@ EFCCL_MPI_API int MPI_Allreduce(const void* sendbuf, void* recvbuf, int count,
   Communicator& c = comm_of(fn, comm);
   const size_t bytes = bytes_of(fn, "", count, datatype);
   if (op_name(op) == nullptr)
-    fatal(fn, "invalid op handle " + std::to_string(op) + " (the shim has MPI_SUM, MPI_MIN, MPI_MAX)");
+    fatal(fn,
+          "invalid op handle " + std::to_string(op) + " (the shim has MPI_SUM, MPI_MIN, MPI_MAX)");
   if (datatype == MPI_BYTE) fatal(fn, std::string(op_name(op)) + " is not defined on MPI_BYTE");
   check_buffer(fn, "recvbuf", recvbuf, bytes);
   const char* mine = sendbuf == MPI_IN_PLACE ? static_cast<const char*>(recvbuf)

@@ -14,7 +14,7 @@ using mprun::Fd;
 
 constexpr uint64_t kFrameMagic = 0xefcc1a9171f3a9e1ull;
 constexpr uint64_t kHandshakeMagic = 0xefcc1a9171f3a9e2ull;
-constexpr uint64_t kMaxMessageBytes = 1ull << 36;   // a corrupt header is not an allocation
+constexpr uint64_t kMaxMessageBytes = 1ull << 36;  // a corrupt header is not an allocation
 constexpr size_t kMaxStashedBytes = size_t{1} << 32;
 
 /// The fixed header before every payload (same host, so native byte order).
@@ -48,16 +48,26 @@ Handshake make_handshake(const std::string& job, int rank, int size) {
 
 std::string handle_name(int32_t handle) {
   switch (handle) {
-    case MPI_BYTE: return "MPI_BYTE";
-    case MPI_INT: return "MPI_INT";
-    case MPI_LONG: return "MPI_LONG";
-    case MPI_LONG_LONG: return "MPI_LONG_LONG";
-    case MPI_INT64_T: return "MPI_INT64_T";
-    case MPI_DOUBLE: return "MPI_DOUBLE";
-    case MPI_SUM: return "MPI_SUM";
-    case MPI_MIN: return "MPI_MIN";
-    case MPI_MAX: return "MPI_MAX";
-    default: return std::to_string(handle);
+    case MPI_BYTE:
+      return "MPI_BYTE";
+    case MPI_INT:
+      return "MPI_INT";
+    case MPI_LONG:
+      return "MPI_LONG";
+    case MPI_LONG_LONG:
+      return "MPI_LONG_LONG";
+    case MPI_INT64_T:
+      return "MPI_INT64_T";
+    case MPI_DOUBLE:
+      return "MPI_DOUBLE";
+    case MPI_SUM:
+      return "MPI_SUM";
+    case MPI_MIN:
+      return "MPI_MIN";
+    case MPI_MAX:
+      return "MPI_MAX";
+    default:
+      return std::to_string(handle);
   }
 }
 
@@ -65,10 +75,17 @@ std::string handle_name(int32_t handle) {
 std::string describe(const Tag& t) {
   std::string args;
   switch (t.kind) {
-    case CallKind::kBcast: args = "root " + std::to_string(t.arg0) + ", " + handle_name(t.arg1); break;
-    case CallKind::kGather: args = "root " + std::to_string(t.arg0); break;
-    case CallKind::kAllreduce: args = handle_name(t.arg0) + ", " + handle_name(t.arg1); break;
-    default: break;
+    case CallKind::kBcast:
+      args = "root " + std::to_string(t.arg0) + ", " + handle_name(t.arg1);
+      break;
+    case CallKind::kGather:
+      args = "root " + std::to_string(t.arg0);
+      break;
+    case CallKind::kAllreduce:
+      args = handle_name(t.arg0) + ", " + handle_name(t.arg1);
+      break;
+    default:
+      break;
   }
   return std::string(call_name(t.kind)) + "(" + args + "), collective #" + std::to_string(t.seq) +
          " on its communicator";
@@ -78,13 +95,20 @@ std::string describe(const Tag& t) {
 
 const char* call_name(CallKind kind) {
   switch (kind) {
-    case CallKind::kBarrier: return "MPI_Barrier";
-    case CallKind::kBcast: return "MPI_Bcast";
-    case CallKind::kGather: return "MPI_Gather";
-    case CallKind::kAllgather: return "MPI_Allgather";
-    case CallKind::kAllreduce: return "MPI_Allreduce";
-    case CallKind::kCommSplit: return "MPI_Comm_split";
-    case CallKind::kFinalize: return "MPI_Finalize";
+    case CallKind::kBarrier:
+      return "MPI_Barrier";
+    case CallKind::kBcast:
+      return "MPI_Bcast";
+    case CallKind::kGather:
+      return "MPI_Gather";
+    case CallKind::kAllgather:
+      return "MPI_Allgather";
+    case CallKind::kAllreduce:
+      return "MPI_Allreduce";
+    case CallKind::kCommSplit:
+      return "MPI_Comm_split";
+    case CallKind::kFinalize:
+      return "MPI_Finalize";
   }
   return "an unknown MPI call";
 }
@@ -114,8 +138,8 @@ StatusOr<std::unique_ptr<PeerMesh>> PeerMesh::connect(const std::string& job, in
     return Status::error(at_server + ": sending HELLO: " + st.message());
   auto line = mprun::recv_line(mesh->server_.get(), mprun::kMaxLineSize, deadline);
   if (!line)
-    return Status::error(at_server + ": waiting for the other ranks to register: " +
-                         line.status().message());
+    return Status::error(at_server +
+                         ": waiting for the other ranks to register: " + line.status().message());
   auto peers = mprun::parse_peers(*line, size);
   if (!peers) return Status::error(at_server + " refused this rank: " + peers.status().message());
 
@@ -123,7 +147,9 @@ StatusOr<std::unique_ptr<PeerMesh>> PeerMesh::connect(const std::string& job, in
   const Handshake mine = make_handshake(job, rank, size);
   for (int p = 0; p < rank; ++p) {
     auto fd = mprun::connect_tcp((*peers)[static_cast<size_t>(p)], deadline);
-    if (!fd) return Status::error("connecting to rank " + std::to_string(p) + ": " + fd.status().message());
+    if (!fd)
+      return Status::error("connecting to rank " + std::to_string(p) + ": " +
+                           fd.status().message());
     if (Status st = mprun::send_all(fd->get(), &mine, sizeof(mine), deadline); !st)
       return Status::error("greeting rank " + std::to_string(p) + ": " + st.message());
     mesh->peers_[static_cast<size_t>(p)] = std::move(*fd);
@@ -141,19 +167,21 @@ StatusOr<std::unique_ptr<PeerMesh>> PeerMesh::connect(const std::string& job, in
         theirs.rank <= rank || theirs.rank >= size ||
         mesh->peers_[static_cast<size_t>(theirs.rank)].valid())
       return Status::error("a connection that is not an expected peer of this job (claims rank " +
-                           std::to_string(theirs.rank) + " of " + std::to_string(theirs.size) + ")");
+                           std::to_string(theirs.rank) + " of " + std::to_string(theirs.size) +
+                           ")");
     mesh->peers_[static_cast<size_t>(theirs.rank)] = std::move(*fd);
   }
   return mesh;
 }
 
 Status PeerMesh::send(int peer, const Tag& tag, const void* data, size_t bytes, Deadline deadline) {
-  const WireHeader h{kFrameMagic, tag.comm_id,          tag.seq,   bytes,
-                     static_cast<uint32_t>(tag.kind), tag.arg0, tag.arg1, 0};
+  const WireHeader h{kFrameMagic, tag.comm_id, tag.seq, bytes, static_cast<uint32_t>(tag.kind),
+                     tag.arg0,    tag.arg1,    0};
   const int fd = peers_[static_cast<size_t>(peer)].get();
   const std::string to = "sending " + std::string(call_name(tag.kind)) + " data to rank " +
                          std::to_string(peer) + ": ";
-  if (Status s = mprun::send_all(fd, &h, sizeof(h), deadline); !s) return Status::error(to + s.message());
+  if (Status s = mprun::send_all(fd, &h, sizeof(h), deadline); !s)
+    return Status::error(to + s.message());
   if (bytes > 0)
     if (Status s = mprun::send_all(fd, data, bytes, deadline); !s)
       return Status::error(to + s.message());
@@ -161,8 +189,8 @@ Status PeerMesh::send(int peer, const Tag& tag, const void* data, size_t bytes, 
 }
 
 StatusOr<std::vector<char>> PeerMesh::recv(int peer, const Tag& tag, Deadline deadline) {
-  const std::string from = "waiting for rank " + std::to_string(peer) + " in " +
-                           call_name(tag.kind) + ": ";
+  const std::string from =
+      "waiting for rank " + std::to_string(peer) + " in " + call_name(tag.kind) + ": ";
   auto matches = [&](const Message& m) -> StatusOr<bool> {
     if (!m.tag.same_call(tag)) return false;
     if (m.tag.kind != tag.kind || m.tag.arg0 != tag.arg0 || m.tag.arg1 != tag.arg1)
@@ -198,7 +226,8 @@ StatusOr<std::vector<char>> PeerMesh::recv(int peer, const Tag& tag, Deadline de
     if (*match) return std::move(m.payload);
     stashed_bytes_ += m.payload.size();
     if (stashed_bytes_ > kMaxStashedBytes)
-      return Status::error(from + "more than 4 GiB of messages for other collectives arrived first");
+      return Status::error(from +
+                           "more than 4 GiB of messages for other collectives arrived first");
     stash.push_back(std::move(m));
   }
 }

@@ -31,10 +31,10 @@ const char* call_name(CallKind kind);
 /// What identifies a message (besides its sender).
 struct Tag {
   uint64_t comm_id = 0;
-  uint64_t seq = 0;   ///< the collective's number on its communicator
+  uint64_t seq = 0;  ///< the collective's number on its communicator
   CallKind kind = CallKind::kBarrier;
-  int32_t arg0 = 0;   ///< e.g. the root
-  int32_t arg1 = 0;   ///< e.g. the datatype or op
+  int32_t arg0 = 0;  ///< e.g. the root
+  int32_t arg1 = 0;  ///< e.g. the datatype or op
 
   bool same_call(const Tag& other) const { return comm_id == other.comm_id && seq == other.seq; }
 };
@@ -65,8 +65,8 @@ class PeerMesh {
 
   int rank_ = 0;
   int size_ = 1;
-  mprun::Fd server_;                      ///< kept open for ABORT
-  std::vector<mprun::Fd> peers_;          ///< by world rank; none for this rank
+  mprun::Fd server_;                        ///< kept open for ABORT
+  std::vector<mprun::Fd> peers_;            ///< by world rank; none for this rank
   std::vector<std::deque<Message>> stash_;  ///< by world rank: arrived, not yet asked for
   size_t stashed_bytes_ = 0;
 };

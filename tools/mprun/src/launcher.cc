@@ -55,22 +55,38 @@ void say(const std::string& line) { write_all(STDERR_FILENO, "efccl-mprun: " + l
 
 std::string signal_name(int sig) {
   switch (sig) {
-    case SIGHUP: return "SIGHUP";
-    case SIGINT: return "SIGINT";
-    case SIGQUIT: return "SIGQUIT";
-    case SIGILL: return "SIGILL";
-    case SIGTRAP: return "SIGTRAP";
-    case SIGABRT: return "SIGABRT";
-    case SIGBUS: return "SIGBUS";
-    case SIGFPE: return "SIGFPE";
-    case SIGKILL: return "SIGKILL";
-    case SIGUSR1: return "SIGUSR1";
-    case SIGSEGV: return "SIGSEGV";
-    case SIGUSR2: return "SIGUSR2";
-    case SIGPIPE: return "SIGPIPE";
-    case SIGALRM: return "SIGALRM";
-    case SIGTERM: return "SIGTERM";
-    default: return "signal " + std::to_string(sig);
+    case SIGHUP:
+      return "SIGHUP";
+    case SIGINT:
+      return "SIGINT";
+    case SIGQUIT:
+      return "SIGQUIT";
+    case SIGILL:
+      return "SIGILL";
+    case SIGTRAP:
+      return "SIGTRAP";
+    case SIGABRT:
+      return "SIGABRT";
+    case SIGBUS:
+      return "SIGBUS";
+    case SIGFPE:
+      return "SIGFPE";
+    case SIGKILL:
+      return "SIGKILL";
+    case SIGUSR1:
+      return "SIGUSR1";
+    case SIGSEGV:
+      return "SIGSEGV";
+    case SIGUSR2:
+      return "SIGUSR2";
+    case SIGPIPE:
+      return "SIGPIPE";
+    case SIGALRM:
+      return "SIGALRM";
+    case SIGTERM:
+      return "SIGTERM";
+    default:
+      return "signal " + std::to_string(sig);
   }
 }
 
@@ -146,7 +162,8 @@ std::string random_job_key() {
 }
 
 /// The parent's environment without the variables efccl-mprun sets, then those.
-std::vector<std::string> rank_environment(const std::vector<std::pair<std::string, std::string>>& set) {
+std::vector<std::string> rank_environment(
+    const std::vector<std::pair<std::string, std::string>>& set) {
   std::set<std::string> keys;
   for (const auto& kv : set) keys.insert(kv.first);
   std::vector<std::string> env;
@@ -160,7 +177,8 @@ std::vector<std::string> rank_environment(const std::vector<std::pair<std::strin
 
 Status make_pipe(Fd* read_end, Fd* write_end) {
   int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) return Status::error(std::string("pipe: ") + std::strerror(errno));
+  if (::pipe2(fds, O_CLOEXEC) != 0)
+    return Status::error(std::string("pipe: ") + std::strerror(errno));
   read_end->reset();
   *read_end = Fd(fds[0]);
   *write_end = Fd(fds[1]);
@@ -169,7 +187,8 @@ Status make_pipe(Fd* read_end, Fd* write_end) {
 }
 
 /// Forks rank `r` running `command` with `env`; its stdout and stderr go to new pipes.
-Status spawn(Rank& r, const std::vector<std::string>& command, const std::vector<std::string>& env) {
+Status spawn(Rank& r, const std::vector<std::string>& command,
+             const std::vector<std::string>& env) {
   Fd out_write, err_write;
   if (Status s = make_pipe(&r.out, &out_write); !s) return s;
   if (Status s = make_pipe(&r.err, &err_write); !s) return s;
@@ -197,8 +216,8 @@ Status spawn(Rank& r, const std::vector<std::string>& command, const std::vector
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
     ::execvpe(argv[0], argv.data(), envp.data());
-    const std::string why = "efccl-mprun: cannot execute '" + command[0] + "': " +
-                            std::strerror(errno) + "\n";
+    const std::string why =
+        "efccl-mprun: cannot execute '" + command[0] + "': " + std::strerror(errno) + "\n";
     write_all(STDERR_FILENO, why);
     ::_exit(127);
   }
@@ -239,8 +258,8 @@ int run_job(const LaunchOptions& o) {
   std::string id_file = o.id_file;
   if (id_file.empty()) {
     const char* tmp = std::getenv("TMPDIR");
-    std::string pattern = std::string(tmp != nullptr && tmp[0] != '\0' ? tmp : "/tmp") +
-                          "/efccl-mprun.XXXXXX";
+    std::string pattern =
+        std::string(tmp != nullptr && tmp[0] != '\0' ? tmp : "/tmp") + "/efccl-mprun.XXXXXX";
     if (::mkdtemp(pattern.data()) == nullptr) {
       say("cannot create a temporary folder from " + pattern + ": " + std::strerror(errno));
       return kExitLaunchError;
@@ -291,7 +310,8 @@ int run_job(const LaunchOptions& o) {
       r.stopped_by_launcher = true;
       signal_rank(r, SIGTERM);
     }
-    term_deadline = Clock::now() + std::chrono::milliseconds(static_cast<long long>(o.grace_s * 1000));
+    term_deadline =
+        Clock::now() + std::chrono::milliseconds(static_cast<long long>(o.grace_s * 1000));
   };
 
   for (Rank& r : ranks) {
@@ -346,7 +366,8 @@ int run_job(const LaunchOptions& o) {
           continue;
         }
         for (Rank& r : ranks) {
-          for (auto [fd, lines] : {std::pair{&r.out, &*r.out_lines}, std::pair{&r.err, &*r.err_lines}}) {
+          for (auto [fd, lines] :
+               {std::pair{&r.out, &*r.out_lines}, std::pair{&r.err, &*r.err_lines}}) {
             if (!fd->valid() || fd->get() != polled[i].fd) continue;
             char buf[65536];
             const ssize_t got = ::read(fd->get(), buf, sizeof(buf));
@@ -423,10 +444,11 @@ int run_job(const LaunchOptions& o) {
   if (exit_code != 0) {
     say("job failed: " + failure);
     for (const Rank& r : ranks) {
-      std::string what = r.pid < 0      ? "not started"
-                         : r.running    ? "still running (pid " + std::to_string(r.pid) + ")"
-                                        : describe_status(r.status);
-      if (r.stopped_by_launcher && !r.running && WIFSIGNALED(r.status)) what += " (stopped by efccl-mprun)";
+      std::string what = r.pid < 0   ? "not started"
+                         : r.running ? "still running (pid " + std::to_string(r.pid) + ")"
+                                     : describe_status(r.status);
+      if (r.stopped_by_launcher && !r.running && WIFSIGNALED(r.status))
+        what += " (stopped by efccl-mprun)";
       say("  rank " + std::to_string(r.index) + ": " + what);
     }
   }

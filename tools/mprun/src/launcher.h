@@ -10,9 +10,9 @@ namespace efccl::mprun {
 
 struct LaunchOptions {
   int nranks = 0;
-  double timeout_s = 0;       ///< whole-job limit; 0: none
-  double grace_s = 5;         ///< SIGTERM to SIGKILL
-  std::string id_file;        ///< EFCCL_MPRUN_ID_FILE; empty: a file in a fresh temporary folder
+  double timeout_s = 0;  ///< whole-job limit; 0: none
+  double grace_s = 5;    ///< SIGTERM to SIGKILL
+  std::string id_file;   ///< EFCCL_MPRUN_ID_FILE; empty: a file in a fresh temporary folder
   std::vector<std::string> command;
 };
 

@@ -64,8 +64,8 @@ void RendezvousServer::accept_one(std::vector<Event>* events) {
   auto fd = accept_tcp(listener_.get(), Deadline::after(std::chrono::milliseconds(0)));
   if (!fd) return;  // the client gave up before we accepted it
   if (connections_.size() >= static_cast<size_t>(2 * size_ + 16)) {
-    events->push_back({Event::Kind::kWarning, -1, 0,
-                       "rendezvous server: too many connections; refusing one"});
+    events->push_back(
+        {Event::Kind::kWarning, -1, 0, "rendezvous server: too many connections; refusing one"});
     return;
   }
   connections_.push_back(Connection{std::move(*fd), {}, -1});
@@ -77,14 +77,13 @@ void RendezvousServer::reject(Connection& c, const std::string& why, std::vector
   (void)send_all(c.fd.get(), line.data(), line.size(), Deadline::after(kReplyDeadline));
 }
 
-bool RendezvousServer::on_line(Connection& c, const std::string& line,
-                               std::vector<Event>* events) {
+bool RendezvousServer::on_line(Connection& c, const std::string& line, std::vector<Event>* events) {
   if (c.rank >= 0) {
     auto abort = parse_abort(line);
     if (!abort) {
-      events->push_back({Event::Kind::kWarning, c.rank, 0,
-                         "rendezvous server: rank " + std::to_string(c.rank) + ": " +
-                             abort.status().message()});
+      events->push_back(
+          {Event::Kind::kWarning, c.rank, 0,
+           "rendezvous server: rank " + std::to_string(c.rank) + ": " + abort.status().message()});
       return true;
     }
     events->push_back({Event::Kind::kAbort, c.rank, abort->second, ""});
@@ -100,9 +99,9 @@ bool RendezvousServer::on_line(Connection& c, const std::string& line,
     return false;
   }
   if (hello->size != size_) {
-    reject(c, "rank " + std::to_string(hello->rank) + " says the job has " +
-                  std::to_string(hello->size) + " ranks; efccl-mprun started " +
-                  std::to_string(size_),
+    reject(c,
+           "rank " + std::to_string(hello->rank) + " says the job has " +
+               std::to_string(hello->size) + " ranks; efccl-mprun started " + std::to_string(size_),
            events);
     return false;
   }
@@ -119,8 +118,8 @@ bool RendezvousServer::on_line(Connection& c, const std::string& line,
   const std::string reply = format_peers(peers_);
   for (Connection& other : connections_) {
     if (other.rank < 0) continue;
-    if (Status s = send_all(other.fd.get(), reply.data(), reply.size(),
-                            Deadline::after(kReplyDeadline));
+    if (Status s =
+            send_all(other.fd.get(), reply.data(), reply.size(), Deadline::after(kReplyDeadline));
         !s)
       events->push_back({Event::Kind::kWarning, other.rank, 0,
                          "rendezvous server: rank " + std::to_string(other.rank) +

@@ -16,9 +16,9 @@ class RendezvousServer {
   /// What a handle() call saw that the launcher acts on.
   struct Event {
     enum class Kind { kAbort, kWarning } kind = Kind::kWarning;
-    int rank = -1;       ///< kAbort: who called MPI_Abort
-    int errorcode = 0;   ///< kAbort
-    std::string text;    ///< kWarning: a line for stderr
+    int rank = -1;      ///< kAbort: who called MPI_Abort
+    int errorcode = 0;  ///< kAbort
+    std::string text;   ///< kWarning: a line for stderr
   };
 
   /// Listens on 127.0.0.1 (any free port) for the `size` ranks of job `job`.
@@ -47,7 +47,7 @@ class RendezvousServer {
   Fd listener_;
   Address address_;
   std::vector<Connection> connections_;
-  std::vector<Address> peers_;        ///< by rank; port 0 until registered
+  std::vector<Address> peers_;  ///< by rank; port 0 until registered
   int registered_ = 0;
   bool peers_sent_ = false;
 };

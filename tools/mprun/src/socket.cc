@@ -54,9 +54,9 @@ bool Deadline::expired() const { return !never_ && std::chrono::steady_clock::no
 
 int Deadline::poll_ms(int cap_ms) const {
   if (never_) return cap_ms >= (1 << 30) ? -1 : cap_ms;
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                        at_ - std::chrono::steady_clock::now())
-                        .count();
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(at_ - std::chrono::steady_clock::now())
+          .count();
   if (left <= 0) return 0;
   return static_cast<int>(std::min<long long>(left + 1, cap_ms));
 }

@@ -19,11 +19,11 @@ namespace efccl::mprun {
 
 // Environment of every rank (besides torchrun's RANK, WORLD_SIZE, LOCAL_RANK,
 // LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
-inline constexpr const char* kEnvRank = "EFCCL_MPRUN_RANK";        ///< 0..size-1
-inline constexpr const char* kEnvSize = "EFCCL_MPRUN_SIZE";        ///< number of ranks
-inline constexpr const char* kEnvAddr = "EFCCL_MPRUN_ADDR";        ///< rendezvous host:port
-inline constexpr const char* kEnvJob = "EFCCL_MPRUN_JOB";          ///< this job's random key
-inline constexpr const char* kEnvIdFile = "EFCCL_MPRUN_ID_FILE";   ///< where rank 0 puts an id
+inline constexpr const char* kEnvRank = "EFCCL_MPRUN_RANK";       ///< 0..size-1
+inline constexpr const char* kEnvSize = "EFCCL_MPRUN_SIZE";       ///< number of ranks
+inline constexpr const char* kEnvAddr = "EFCCL_MPRUN_ADDR";       ///< rendezvous host:port
+inline constexpr const char* kEnvJob = "EFCCL_MPRUN_JOB";         ///< this job's random key
+inline constexpr const char* kEnvIdFile = "EFCCL_MPRUN_ID_FILE";  ///< where rank 0 puts an id
 
 inline constexpr int kMaxRanks = 4096;
 inline constexpr size_t kMaxLineSize = 32 * kMaxRanks;  ///< a PEERS line fits
