@@ -11,6 +11,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "api_status.h"
@@ -185,7 +186,7 @@ ApiStatus submit_call(CallKind kind, const void* sendbuff, void* recvbuff, size_
 }
 
 ncclResult_t finish(const char* function, const ApiStatus& s) {
-  if (!s) efccl::runtime::fail_group(s);
+  if (!s && s.code() != ncclInProgress) efccl::runtime::fail_group(s);
   return report(function, s);
 }
 
@@ -335,7 +336,7 @@ ApiStatus init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& id, int
   EFCCL_INFO(efccl::runtime::kLogInit, device,
              "comm " + hex(comm) + " rank " + std::to_string(rank) + " nRanks " +
                  std::to_string(nranks) + " cudaDev " + std::to_string(device) +
-                 (cfg.blocking ? "" : " (non-blocking: completed synchronously)") +
+                 (cfg.blocking ? "" : " (non-blocking)") +
                  (cfg.hints.empty() ? "" : " ignoring config hints:" + cfg.hints) +
                  (grouped ? " - joined; the clique forms at ncclGroupEnd"
                           : " - joined; waiting for the other ranks"));
@@ -345,8 +346,16 @@ ApiStatus init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& id, int
   }
   // Only the rendezvous from here on: another thread may destroy the communicator meanwhile.
   const auto timeout = efccl::runtime::init_timeout();
-  return efccl::runtime::complete_rendezvous(rendezvous, std::chrono::steady_clock::now() + timeout,
-                                             timeout);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  if (!cfg.blocking) {
+    // Non-blocking (ncclConfig_t::blocking = 0): a helper thread completes the rendezvous;
+    // ncclCommGetAsyncError reports ncclInProgress until the clique formed (or the failure).
+    std::thread([rendezvous, deadline, timeout] {
+      (void)efccl::runtime::complete_rendezvous(rendezvous, deadline, timeout);
+    }).detach();
+    return ApiStatus(ncclInProgress, "");
+  }
+  return efccl::runtime::complete_rendezvous(rendezvous, deadline, timeout);
 }
 
 /// ncclCommSplit and ncclCommShrink: the `participants` (ascending parent ranks, the caller

@@ -9,6 +9,7 @@ thread_local std::string t_last_error;
 
 ncclResult_t report(const char* function, const ApiStatus& status) {
   if (status.is_ok()) return ncclSuccess;
+  if (status.code() == ncclInProgress) return ncclInProgress;  // non-blocking: not a failure
   t_last_error = std::string(function) + ": " + status.message();
   EFCCL_WARN(-1, t_last_error);
   return status.code();

@@ -17,10 +17,10 @@
 // (the abort path), waking every waiter. As with NCCL, an id serves one communicator: its root
 // exits once the rendezvous completed.
 //
-// Non-blocking communicators (ncclConfig_t::blocking = 0) are accepted and initialized
-// synchronously as well: the calls return ncclSuccess, never ncclInProgress, and
-// ncclCommGetAsyncError reports ncclSuccess once the clique has formed (ncclInProgress only
-// while a grouped init waits for its ncclGroupEnd).
+// Non-blocking communicators (ncclConfig_t::blocking = 0) outside a group return ncclInProgress
+// at once; a helper thread completes the rendezvous, and ncclCommGetAsyncError reports
+// ncclInProgress until the clique has formed, then ncclSuccess (or the failure). Inside a group
+// the outermost ncclGroupEnd completes them as it does blocking ones.
 #pragma once
 
 #include <nccl.h>

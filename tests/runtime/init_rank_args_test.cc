@@ -1,6 +1,7 @@
 // ncclCommInitRank* without a GPU: argument and config checks, duplicate ranks, mismatched
 // nranks, the rendezvous timeout and the abort path. None of these builds a clique, so they
 // behave the same with or without CUDA devices.
+#include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #include <gtest/gtest.h>
@@ -301,6 +302,38 @@ TEST(InitRankArgs, RegistrationNeedsALiveCommunicator) {
   EXPECT_EQ(ncclCommWindowRegister(nullptr, buffer, sizeof(buffer), nullptr, NCCL_WIN_DEFAULT),
             ncclInvalidArgument);
   EXPECT_EQ(ncclCommWindowDeregister(nullptr, win), ncclInvalidArgument);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(InitRankArgs, NonBlockingInitReturnsInProgressThenSettles) {
+  // Two ranks from one thread, without a group: blocking would wait forever for rank 1 here.
+  const ncclUniqueId id = new_id();
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comms[2] = {nullptr, nullptr};
+  const auto start = Clock::now();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ncclCommInitRankConfig(&comms[r], 2, id, r, &config), ncclInProgress) << last_error();
+    ASSERT_NE(comms[r], nullptr);
+  }
+  EXPECT_LT(seconds_since(start), 1.0);
+  // Settles: formed with GPUs, failed without (no CUDA device) — never stays in progress.
+  for (ncclComm_t c : comms) {
+    ncclResult_t async = ncclInProgress;
+    while (async == ncclInProgress && seconds_since(start) < 30.0) {
+      ASSERT_EQ(ncclCommGetAsyncError(c, &async), ncclSuccess);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    EXPECT_NE(async, ncclInProgress);
+    int gpus = 0;
+    const bool have_gpu = cudaGetDeviceCount(&gpus) == cudaSuccess && gpus > 0;
+    (void)cudaGetLastError();
+    EXPECT_EQ(async == ncclSuccess, have_gpu) << "async " << async;
+    EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+  }
 }
 
 }  // namespace
