@@ -8,6 +8,7 @@
 #include <charconv>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <span>
 
 #include "efccl/ef/datatype.h"
@@ -81,6 +82,72 @@ struct ElementPath {
 };
 
 class AttributeReader;
+
+/// A rank's buffer that an in-place call places inside (or onto) its other buffer
+/// (docs/ef-format.md §2), with the chunk count §2's table gives it.
+struct ContainedBuffer {
+  BufferKind kind;
+  int64_t chunks;
+};
+
+std::optional<ContainedBuffer> contained_buffer(const Program& p, std::size_t rank) {
+  const int64_t all = p.nchunksperloop;
+  const bool root = static_cast<int64_t>(rank) == p.root;
+  const std::optional<int64_t> block =
+      all % p.nranks == 0 ? std::optional<int64_t>(all / p.nranks) : std::nullopt;
+  switch (p.collective) {
+    case Collective::kAllReduce:
+    case Collective::kAllToAll:
+      return ContainedBuffer{BufferKind::kInput, all};
+    case Collective::kBroadcast:
+    case Collective::kReduce:
+      if (!root) return std::nullopt;
+      return ContainedBuffer{BufferKind::kInput, all};
+    case Collective::kAllGather:
+      if (!block) return std::nullopt;
+      return ContainedBuffer{BufferKind::kInput, *block};
+    case Collective::kGather:
+      if (!root || !block) return std::nullopt;
+      return ContainedBuffer{BufferKind::kInput, *block};
+    case Collective::kReduceScatter:
+      if (!block) return std::nullopt;
+      return ContainedBuffer{BufferKind::kOutput, *block};
+    case Collective::kScatter:
+      if (!root || !block) return std::nullopt;
+      return ContainedBuffer{BufferKind::kOutput, *block};
+    case Collective::kCustom:
+      return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+bool names_buffer(const Rank& rank, BufferKind kind) {
+  for (const Threadblock& tb : rank.threadblocks)
+    for (const Op& op : tb.ops)
+      if ((op.src && op.src->buffer == kind) || (op.dst && op.dst->buffer == kind)) return true;
+  return false;
+}
+
+/// MSCCL's in-place convention, which msccl-tools writes: in a program only for in-place calls,
+/// the buffer an in-place call places inside the other one (allgather's input inside the
+/// output, reducescatter's output inside the input, ...) may be declared with 0 chunks, every
+/// step naming that region through the containing buffer. MSCCL runs such a file with the
+/// aliasing of §2; its bounds check refuses steps that name the 0-chunk buffer. Here the
+/// buffer gets §2's count when no step of the rank names it (so that nothing changes but the
+/// shape check); a rank whose steps name it keeps 0 chunks, and validation's buffer-range rule
+/// reports those steps, as MSCCL would refuse them.
+void complete_contained_buffers(Program& program) {
+  if (!program.inplace || program.outofplace || program.nranks < 1 || program.nchunksperloop < 1)
+    return;
+  for (std::size_t r = 0; r < program.ranks.size(); ++r) {
+    Rank& rank = program.ranks[r];
+    const std::optional<ContainedBuffer> contained = contained_buffer(program, r);
+    if (!contained) continue;
+    int64_t& chunks =
+        contained->kind == BufferKind::kInput ? rank.input_chunks : rank.output_chunks;
+    if (chunks == 0 && !names_buffer(rank, contained->kind)) chunks = contained->chunks;
+  }
+}
 
 /// Builds a Program from a parsed document, collecting diagnostics.
 class Importer {
@@ -259,20 +326,28 @@ std::optional<Program> Importer::run() {
     }
   }
   if (const auto coll = attributes.text("coll", true)) {
-    if (const auto parsed = parse_collective(*coll)) {
+    // "reduce_scatter": msccl-tools' and the original MSCCL runtime's spelling.
+    if (const auto parsed = parse_collective(*coll == "reduce_scatter" ? "reducescatter" : *coll)) {
       program.collective = *parsed;
     } else {
       attributes.report("coll", "unknown collective " + quoted_for_message(*coll) +
-                                    "; expected allreduce, allgather, reducescatter, "
-                                    "alltoall, broadcast, reduce, gather, scatter or custom");
+                                    "; expected allreduce, allgather, reducescatter (or "
+                                    "reduce_scatter), alltoall, broadcast, reduce, gather, "
+                                    "scatter or custom");
     }
   }
   program.nchannels =
       static_cast<int32_t>(attributes.integer("nchannels", 1, kMaxChannels).value_or(1));
   program.nchunksperloop = attributes.integer("nchunksperloop", 1, kInt32Max).value_or(1);
   const std::optional<int64_t> ngpus = attributes.integer("ngpus", 1, kMaxRanks);
-  program.inplace = attributes.flag("inplace", true).value_or(true);
-  program.outofplace = attributes.flag("outofplace", true).value_or(true);
+  const std::optional<bool> inplace = attributes.flag("inplace", true);
+  program.inplace = inplace.value_or(true);
+  // Without `outofplace` (msccl-tools never writes it) the program is for the one mode
+  // `inplace` names, as in the original MSCCL runtime, which reads only `inplace` and selects
+  // a program for calls whose mode equals it (microsoft/msccl src/graph/tuning.cc).
+  program.outofplace = attributes.text("outofplace", false)
+                           ? attributes.flag("outofplace", true).value_or(true)
+                           : !inplace.value_or(false);
   program.root = static_cast<int32_t>(
       attributes.integer("root", kInt32Min, kInt32Max, false).value_or(0));
   program.min_bytes = attributes.byte_count("minBytes").value_or(0);
@@ -343,6 +418,7 @@ std::optional<Program> Importer::run() {
     }
   }
   if (failed()) return std::nullopt;
+  complete_contained_buffers(program);
   return program;
 }
 

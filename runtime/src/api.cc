@@ -22,6 +22,7 @@
 #include "device_guard.h"
 #include "efccl/host/numeric.h"
 #include "group.h"
+#include "group_simulation.h"
 #include "init_rank.h"
 #include "logger.h"
 #include "registry.h"
@@ -197,12 +198,6 @@ void log_version_once() {
               "efccl (NCCL API " + std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) +
                   "." + std::to_string(NCCL_PATCH) + "), every transfer an EF program");
   });
-}
-
-ApiStatus not_supported(const char* function, const char* why) {
-  return ApiStatus::invalid_usage(std::string(function) + " is not supported yet by efccl" +
-                                  (why[0] != '\0' ? " (" : "") + why +
-                                  (why[0] != '\0' ? ")" : ""));
 }
 
 }  // namespace
@@ -879,6 +874,7 @@ EFCCL_API ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
 EFCCL_ALIAS(ncclCommRevoke)
 
 EFCCL_API ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
-  return report("ncclGroupSimulateEnd", not_supported("ncclGroupSimulateEnd", ""));
+  DeviceGuard guard;
+  return report("ncclGroupSimulateEnd", efccl::runtime::group_simulate_end(simInfo));
 }
 EFCCL_ALIAS(ncclGroupSimulateEnd)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "clique.h"
@@ -45,6 +46,56 @@ ApiStatus run_group(std::vector<Call> calls) {
   return first;
 }
 
+/// One level of the thread's group closed.
+struct ClosedGroup {
+  bool outermost = false;
+  bool runnable = false;    ///< the outermost group did not fail: its calls may run
+  std::vector<Call> calls;  ///< the outermost group's calls, when runnable
+  ApiStatus status;         ///< why it failed, or the first grouped init that failed
+};
+
+/// Closes one level; at the outermost, takes the group's calls and completes its grouped
+/// inits' rendezvous, or cancels them when the group failed or `check` (if any) refuses.
+ClosedGroup close_group(const char* function, const std::function<ApiStatus()>& check) {
+  ClosedGroup closed;
+  GroupState& g = state();
+  if (g.depth == 0) {
+    closed.status =
+        ApiStatus::invalid_usage(std::string(function) + " without a matching ncclGroupStart");
+    return closed;
+  }
+  if (--g.depth > 0) return closed;
+  closed.outermost = true;
+  std::vector<Call> calls = std::move(g.calls);
+  g.calls.clear();
+  std::vector<std::shared_ptr<Rendezvous>> inits = std::move(g.inits);
+  g.inits.clear();
+  ApiStatus error = std::move(g.error);
+  g.error = ApiStatus::ok();
+  if (!error) {
+    error = ApiStatus(error.code(),
+                      "the group was not run because a call in it failed: " + error.message());
+  } else if (check) {
+    error = check();
+  }
+  if (!error) {
+    for (const auto& r : inits) cancel_rendezvous(r, error);
+    closed.status = std::move(error);
+    return closed;
+  }
+  if (!inits.empty()) {
+    const auto timeout = init_timeout();
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (const auto& r : inits) {
+      ApiStatus s = complete_rendezvous(r, deadline, timeout);
+      if (!s && closed.status) closed.status = s;
+    }
+  }
+  closed.runnable = true;
+  closed.calls = std::move(calls);
+  return closed;
+}
+
 }  // namespace
 
 ApiStatus group_start() {
@@ -53,32 +104,18 @@ ApiStatus group_start() {
 }
 
 ApiStatus group_end() {
-  GroupState& g = state();
-  if (g.depth == 0) return ApiStatus::invalid_usage("ncclGroupEnd without a matching ncclGroupStart");
-  if (--g.depth > 0) return ApiStatus::ok();
-  std::vector<Call> calls = std::move(g.calls);
-  g.calls.clear();
-  std::vector<std::shared_ptr<Rendezvous>> inits = std::move(g.inits);
-  g.inits.clear();
-  ApiStatus error = std::move(g.error);
-  g.error = ApiStatus::ok();
-  if (!error) {
-    ApiStatus failed(error.code(), "the group was not run because a call in it failed: " +
-                                       error.message());
-    for (const auto& r : inits) cancel_rendezvous(r, failed);
-    return failed;
-  }
-  ApiStatus first;
-  if (!inits.empty()) {
-    const auto timeout = init_timeout();
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (const auto& r : inits) {
-      ApiStatus s = complete_rendezvous(r, deadline, timeout);
-      if (!s && first) first = s;
-    }
-  }
-  ApiStatus s = run_group(std::move(calls));
-  return !first ? first : s;
+  ClosedGroup closed = close_group("ncclGroupEnd", nullptr);
+  if (!closed.runnable) return closed.status;
+  ApiStatus s = run_group(std::move(closed.calls));
+  return !closed.status ? closed.status : s;
+}
+
+ApiStatus group_end_without_running(const std::function<ApiStatus()>& check,
+                                    std::vector<Call>* calls, bool* outermost) {
+  ClosedGroup closed = close_group("ncclGroupSimulateEnd", check);
+  *outermost = closed.outermost;
+  if (closed.runnable) *calls = std::move(closed.calls);
+  return closed.status;
 }
 
 ApiStatus enqueue(Call call) {

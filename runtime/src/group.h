@@ -8,7 +8,9 @@
 // EFCCL_INIT_TIMEOUT_MS, then runs the recorded calls. A group that failed cancels them.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <vector>
 
 #include "api_status.h"
 #include "call.h"
@@ -19,6 +21,13 @@ class Rendezvous;
 
 ApiStatus group_start();
 ApiStatus group_end();
+/// ncclGroupSimulateEnd's end of a group: closes it as group_end does (nesting, the group's
+/// error, the grouped inits' rendezvous) but moves the outermost group's calls to `*calls`
+/// instead of running them. `check` runs only when the outermost group closes (NCCL reads
+/// simInfo only there); its failure fails the group like a failed call. *outermost says
+/// whether the outermost group closed.
+ApiStatus group_end_without_running(const std::function<ApiStatus()>& check,
+                                    std::vector<Call>* calls, bool* outermost);
 /// Records a checked call (or runs it at once outside a group).
 ApiStatus enqueue(Call call);
 /// Marks the current group failed (no-op outside a group).

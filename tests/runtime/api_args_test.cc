@@ -82,10 +82,10 @@ TEST(RuntimeApiArgs, InitAllRejectsBadArguments) {
   EXPECT_NE(ncclCommInitAll(comms, 2, bad), ncclSuccess);  // invalid device, or no CUDA at all
 }
 
-TEST(RuntimeApiArgs, UnsupportedCallsSaySo) {
+TEST(RuntimeApiArgs, GroupSimulateEndNeedsAGroup) {
   ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
   EXPECT_EQ(ncclGroupSimulateEnd(&sim), ncclInvalidUsage);
-  EXPECT_NE(last_error().find("not supported yet"), std::string::npos) << last_error();
+  EXPECT_NE(last_error().find("without a matching ncclGroupStart"), std::string::npos) << last_error();
 }
 
 TEST(RuntimeApiArgs, SplitShrinkRevokeCheckTheirArguments) {

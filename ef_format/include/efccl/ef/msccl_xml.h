@@ -17,8 +17,11 @@ struct XmlLimits {
   std::size_t max_elements = 50u << 20;    ///< element count
 };
 
-/// Imports MSCCL/RCCL XML (see docs/ef-format.md, "MSCCL XML import"). Diagnostics name the
-/// element path with ids and the line, e.g. "algo/gpu[id=3]/tb[id=5]/step[s=2] (line 88)".
+/// Imports MSCCL/RCCL XML (see docs/ef-format.md, "MSCCL XML import"), msccl-tools' output
+/// included: an absent `outofplace` is the negation of `inplace`, and in an in-place-only
+/// program a buffer that the in-place aliasing places inside the other one (allgather's input,
+/// reducescatter's output, ...) may be declared with 0 chunks. Diagnostics name the element
+/// path with ids and the line, e.g. "algo/gpu[id=3]/tb[id=5]/step[s=2] (line 88)".
 struct XmlLoadResult {
   std::optional<Program> program;
   Diagnostics diagnostics;

@@ -1,0 +1,108 @@
+// The host executor's link-cost model (DESIGN.md "Host reference executor"): a deterministic
+// discrete-event walk of a Program that moves no data and predicts how long a call takes.
+// Every threadblock runs its ops in the executor's order (iterations, tiles, units), each unit
+// waiting for its dependencies, its connection's data and a free slot of the same bounded
+// connections. A unit keeps its threadblock busy for at least bytes / threadblock bandwidth,
+// a transfer costs bytes / bandwidth of the connection's transport (shared by every transfer
+// through the same port) plus its latency, and local work costs its memory traffic / the
+// device's memory bandwidth. docs/timing-model.md describes the model and its numbers.
+//
+//   host::LinkCostModel model;                      // H200 NVLink defaults
+//   host::ExecOptions call{.count = 1 << 28, .dtype = ef::DataType::kFloat32};
+//   host::TimingResult t = host::predict_time(program, call, model);  // t.time_us
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "efccl/ef/program.h"
+#include "efccl/ef/status.h"
+#include "efccl/host/executor.h"
+
+namespace efccl::host {
+
+/// How a connection's data travels between two ranks.
+enum class Transport : uint8_t {
+  kNvlink,          ///< peer-to-peer over NVLink (NVSwitch): the GPU's NVLink port
+  kPcieHostStaged,  ///< staged through pinned host memory over PCIe: the GPU's PCIe port
+  kSameDevice,      ///< both ranks on one GPU: a copy through its memory
+};
+std::string_view to_string(Transport t);
+
+/// The cost of one transfer of `bytes`: latency_us + bytes / bandwidth. Bandwidth is in GB/s
+/// (1e9 bytes per second), per direction.
+struct LinkCost {
+  double latency_us = 0;
+  double bandwidth_gbps = 1;
+};
+
+/// Costs of the machine a program runs on. The defaults describe H200s on NVSwitch: they are
+/// parameters, not constants, so that other machines (and what-ifs) are one struct away.
+struct LinkCostModel {
+  /// NVLink copy bandwidth measured on H200 (395 GB/s per direction) and the per-hop latency
+  /// of a slot handoff (flag write, remote poll; about 2-3 us).
+  LinkCost nvlink{2.5, 395.0};
+  /// Host-staged PCIe path: 55 GB/s per direction; the latency (two PCIe crossings and a
+  /// host-memory flag) is an estimate, not a measurement.
+  LinkCost pcie_host_staged{5.0, 55.0};
+  /// Ranks sharing a GPU: a device-memory copy (half of local_bandwidth_gbps: read + write).
+  LinkCost same_device{1.0, 1500.0};
+  /// Device-memory traffic (reads + writes) per second for local work: copies, reductions,
+  /// reading a received slot. HBM3e of an H200 sustains about 3000 GB/s of copy traffic.
+  double local_bandwidth_gbps = 3000.0;
+  /// The most payload one threadblock moves per second: a unit of `b` bytes keeps its
+  /// threadblock busy for at least b / this. A one-threadblock ring allreduce over two H200s
+  /// measured 12.6 GB/s busbw with 128 KiB slots (docs/performance.md), which this model
+  /// reproduces with 25 GB/s; it is why programs need many threadblocks to fill a link.
+  double threadblock_bandwidth_gbps = 25.0;
+  /// Added once per program launch (kernel launch and the first flag round trip).
+  double launch_overhead_us = 6.0;
+
+  /// The transport of connections between different devices unless overridden below.
+  Transport default_transport = Transport::kNvlink;
+  /// Overrides per (sender, receiver) rank pair ...
+  std::map<std::pair<int32_t, int32_t>, Transport> pair_transport;
+  /// ... and per connection (sender, receiver, channel), which wins over the pair's.
+  std::map<std::tuple<int32_t, int32_t, int32_t>, Transport> connection_transport;
+  /// Per program rank: its device. Ranks with equal entries share one GPU (its ports and
+  /// memory) and talk through kSameDevice. Empty: every rank has a GPU of its own.
+  std::vector<int64_t> rank_devices;
+
+  /// The transport of connection (sender, receiver, channel).
+  Transport transport(int32_t sender, int32_t receiver, int32_t channel) const;
+  /// The cost parameters of `t`.
+  const LinkCost& cost(Transport t) const;
+  /// Rank `rank`'s device (rank_devices, or the rank itself when that is empty or short).
+  int64_t device_of(int32_t rank) const;
+};
+
+/// A model's parameters are usable: positive bandwidths, non-negative latencies and overhead.
+Status check_model(const LinkCostModel& model);
+
+/// A predicted execution.
+struct TimingResult {
+  Status status;  ///< not ok on deadlock or on an invalid call, program or model
+  bool deadlock = false;
+  std::vector<BlockedThreadblock> blocked;  ///< filled on deadlock, as ExecResult's
+  /// Predicted completion in microseconds: the launch overhead plus the time the last
+  /// threadblock finishes. 0 for a call with no data (nothing is launched).
+  double time_us = 0;
+  uint64_t iterations = 0;     ///< tiles per chunk
+  uint64_t link_bytes = 0;     ///< bytes carried over connections, all ranks together
+  uint64_t local_bytes = 0;    ///< device-memory traffic of local work, all ranks together
+  double busiest_port_us = 0;  ///< the most time any one port (or memory) was busy
+};
+
+/// Predicts the time of one call of `program` (options.count elements of options.dtype; the
+/// operator, premul scalars and in-place data do not change the time) under `model`, with the
+/// executor's tiles and slots (options.slot_bytes, options.connection_slots). Deterministic:
+/// equal inputs give equal results. Moves no data and allocates no buffers.
+TimingResult predict_time(const ef::Program& program, const ExecOptions& options,
+                          const LinkCostModel& model = {});
+
+}  // namespace efccl::host

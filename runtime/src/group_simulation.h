@@ -1,0 +1,50 @@
+// ncclGroupSimulateEnd: ends the thread's group as ncclGroupEnd does (nesting, the group's
+// error, grouped inits), but instead of launching its calls predicts how long they take with
+// the host executor's link-cost model (efccl/host/timing.h, docs/timing-model.md) and discards
+// them, as NCCL does. Collectives are timed through the programs the registry selects for
+// them, send/receive through the rounds a clique would launch.
+//
+// estimatedTime is in microseconds (NCCL's unit: its tuning model's latency in us plus
+// bytes / (1000 * GB/s)). NCCL reports the model time of the last collective batch it planned
+// and nothing for send/receive; efccl reports the whole group: every launch it would make,
+// one after another.
+#pragma once
+
+#include <nccl.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "api_status.h"
+#include "call.h"
+#include "efccl/ef/status.h"
+#include "efccl/host/timing.h"
+#include "p2p_program.h"
+#include "registry.h"
+
+namespace efccl::runtime {
+
+/// Checks that `sim_info` was set up by NCCL_SIM_INFO_INITIALIZER: not null, a size that
+/// covers the magic, and the magic. The version is not checked (NCCL does not either).
+ApiStatus check_sim_info(const ncclSimInfo_t* sim_info);
+
+/// Predicted time (us) of one collective call run through the programs `registry` selects:
+/// one launch per plan piece. `model.rank_devices` is indexed by communicator rank.
+StatusOr<double> estimate_collective(Registry& registry, const CallShape& call,
+                                     const host::LinkCostModel& model);
+
+/// Predicted time (us) of one group's send/receive transfers on one communicator: the rounds
+/// plan_p2p_rounds makes (one launch each) and copies to self. `model.rank_devices` is indexed
+/// by communicator rank.
+StatusOr<double> estimate_transfers(std::vector<Transfer> transfers,
+                                    const host::LinkCostModel& model);
+
+/// Predicted time (us) of a group's calls: each communicator's collectives (matched across
+/// ranks by their order, as the clique matches them) and its send/receive rounds, summed.
+StatusOr<double> estimate_group(const std::vector<Call>& calls);
+
+/// ncclGroupSimulateEnd.
+ApiStatus group_simulate_end(ncclSimInfo_t* sim_info);
+
+}  // namespace efccl::runtime
