@@ -1,6 +1,31 @@
 #include "call.h"
 
+#include <cstdint>
+
 namespace efccl::runtime {
+
+bool is_inplace(const Call& c) {
+  const auto send = reinterpret_cast<uintptr_t>(c.sendbuff);
+  const auto recv = reinterpret_cast<uintptr_t>(c.recvbuff);
+  const uint64_t bytes = c.count * ef::size_of(c.dtype);
+  switch (c.kind) {
+    case CallKind::kAllReduce:
+    case CallKind::kAllToAll:
+    case CallKind::kBroadcast:
+    case CallKind::kReduce:
+      return send == recv;
+    case CallKind::kAllGather:
+      return send == recv + static_cast<uint64_t>(c.rank) * bytes;
+    case CallKind::kReduceScatter:
+      return recv == send + static_cast<uint64_t>(c.rank) * bytes;
+    case CallKind::kGather:
+      return send == recv + static_cast<uint64_t>(c.root) * bytes;
+    case CallKind::kScatter:
+      return recv == send + static_cast<uint64_t>(c.root) * bytes;
+    default:
+      return false;
+  }
+}
 
 ef::Collective collective_of(CallKind k) {
   switch (k) {

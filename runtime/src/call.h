@@ -48,6 +48,8 @@ inline bool is_rooted(CallKind k) {
          k == CallKind::kScatter;
 }
 
+/// NCCL's in-place rule for this rank's call (docs/ef-format.md §2); false for send/recv.
+bool is_inplace(const Call& c);
 /// The program collective of a collective call (not for send/recv).
 ef::Collective collective_of(CallKind k);
 /// "ncclAllReduce", ...

@@ -44,30 +44,6 @@ ApiStatus cuda_status(cudaError_t e, const std::string& what) {
   return ApiStatus::cuda(what + ": " + cudaGetErrorString(e));
 }
 
-/// NCCL's in-place rule for this rank's call (docs/ef-format.md §2).
-bool call_is_inplace(const Call& c) {
-  const auto send = reinterpret_cast<uintptr_t>(c.sendbuff);
-  const auto recv = reinterpret_cast<uintptr_t>(c.recvbuff);
-  const uint64_t bytes = c.count * ef::size_of(c.dtype);
-  switch (c.kind) {
-    case CallKind::kAllReduce:
-    case CallKind::kAllToAll:
-    case CallKind::kBroadcast:
-    case CallKind::kReduce:
-      return send == recv;
-    case CallKind::kAllGather:
-      return send == recv + static_cast<uint64_t>(c.rank) * bytes;
-    case CallKind::kReduceScatter:
-      return recv == send + static_cast<uint64_t>(c.rank) * bytes;
-    case CallKind::kGather:
-      return send == recv + static_cast<uint64_t>(c.root) * bytes;
-    case CallKind::kScatter:
-      return recv == send + static_cast<uint64_t>(c.root) * bytes;
-    default:
-      return false;
-  }
-}
-
 /// The program buffers of rank `c.rank` for elements [offset, ...) (offset: element-wise
 /// collectives only). Buffers NCCL ignores on a rank are replaced as the executor expects.
 void program_buffers(const Call& c, uint64_t offset, const void** in, void** out) {
@@ -245,6 +221,11 @@ ApiStatus Clique::submit(std::vector<Call> calls, bool whole_clique) {
 // ---------------------------------------------------------------------------------------------
 // Collectives
 
+StatusOr<Plan> Clique::select(const CallShape& shape) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return registry_->select(shape);
+}
+
 ApiStatus Clique::run_collective(std::vector<Call>& set, bool* mismatch) {
   const Call& ref = set[0];
   for (const Call& c : set) {
@@ -272,10 +253,10 @@ ApiStatus Clique::run_collective(std::vector<Call>& set, bool* mismatch) {
   const Call* mode_ref = &set[0];
   for (const Call& c : set)
     if (is_rooted(ref.kind) && c.rank == ref.root) mode_ref = &c;
-  bool inplace = call_is_inplace(*mode_ref);
+  bool inplace = is_inplace(*mode_ref);
   if (!is_rooted(ref.kind)) {
     for (const Call& c : set) {
-      if (call_is_inplace(c) != inplace)
+      if (is_inplace(c) != inplace)
         return ApiStatus::invalid_usage(
             std::string(api_name(ref.kind)) + ": rank 0 calls " +
             (inplace ? "in place" : "out of place") + " but rank " + std::to_string(c.rank) +
@@ -541,26 +522,31 @@ ApiStatus Clique::run_p2p_pairs(const std::vector<Call>& calls) {
     const Direction& dab = directions[{a, b}];
     const Direction& dba = directions[{b, a}];
     for (std::size_t k = 0; k < std::max(ab.size(), ba.size()); ++k) {
-      // Planned with stand-in addresses in a fixed order, so that every process derives the
-      // same programs (each side has one buffer, at chunk 0); the real buffers of this
-      // process's ranks replace them afterwards, the other process's stay null.
-      static char stand_in[4];
-      std::vector<Transfer> transfers;
-      if (k < ab.size() && ab[k] > 0) transfers.push_back({a, b, &stand_in[0], &stand_in[1], ab[k]});
-      if (k < ba.size() && ba[k] > 0) transfers.push_back({b, a, &stand_in[2], &stand_in[3], ba[k]});
-      if (transfers.empty()) continue;
-      const auto real = [&](const void* p) -> void* {
-        if (p == &stand_in[0]) return is_local(a) ? const_cast<void*>(dab.sends[k]->sendbuff) : nullptr;
-        if (p == &stand_in[1]) return is_local(b) ? dab.recvs[k]->recvbuff : nullptr;
-        if (p == &stand_in[2]) return is_local(b) ? const_cast<void*>(dba.sends[k]->sendbuff) : nullptr;
-        if (p == &stand_in[3]) return is_local(a) ? dba.recvs[k]->recvbuff : nullptr;
-        return nullptr;
-      };
+      const uint64_t bytes_ab = k < ab.size() ? ab[k] : 0, bytes_ba = k < ba.size() ? ba[k] : 0;
+      if (bytes_ab == 0 && bytes_ba == 0) continue;
+      // The pair's four buffers (a's send, b's receive, b's send, a's receive); those of the
+      // other process's ranks stay null.
+      void* const buffer[4] = {
+          bytes_ab > 0 && is_local(a) ? const_cast<void*>(dab.sends[k]->sendbuff) : nullptr,
+          bytes_ab > 0 && is_local(b) ? dab.recvs[k]->recvbuff : nullptr,
+          bytes_ba > 0 && is_local(b) ? const_cast<void*>(dba.sends[k]->sendbuff) : nullptr,
+          bytes_ba > 0 && is_local(a) ? dba.recvs[k]->recvbuff : nullptr};
       // The pair's rounds for these sizes: planned and prepared once, then reused (programs
       // and executors depend only on the pair and the sizes).
-      const PairKey pkey{a, b, k < ab.size() ? ab[k] : 0, k < ba.size() ? ba[k] : 0};
+      const PairKey pkey{a, b, bytes_ab, bytes_ba};
       auto cached = pair_rounds_.find(pkey);
       if (cached == pair_rounds_.end()) {
+        // Planned with stand-in addresses in a fixed order, so that every process derives the
+        // same programs (each side has one buffer, at chunk 0).
+        static char stand_in[4];
+        std::vector<Transfer> transfers;
+        if (bytes_ab > 0) transfers.push_back({a, b, &stand_in[0], &stand_in[1], bytes_ab});
+        if (bytes_ba > 0) transfers.push_back({b, a, &stand_in[2], &stand_in[3], bytes_ba});
+        const auto slot = [&](const void* p) {
+          for (int i = 0; i < 4; ++i)
+            if (p == &stand_in[i]) return i;
+          return -1;
+        };
         std::vector<PairRound> prepared;
         for (P2pRound& round : plan_p2p_rounds(transfers, &p2p_channels)) {
           const std::pair<int32_t, int32_t> pair{a, b};
@@ -577,11 +563,6 @@ ApiStatus Clique::run_p2p_pairs(const std::vector<Call>& calls) {
             return s;
           pr.chunk_bytes = round.chunk_bytes;
           pr.ranks = round.ranks;
-          const auto slot = [&](const void* p) {
-            for (int i = 0; i < 4; ++i)
-              if (p == &stand_in[i]) return i;
-            return -1;
-          };
           for (const void* in : round.inputs) pr.input_slot.push_back(slot(in));
           for (const void* out : round.outputs) pr.output_slot.push_back(slot(out));
           prepared.push_back(std::move(pr));
@@ -597,8 +578,8 @@ ApiStatus Clique::run_p2p_pairs(const std::vector<Call>& calls) {
         l.args.op = ef::RedOp::kSum;
         l.args.inplace = false;
         l.args.timeout = timeout_;
-        for (int i : round.input_slot) l.args.inputs.push_back(i < 0 ? nullptr : real(&stand_in[i]));
-        for (int i : round.output_slot) l.args.outputs.push_back(i < 0 ? nullptr : real(&stand_in[i]));
+        for (int i : round.input_slot) l.args.inputs.push_back(i < 0 ? nullptr : buffer[i]);
+        for (int i : round.output_slot) l.args.outputs.push_back(i < 0 ? nullptr : buffer[i]);
         for (int32_t r : round.ranks) {
           if (!is_local(r)) continue;
           l.ranks.push_back(r);

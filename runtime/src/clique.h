@@ -75,6 +75,9 @@ class Clique {
   /// `whole_clique`: the group holds calls of every rank, so nothing may stay unmatched.
   ApiStatus submit(std::vector<Call> calls, bool whole_clique);
 
+  /// The registry's plan for a call shape (what a collective of that shape would run).
+  StatusOr<Plan> select(const CallShape& shape);
+
   /// Non-blocking: the first failure a kernel reported (or the abort), as ncclCommGetAsyncError
   /// returns it.
   ApiStatus async_error();

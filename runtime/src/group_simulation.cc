@@ -52,37 +52,6 @@ StatusOr<double> predict(const ef::Program& program, const host::ExecOptions& op
   return t.time_us;
 }
 
-/// NCCL's in-place rule for one rank's call: the rule the clique runs the call by.
-bool is_inplace(const Call& c) {
-  const auto send = reinterpret_cast<uintptr_t>(c.sendbuff);
-  const auto recv = reinterpret_cast<uintptr_t>(c.recvbuff);
-  const uint64_t bytes = c.count * ef::size_of(c.dtype);
-  switch (c.kind) {
-    case CallKind::kAllGather:
-      return send == recv + static_cast<uint64_t>(c.rank) * bytes;
-    case CallKind::kReduceScatter:
-      return recv == send + static_cast<uint64_t>(c.rank) * bytes;
-    case CallKind::kGather:
-      return send == recv + static_cast<uint64_t>(c.root) * bytes;
-    case CallKind::kScatter:
-      return recv == send + static_cast<uint64_t>(c.root) * bytes;
-    default:
-      return send == recv;
-  }
-}
-
-/// The registry simulations select from. Cliques do not expose theirs; every clique builds its
-/// own from the environment (user programs, NCCL_PROTO, the tuning table), so one built the same
-/// way selects the same programs while the environment is unchanged. Guarded by the mutex.
-std::mutex& registry_mutex() {
-  static std::mutex m;
-  return m;
-}
-Registry& simulation_registry() {
-  static std::unique_ptr<Registry> registry = Registry::from_environment();
-  return *registry;
-}
-
 /// The model for a clique: the defaults, with the ranks' GPUs when every rank is in this
 /// process (device ordinals of other processes say nothing about which GPU they name).
 host::LinkCostModel model_for(const Clique& clique) {
@@ -158,8 +127,14 @@ StatusOr<double> estimate_collective(Registry& registry, const CallShape& call,
   if (call.count == 0) return 0.0;  // the clique launches nothing
   StatusOr<Plan> plan = registry.select(call);
   if (!plan) return plan.status();
+  return estimate_plan(*plan, call, model);
+}
+
+StatusOr<double> estimate_plan(const Plan& plan, const CallShape& call,
+                               const host::LinkCostModel& model) {
+  if (call.count == 0) return 0.0;
   double total = 0;
-  for (const PlanPiece& piece : plan->pieces) {
+  for (const PlanPiece& piece : plan.pieces) {
     StatusOr<double> t =
         predict(*piece.program, launch_options(piece.count, call.dtype, call.inplace), model);
     if (!t) return t.status();
@@ -229,10 +204,9 @@ StatusOr<double> estimate_group(const std::vector<Call>& calls) {
       shape.count = ref->count;
       shape.dtype = ref->dtype;
       shape.inplace = is_inplace(mode != nullptr ? *mode : *ref);
-      StatusOr<double> t = [&] {
-        std::lock_guard<std::mutex> lock(registry_mutex());
-        return estimate_collective(simulation_registry(), shape, model);
-      }();
+      // The clique's own registry: the plan its call would run.
+      StatusOr<Plan> plan = clique->select(shape);
+      StatusOr<double> t = plan ? estimate_plan(*plan, shape, model) : StatusOr<double>(plan.status());
       if (!t) return Status::error(describe(*ref) + ": " + t.status().message());
       total += *t;
     }

@@ -33,6 +33,9 @@ ApiStatus check_sim_info(const ncclSimInfo_t* sim_info);
 /// one launch per plan piece. `model.rank_devices` is indexed by communicator rank.
 StatusOr<double> estimate_collective(Registry& registry, const CallShape& call,
                                      const host::LinkCostModel& model);
+/// The same for a plan already selected (the clique's registry chose it).
+StatusOr<double> estimate_plan(const Plan& plan, const CallShape& call,
+                               const host::LinkCostModel& model);
 
 /// Predicted time (us) of one group's send/receive transfers on one communicator: the rounds
 /// plan_p2p_rounds makes (one launch each) and copies to self. `model.rank_devices` is indexed
