@@ -21,6 +21,7 @@
 #include "communicator.h"
 #include "device_guard.h"
 #include "efccl/host/numeric.h"
+#include "fallback.h"
 #include "group.h"
 #include "group_simulation.h"
 #include "init_rank.h"
@@ -272,6 +273,12 @@ EFCCL_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* d
   log_version_once();
   auto clique = efccl::runtime::Clique::create(devices, efccl::runtime::Registry::from_environment());
   if (!clique) return report(fn, ApiStatus::cuda(clique.status().message()));
+  std::shared_ptr<efccl::runtime::CliqueFallback> fallback;
+  if (ApiStatus s = efccl::runtime::create_fallback(
+          efccl::runtime::single_process_fallback_plan(devices), &fallback);
+      !s)
+    return report(fn, s);
+  (*clique)->set_fallback(std::move(fallback));
   for (int r = 0; r < ndev; ++r) {
     auto* comm = new ncclComm();
     comm->rank = r;
@@ -317,6 +324,7 @@ ApiStatus init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& id, int
   comm->device = device;
   comm->init = efccl::runtime::CommInit::kPending;
   comm->blocking = cfg.blocking;
+  comm->real_config = cfg.real;
   std::shared_ptr<efccl::runtime::Rendezvous> rendezvous;
   if (ApiStatus s = efccl::runtime::join_rendezvous(id, nranks, rank, device, device_error, comm,
                                                     &rendezvous, local_only);
@@ -475,6 +483,7 @@ ncclResult_t release_comm(const char* fn, ncclComm_t comm, bool abort) {
   // After this no other thread touches the communicator; a pending one fails its rendezvous.
   efccl::runtime::leave_rendezvous(comm, abort);
   if (abort && comm->clique != nullptr) comm->clique->abort(comm->rank);
+  const ApiStatus real = efccl::runtime::release_fallback(comm, abort);
   {
     std::lock_guard<std::mutex> lock(comm->ops_mu);
     for (void* h : comm->registrations) delete static_cast<ncclWindow_vidmem*>(h);
@@ -485,7 +494,7 @@ ncclResult_t release_comm(const char* fn, ncclComm_t comm, bool abort) {
                  (abort ? " - Abort COMPLETE" : " - Destroy COMPLETE"));
   comm->magic = efccl::runtime::kCommDeadMagic;
   delete comm;
-  return ncclSuccess;
+  return report(fn, real);
 }
 }  // namespace
 
@@ -497,7 +506,9 @@ EFCCL_ALIAS(ncclCommAbort)
 
 EFCCL_API ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   if (ApiStatus s = efccl::runtime::check_comm(comm); !s) return report("ncclCommFinalize", s);
-  return report("ncclCommFinalize", comm->clique->finalize(comm->rank));
+  ApiStatus s = comm->clique->finalize(comm->rank);
+  if (s) s = efccl::runtime::finalize_fallback(comm);
+  return report("ncclCommFinalize", s);
 }
 EFCCL_ALIAS(ncclCommFinalize)
 
@@ -516,7 +527,8 @@ EFCCL_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyn
       if (comm->revoked.load()) {
         *asyncError = ncclSuccess;
       } else {
-        const ApiStatus async = comm->clique->async_error();
+        ApiStatus async = comm->clique->async_error();
+        if (async) async = efccl::runtime::fallback_async_error(comm);
         efccl::runtime::remember(fn, async);
         *asyncError = async.code();
       }
@@ -842,6 +854,9 @@ EFCCL_API ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, in
     return report(fn, ApiStatus::invalid_argument("rank " + std::to_string(comm->rank) +
                                                   " excludes itself; excluded ranks do not call ncclCommShrink"));
   if (shrinkFlags == NCCL_SHRINK_ABORT) {
+    // NCCL's stuck kernels would block the synchronization below too.
+    if (ApiStatus s = efccl::runtime::revoke_fallback(comm); !s)
+      EFCCL_WARN(comm->device, std::string(fn) + ": " + s.message());
     comm->clique->abort(comm->rank);
     DeviceGuard guard;
     cudaSetDevice(comm->device);
@@ -864,12 +879,13 @@ EFCCL_API ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
   // (ncclCommGetAsyncError: ncclSuccess) when this returns. Later operations are refused;
   // destroy, split and shrink remain allowed.
   comm->revoked.store(true);
+  const ApiStatus real = efccl::runtime::revoke_fallback(comm);
   comm->clique->abort(comm->rank);
   DeviceGuard guard;
   cudaSetDevice(comm->device);
   (void)cudaDeviceSynchronize();
   (void)cudaGetLastError();
-  return ncclSuccess;
+  return report(fn, real);
 }
 EFCCL_ALIAS(ncclCommRevoke)
 

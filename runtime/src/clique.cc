@@ -10,6 +10,7 @@
 
 #include "bootstrap.h"
 #include "efccl/ef/json_io.h"
+#include "fallback.h"
 #include "logger.h"
 #include "p2p_program.h"
 #include "tuning.h"
@@ -272,6 +273,7 @@ ApiStatus Clique::run_collective(std::vector<Call>& set, bool* mismatch) {
   shape.dtype = ref.dtype;
   shape.inplace = inplace;
   StatusOr<Plan> plan = registry_->select(shape);
+  if (!plan && fallback_ != nullptr) return fallback_->run(set, plan.status().message(), timeout_);
   if (!plan) return ApiStatus::internal(std::string(api_name(ref.kind)) + ": " + plan.status().message());
 
   std::vector<cudaStream_t> streams;

@@ -39,6 +39,7 @@
 namespace efccl::runtime {
 
 class Bootstrap;
+class CliqueFallback;
 
 /// Where the ranks of a multi-process communicator run.
 struct ProcessMap {
@@ -88,6 +89,13 @@ class Clique {
   void peer_failed(int32_t peer, const std::string& why);
   /// Waits until the rank's device has finished the clique's work, then reports async_error().
   ApiStatus finalize(int32_t rank);
+
+  /// EFCCL_FALLBACK=nccl (fallback.h): where collectives no program covers run. Set once,
+  /// before the clique's communicators are handed out; null: such calls fail.
+  void set_fallback(std::shared_ptr<CliqueFallback> fallback) { fallback_ = std::move(fallback); }
+  CliqueFallback* fallback() const { return fallback_.get(); }
+  /// How long a call may wait without progress (EFCCL_TIMEOUT_MS).
+  std::chrono::nanoseconds timeout() const { return timeout_; }
 
  private:
   Clique(std::vector<int> rank_devices, std::unique_ptr<Registry> registry);
@@ -159,6 +167,7 @@ class Clique {
   std::vector<device::DeviceExecutor*> live_executors_;
   ApiStatus async_error_;  ///< sticky once set
   ApiStatus peer_failure_;  ///< a peer process died (under exec_list_mu_)
+  std::shared_ptr<CliqueFallback> fallback_;
 };
 
 }  // namespace efccl::runtime

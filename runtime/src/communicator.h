@@ -19,6 +19,7 @@
 
 #include "api_status.h"
 #include "clique.h"
+#include "init_rank.h"
 
 namespace efccl::runtime {
 
@@ -55,6 +56,8 @@ struct ncclComm {
   /// ncclCommInitRank*: the rendezvous of its unique id (immutable; null for ncclCommInitAll).
   std::shared_ptr<efccl::runtime::Rendezvous> rendezvous;
   bool blocking = true;  ///< ncclConfig_t::blocking (efccl completes every init synchronously)
+  /// ncclCommInitRank*'s config, for the real communicator of EFCCL_FALLBACK=nccl.
+  efccl::runtime::RealConfig real_config;
   std::mutex ops_mu;  ///< guards premul_ops
   std::vector<efccl::runtime::PreMulSumOp> premul_ops;  ///< op value ncclNumOps + index
   /// Handles of ncclCommRegister / ncclCommWindowRegister (no-op registrations), under ops_mu.

@@ -9,6 +9,7 @@
 #include <map>
 #include <random>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "bootstrap.h"
 #include "clique.h"
 #include "communicator.h"
+#include "fallback.h"
 #include "logger.h"
 #include "registry.h"
 
@@ -177,6 +179,46 @@ std::string pointer(const void* p) {
   return m.str();
 }
 
+/// What create_fallback needs of a complete rendezvous (`r.mu` held, so the members'
+/// communicators are alive). `processes`: null when every rank is in this process.
+FallbackPlan fallback_plan_locked(const Rendezvous& r, const std::vector<int>& all_devices,
+                                  const ProcessMap* processes,
+                                  const std::vector<std::shared_ptr<Bootstrap>>& boots) {
+  FallbackPlan plan;
+  if (processes == nullptr) {
+    plan = single_process_fallback_plan(all_devices);
+  } else {
+    // Several ranks on one GPU, in any processes of the host: NCCL refuses the communicator.
+    // Decided from the table, so that every process decides alike.
+    plan.nranks = r.nranks;
+    std::map<std::string, int> first_rank_on;
+    for (int rank = 0; rank < r.nranks; ++rank) {
+      PeerInfo info;
+      decode_info(r.table[static_cast<std::size_t>(rank)], &info);  // checked by learn_table_locked
+      const std::string gpu = info.bus_id[0] != '\0' ? std::string(info.bus_id)
+                                                     : "device " + std::to_string(info.device) +
+                                                           " of pid " + std::to_string(info.pid);
+      auto [it, fresh] = first_rank_on.emplace(std::to_string(info.host_hash) + " " + gpu, rank);
+      if (!fresh && plan.shared_gpu.empty())
+        plan.shared_gpu = "ranks " + std::to_string(it->second) + " and " + std::to_string(rank) +
+                          " share GPU " + gpu + " on " + info.host;
+      if (r.members.count(rank) != 0) {
+        plan.ranks.push_back(rank);
+        plan.devices.push_back(r.members.at(rank).device);
+      }
+    }
+    plan.leader = boots.front();
+    const std::set<int32_t> leaders(processes->leader.begin(), processes->leader.end());
+    plan.leaders.assign(leaders.begin(), leaders.end());
+  }
+  for (int32_t rank : plan.ranks) {
+    const ncclComm* comm = r.members.at(rank).comm;
+    plan.configs.push_back(comm != nullptr ? comm->real_config : RealConfig());
+  }
+  plan.abort = &r.abort;
+  return plan;
+}
+
 /// Builds the clique of a complete rendezvous (`lock` holds `r.mu`; released while CUDA works).
 void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
   r.state = Rendezvous::State::kBuilding;
@@ -227,6 +269,7 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
   }
   std::shared_ptr<Clique> clique;
   if (status) {
+    const FallbackPlan fallback_plan = fallback_plan_locked(r, all_devices, processes.get(), boots);
     lock.unlock();
     // The members' bootstraps have received the table (one did; the root sent it to all).
     for (const auto& b : boots) {
@@ -237,6 +280,11 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
     const bool single_process = processes == nullptr;
     StatusOr<std::shared_ptr<Clique>> created = Status::error("not created");
     if (status) created = Clique::create(all_devices, Registry::from_environment(), std::move(processes));
+    if (status && created) {
+      std::shared_ptr<CliqueFallback> fallback;
+      status = create_fallback(fallback_plan, &fallback);
+      (*created)->set_fallback(std::move(fallback));
+    }
     if (single_process)
       for (const auto& b : boots) b->close();  // everything is in this process: no more messages
     lock.lock();
@@ -356,6 +404,9 @@ ApiStatus parse_config(const ncclConfig_t* config, CommConfig* out) {
   if (!bool_ok(c.nvlinkCentricSched)) return bad("nvlinkCentricSched", c.nvlinkCentricSched, "0 or 1");
 
   out->blocking = c.blocking != 0;  // undefined: blocking, as NCCL
+  out->real.fields = c;
+  if (c.netName != nullptr) out->real.net_name = c.netName;
+  if (c.commName != nullptr) out->real.comm_name = c.commName;
   std::ostringstream hints;
   const auto hint = [&](const char* name, int v) {
     if (v != kUndef) hints << ' ' << name << '=' << describe_int(v);
@@ -374,6 +425,25 @@ ApiStatus parse_config(const ncclConfig_t* config, CommConfig* out) {
   hint("nvlinkCentricSched", c.nvlinkCentricSched);
   out->hints = hints.str();
   return ApiStatus::ok();
+}
+
+ncclConfig_t RealConfig::get() const {
+  ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+  c.blocking = fields.blocking;
+  c.cgaClusterSize = fields.cgaClusterSize;
+  c.minCTAs = fields.minCTAs;
+  c.maxCTAs = fields.maxCTAs;
+  c.netName = net_name ? net_name->c_str() : nullptr;
+  c.splitShare = fields.splitShare;
+  c.trafficClass = fields.trafficClass;
+  c.commName = comm_name ? comm_name->c_str() : nullptr;
+  c.collnetEnable = fields.collnetEnable;
+  c.CTAPolicy = fields.CTAPolicy;
+  c.shrinkShare = fields.shrinkShare;
+  c.nvlsCTAs = fields.nvlsCTAs;
+  c.nChannelsPerNetPeer = fields.nChannelsPerNetPeer;
+  c.nvlinkCentricSched = fields.nvlinkCentricSched;
+  return c;
 }
 
 ApiStatus join_rendezvous(const ncclUniqueId& id, int nranks, int rank, int device,
@@ -495,6 +565,7 @@ void cancel_rendezvous(const std::shared_ptr<Rendezvous>& r, const ApiStatus& wh
     erase_from_registry(r);
   } else if (r->state == Rendezvous::State::kBuilding && r->cancelled) {
     r->cancelled = why;
+    r->abort.store(true);  // the builder's waits (bootstrap, NCCL fallback init) give up
   }
 }
 
@@ -512,6 +583,7 @@ void leave_rendezvous(ncclComm* comm, bool abort) {
       (abort ? "aborted" : "destroyed") + " before its clique formed");
   if (r->state == Rendezvous::State::kBuilding) {
     if (r->cancelled) r->cancelled = why;
+    r->abort.store(true);  // the builder's waits (bootstrap, NCCL fallback init) give up
     return;
   }
   fail_locked(*r, why);

@@ -27,6 +27,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,10 +40,20 @@ namespace efccl::runtime {
 
 class Rendezvous;
 
+/// A ncclConfig_t kept beyond the call that passed it, for the real NCCL communicator of
+/// EFCCL_FALLBACK=nccl (fallback.h): its fields as parse_config read them, strings owned.
+struct RealConfig {
+  ncclConfig_t fields = NCCL_CONFIG_INITIALIZER;
+  std::optional<std::string> net_name, comm_name;
+  /// A config of this header's version carrying the fields, its strings pointing here.
+  ncclConfig_t get() const;
+};
+
 /// What efccl takes from a ncclConfig_t.
 struct CommConfig {
   bool blocking = true;
   std::string hints;  ///< performance hints that were set (and are ignored), for the log
+  RealConfig real;
 };
 
 /// Reads `config` as NCCL 2.28 does: `size` bytes at most (the rest default), fields newer than

@@ -153,13 +153,25 @@ std::vector<std::pair<ef::Program, std::string>> load_user_programs() {
   return programs;
 }
 
+bool builtins_from_environment() {
+  const char* v = std::getenv("EFCCL_BUILTINS");
+  if (v == nullptr || *v == '\0') return true;
+  const std::string value = lower(v);
+  if (value == "1" || value == "on") return true;
+  if (value == "0" || value == "off") return false;
+  EFCCL_WARN(-1, "EFCCL_BUILTINS=" + std::string(v) +
+                     " is not 0/off or 1/on; the built-in algorithms stay enabled");
+  return true;
+}
+
 std::unique_ptr<Registry> Registry::from_environment() {
-  return std::make_unique<Registry>(load_user_programs(), ProtocolFilter::from_environment());
+  return std::make_unique<Registry>(load_user_programs(), ProtocolFilter::from_environment(),
+                                    builtins_from_environment());
 }
 
 Registry::Registry(std::vector<std::pair<ef::Program, std::string>> user_programs,
-                   ProtocolFilter filter)
-    : filter_(std::move(filter)) {
+                   ProtocolFilter filter, bool builtins)
+    : filter_(std::move(filter)), use_builtins_(builtins) {
   for (auto& [program, file] : user_programs) user_.push_back({std::move(program), std::move(file)});
   // Built-ins are generated for the first allowed protocol (the interpreter's results never
   // depend on it; NCCL_PROTO only restricts what may be chosen).
@@ -210,6 +222,7 @@ StatusOr<Plan> Registry::select(const CallShape& call) {
   const std::string collective(ef::to_string(call.collective));
 
   // 1. User programs that claim the call (collective and byte range) take precedence.
+  std::string skipped;  // why claiming programs could not run it
   for (const UserProgram& u : user_) {
     const ef::Program& p = u.program;
     if (p.collective != call.collective || api_bytes < p.min_bytes ||
@@ -224,6 +237,7 @@ StatusOr<Plan> Registry::select(const CallShape& call) {
                  "skipping user program '" + p.name + "' (" + u.file + ") for " + collective +
                      " count " + std::to_string(call.count) + ": " + why_not);
       notify_selection(record);
+      skipped += "; user program '" + p.name + "' (" + u.file + ") claims it but " + why_not;
       continue;
     }
     Plan plan;
@@ -236,6 +250,12 @@ StatusOr<Plan> Registry::select(const CallShape& call) {
   }
 
   // 2. The built-in library, through the tuning table.
+  if (!use_builtins_)
+    return Status::error(
+        "no user program covers " + collective + " count " + std::to_string(call.count) + " " +
+        std::string(ef::to_string(call.dtype)) + " (" + std::to_string(api_bytes) + " bytes, " +
+        std::to_string(call.nranks) + " ranks, " + (call.inplace ? "in place" : "out of place") +
+        ") and the built-in algorithms are disabled (EFCCL_BUILTINS=0)" + skipped);
   const BuiltinChoice choice = choose_builtin(call.collective, call.nranks, call_bytes(call));
   if (choice.algorithm.empty())
     return Status::error("no built-in algorithm for " + collective + " with " +

@@ -1,7 +1,9 @@
 // The algorithm registry of one clique: user programs (EFCCL_ALGO_DIR, EFCCL_ALGO_FILES, read
 // when the communicators are created) first, then the built-in library chosen by the tuning
-// table. Programs are generated once and cached; the pointers returned stay valid for the
-// registry's lifetime (the executor cache is keyed by them).
+// table, unless EFCCL_BUILTINS=0 leaves only the user programs (MSCCL's mode; with
+// EFCCL_FALLBACK=nccl, NCCL runs what they do not cover). Programs are generated once and cached;
+// the pointers returned stay valid for the registry's lifetime (the executor cache is keyed by
+// them).
 #pragma once
 
 #include <cstdint>
@@ -52,10 +54,13 @@ struct ProtocolFilter {
 
 class Registry {
  public:
-  /// Reads user programs from the environment; bad files are logged and skipped.
+  /// Reads user programs and EFCCL_BUILTINS from the environment; bad files are logged and
+  /// skipped.
   static std::unique_ptr<Registry> from_environment();
-  /// For tests: user programs given directly (already loaded), and a protocol filter.
-  Registry(std::vector<std::pair<ef::Program, std::string>> user_programs, ProtocolFilter filter);
+  /// For tests: user programs given directly (already loaded), a protocol filter, and whether
+  /// the built-in library may be used.
+  Registry(std::vector<std::pair<ef::Program, std::string>> user_programs, ProtocolFilter filter,
+           bool builtins = true);
 
   /// The plan for one call, or why there is none.
   StatusOr<Plan> select(const CallShape& call);
@@ -71,6 +76,7 @@ class Registry {
                                        int32_t instances, bool inplace_variant);
   std::vector<UserProgram> user_;
   ProtocolFilter filter_;
+  bool use_builtins_ = true;
   ef::Protocol builtin_protocol_ = ef::Protocol::kSimple;
   std::map<std::tuple<std::string, int32_t, int32_t, int32_t, bool>, std::unique_ptr<ef::Program>>
       builtins_;
@@ -81,5 +87,8 @@ void notify_selection(const SelectionRecord& record);
 
 /// Loads the user program files named by EFCCL_ALGO_DIR and EFCCL_ALGO_FILES, validated.
 std::vector<std::pair<ef::Program, std::string>> load_user_programs();
+
+/// EFCCL_BUILTINS: unset, "1" or "on" -> true; "0" or "off" -> false; else a warning and true.
+bool builtins_from_environment();
 
 }  // namespace efccl::runtime

@@ -15,10 +15,17 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "efccl/algorithms/registry.h"
+#include "efccl/ef/json_io.h"
+#include "efccl/runtime/observer.h"
+#include "runtime_test_util.h"
 
 namespace {
 
@@ -306,6 +313,87 @@ TEST(MultiProcess, EveryCollectiveOneRankPerProcess) {
   job.nprocs = 2;
   job.body = [](int proc, const ncclUniqueId& id) { return collectives_body(proc, 2, id, 2); };
   EXPECT_JOB_PASSED(run_job(job));
+}
+
+/// EFCCL_FALLBACK=nccl with one rank per process and GPU, in MSCCL's mode (the job's
+/// environment): the user program runs allreduce; allgather and broadcast run on NCCL, whose
+/// unique id rank 0's process sent through efccl's bootstrap. Exact int32 results.
+int fallback_body(int rank, int n, const ncclUniqueId& id) {
+  if (gpus_in_child() < n) return kSkip;
+  CHILD_CUDA(cudaSetDevice(rank));
+  std::mutex mu;
+  std::vector<std::string> lines;
+  efccl::runtime::set_log_sink([&](const std::string& line) {
+    std::lock_guard<std::mutex> lock(mu);
+    lines.push_back(line);
+  });
+  const auto logged = [&](const std::string& a, const std::string& b) {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const std::string& l : lines)
+      if (l.find(a) != std::string::npos && l.find(b) != std::string::npos) return true;
+    return false;
+  };
+  ncclComm_t comm = nullptr;
+  CHILD_NCCL(ncclCommInitRank(&comm, n, id, rank));
+  CHILD_CHECK(logged("EFCCL_FALLBACK=nccl: NCCL communicators of rank(s) " + std::to_string(rank),
+                     "(of " + std::to_string(n) + ") created on NCCL"),
+              "no NCCL communicator was created");
+  cudaStream_t stream = nullptr;
+  CHILD_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const std::size_t count = 1 << 16;
+  const auto value = [](int r, std::size_t i) { return r * 1000003 + static_cast<int32_t>(i); };
+  std::vector<int32_t> mine(count);
+  for (std::size_t i = 0; i < count; ++i) mine[i] = value(rank, i);
+  void* in = upload(mine);
+  void* reduced = upload(std::vector<int32_t>(count, -1));
+  void* gathered = upload(std::vector<int32_t>(count * static_cast<std::size_t>(n), -1));
+  void* bcast = upload(mine);
+  CHILD_NCCL(ncclAllReduce(in, reduced, count, ncclInt32, ncclSum, comm, stream));
+  CHILD_NCCL(ncclAllGather(in, gathered, count, ncclInt32, comm, stream));
+  CHILD_NCCL(ncclBroadcast(bcast, bcast, count, ncclInt32, n - 1, comm, stream));
+  CHILD_CUDA(cudaStreamSynchronize(stream));
+  ncclResult_t async = ncclInProgress;
+  CHILD_NCCL(ncclCommGetAsyncError(comm, &async));
+  CHILD_CHECK(async == ncclSuccess, "async error %d", async);
+  const auto r = download<int32_t>(reduced, count);
+  const auto g = download<int32_t>(gathered, count * static_cast<std::size_t>(n));
+  const auto b = download<int32_t>(bcast, count);
+  for (std::size_t i = 0; i < count; ++i) {
+    int32_t sum = 0;
+    for (int q = 0; q < n; ++q) {
+      sum += value(q, i);
+      CHILD_CHECK(g[static_cast<std::size_t>(q) * count + i] == value(q, i),
+                  "allgather block %d [%zu]", q, i);
+    }
+    CHILD_CHECK(r[i] == sum, "allreduce [%zu] = %d, expected %d", i, r[i], sum);
+    CHILD_CHECK(b[i] == value(n - 1, i), "broadcast [%zu] = %d", i, b[i]);
+  }
+  CHILD_CHECK(!logged("ncclAllReduce(", "no program covers it"), "allreduce went to NCCL");
+  CHILD_CHECK(logged("ncclAllGather(", "running it on NCCL"), "allgather was not run on NCCL");
+  CHILD_CHECK(logged("ncclBroadcast(", "running it on NCCL"), "broadcast was not run on NCCL");
+  for (void* p : {in, reduced, gathered, bcast}) cudaFree(p);
+  CHILD_NCCL(ncclCommDestroy(comm));
+  cudaStreamDestroy(stream);
+  efccl::runtime::set_log_sink(nullptr);
+  return 0;
+}
+
+TEST(MultiProcess, FallbackToNcclOneRankPerProcess) {
+  EFCCL_REQUIRE_REAL_NCCL(real);
+  // The user program (allreduce only), written before the children start.
+  efccl::algorithms::AlgorithmParams params;
+  params.ranks = 2;
+  auto p = efccl::algorithms::generate_algorithm("ring_allreduce", params);
+  ASSERT_TRUE(p) << p.status().message();
+  const std::string file = "/tmp/efccl_mp_fallback_" + std::to_string(getpid()) + ".json";
+  std::ofstream(file) << efccl::ef::save_json(*p);
+  Job job;
+  job.nprocs = 2;
+  job.env = {"EFCCL_FALLBACK=nccl", "EFCCL_BUILTINS=0", "EFCCL_ALGO_FILES=" + file,
+             "EFCCL_NCCL_LIB=" + real};
+  job.body = [](int proc, const ncclUniqueId& id) { return fallback_body(proc, 2, id); };
+  EXPECT_JOB_PASSED(run_job(job));
+  std::remove(file.c_str());
 }
 
 TEST(MultiProcess, TwoProcessesShareOneGpu) {

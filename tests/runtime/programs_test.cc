@@ -1,6 +1,7 @@
 // The runtime's own programs and its selection, checked on the host reference executor (no GPU).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -178,6 +179,48 @@ TEST(RuntimePrograms, UserProgramsTakePrecedenceOrAreSkippedWithAReason) {
   ASSERT_GE(seen.size(), 2u);
   EXPECT_NE(seen[1].reason.find("4 ranks"), std::string::npos) << seen[1].reason;
   set_selection_observer(nullptr);
+}
+
+TEST(RuntimePrograms, WithoutBuiltinsOnlyUserProgramsRun) {
+  algorithms::AlgorithmParams params;
+  params.ranks = 4;
+  auto ring = algorithms::generate_algorithm("ring_allreduce", params);
+  ASSERT_TRUE(ring);
+  ring->name = "user_ring4";
+  Registry registry({{*ring, "ring4.json"}}, ProtocolFilter{}, /*builtins=*/false);
+
+  auto plan = registry.select(shape(ef::Collective::kAllReduce, 4, 400));
+  ASSERT_TRUE(plan) << plan.status().message();
+  EXPECT_EQ(plan->pieces.at(0).program->name, "user_ring4");
+
+  // A count the program cannot take, another collective: no built-in steps in.
+  plan = registry.select(shape(ef::Collective::kAllReduce, 4, 401));
+  ASSERT_FALSE(plan);
+  EXPECT_NE(plan.status().message().find("EFCCL_BUILTINS=0"), std::string::npos)
+      << plan.status().message();
+  EXPECT_NE(plan.status().message().find("user program 'user_ring4' (ring4.json) claims it but"),
+            std::string::npos)
+      << plan.status().message();
+  plan = registry.select(shape(ef::Collective::kAllGather, 4, 400));
+  ASSERT_FALSE(plan);
+  EXPECT_NE(plan.status().message().find("no user program covers allgather count 400"),
+            std::string::npos)
+      << plan.status().message();
+}
+
+TEST(RuntimePrograms, BuiltinsSwitchReadsTheEnvironment) {
+  for (const char* on : {"1", "on", "ON"}) {
+    ASSERT_EQ(setenv("EFCCL_BUILTINS", on, 1), 0);
+    EXPECT_TRUE(builtins_from_environment()) << on;
+  }
+  for (const char* off : {"0", "off", "Off"}) {
+    ASSERT_EQ(setenv("EFCCL_BUILTINS", off, 1), 0);
+    EXPECT_FALSE(builtins_from_environment()) << off;
+  }
+  ASSERT_EQ(setenv("EFCCL_BUILTINS", "maybe", 1), 0);
+  EXPECT_TRUE(builtins_from_environment());  // a warning, and the default
+  ASSERT_EQ(unsetenv("EFCCL_BUILTINS"), 0);
+  EXPECT_TRUE(builtins_from_environment());
 }
 
 }  // namespace

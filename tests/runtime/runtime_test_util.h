@@ -7,7 +7,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -31,6 +33,27 @@ inline int visible_gpus() {
     if (have < (n))                                                                        \
       GTEST_SKIP() << "needs " << (n) << " CUDA device(s), " << have << " visible";        \
   } while (0)
+
+#ifdef NCCL_HEADER
+/// NVIDIA's libnccl.so.2 for EFCCL_FALLBACK=nccl tests: $EFCCL_REAL_NCCL, else the one next to
+/// the nccl.h the tests are built with; "" when there is none.
+inline std::string real_nccl_library() {
+  if (const char* p = std::getenv("EFCCL_REAL_NCCL"); p != nullptr && *p != '\0') return p;
+  const auto root = std::filesystem::path(NCCL_HEADER).parent_path().parent_path();
+  for (const char* lib : {"lib64", "lib"})
+    if (std::filesystem::exists(root / lib / "libnccl.so.2"))
+      return (root / lib / "libnccl.so.2").string();
+  return "";
+}
+
+/// Declares `path`: NVIDIA's libnccl.so.2, or the test skips saying where it looked.
+#define EFCCL_REQUIRE_REAL_NCCL(path)                                      \
+  const std::string path = ::efccl::runtime::testing::real_nccl_library(); \
+  if (path.empty()) {                                                      \
+    GTEST_SKIP() << "no real libnccl.so.2 next to " << NCCL_HEADER         \
+                 << " (set EFCCL_REAL_NCCL to one to run this test)";      \
+  }
+#endif
 
 #define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
 #define NCCL_OK(x) ASSERT_EQ((x), ncclSuccess) << #x << ": " << ncclGetLastError(nullptr)
