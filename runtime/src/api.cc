@@ -280,6 +280,7 @@ EFCCL_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* d
     return report(fn, s);
   (*clique)->set_fallback(std::move(fallback));
   for (int r = 0; r < ndev; ++r) {
+    (*clique)->set_driver(r, efccl::runtime::this_thread_token());  // this thread drives every rank
     auto* comm = new ncclComm();
     comm->rank = r;
     comm->device = devices[static_cast<std::size_t>(r)];
@@ -299,9 +300,11 @@ namespace {
 
 /// ncclCommInitRank* of one rank: checks the arguments, allocates the pending communicator
 /// (*newcomm valid on return, as NCCL), joins the id's rendezvous and, outside a group, waits
-/// for the clique (init_rank.h).
+/// for the clique (init_rank.h). `joined` (a grouped split): the rendezvous is handed there
+/// instead, for the caller to complete.
 ApiStatus init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& id, int rank,
-                    const ncclConfig_t* config, bool local_only = false) {
+                    const ncclConfig_t* config, bool local_only = false,
+                    std::shared_ptr<efccl::runtime::Rendezvous>* joined = nullptr) {
   if (newcomm == nullptr) return ApiStatus::invalid_argument("comm is NULL");
   *newcomm = nullptr;
   if (nranks < 1)
@@ -335,7 +338,7 @@ ApiStatus init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& id, int
   comm->rendezvous = rendezvous;
   efccl::runtime::register_comm(comm);
   *newcomm = comm;
-  const bool grouped = efccl::runtime::in_group();
+  const bool grouped = joined != nullptr || efccl::runtime::in_group();
   EFCCL_INFO(efccl::runtime::kLogInit, device,
              "comm " + hex(comm) + " rank " + std::to_string(rank) + " nRanks " +
                  std::to_string(nranks) + " cudaDev " + std::to_string(device) +
@@ -343,6 +346,10 @@ ApiStatus init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& id, int
                  (cfg.hints.empty() ? "" : " ignoring config hints:" + cfg.hints) +
                  (grouped ? " - joined; the clique forms at ncclGroupEnd"
                           : " - joined; waiting for the other ranks"));
+  if (joined != nullptr) {
+    *joined = std::move(rendezvous);
+    return ApiStatus::ok();
+  }
   if (grouped) {
     efccl::runtime::defer_init(std::move(rendezvous));
     return ApiStatus::ok();
@@ -361,87 +368,186 @@ ApiStatus init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& id, int
   return efccl::runtime::complete_rendezvous(rendezvous, deadline, timeout);
 }
 
-/// ncclCommSplit and ncclCommShrink: the `participants` (ascending parent ranks, the caller
-/// among them) exchange (color, key); ranks of the caller's color, ordered by (key, parent
-/// rank), form a new communicator, initialized like ncclCommInitRank with an id made by its
-/// new rank 0 (multi-process: shared through the parent's bootstrap; single process: an
-/// in-process id no root serves).
-ApiStatus regroup(const char* fn, ncclComm_t parent, const std::vector<int>& participants,
-                  int color, int key, ncclComm_t* newcomm, const ncclConfig_t* config) {
-  uint64_t seq = 0;
+/// One rank's ncclCommSplit / ncclCommShrink, with what it needs from the parent copied out so
+/// that a grouped one can finish at ncclGroupEnd. The `participants` (ascending parent ranks,
+/// the caller among them) exchange (color, key); ranks of the caller's color, ordered by (key,
+/// parent rank), form a new communicator, initialized like ncclCommInitRank with an id made by
+/// its new rank 0 (multi-process: shared through the parent's bootstrap; single process: an
+/// in-process id no root serves), on the parent's GPU.
+struct Regroup {
+  const char* fn = "";
+  std::shared_ptr<efccl::runtime::Clique> clique;
+  std::shared_ptr<efccl::runtime::Bootstrap> bootstrap;  ///< multi-process parents only
+  std::string parent_name;                               ///< for the log
+  int rank = 0;
+  int device = 0;
+  bool blocking = true;
+  std::vector<int> participants;
+  int color = 0;
+  int key = 0;
+  uint64_t seq = 0;  ///< which regroup of these participants (every participant counts alike)
+  uint64_t set_hash = 0;
+  uint64_t tag = 0;  ///< the exchange's tag
+  ncclComm_t* newcomm = nullptr;
+  bool has_config = false;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;  ///< a copy of the caller's (has_config)
+};
+
+/// Checks `config` and copies what the split needs from `parent` (counts the regroup).
+ApiStatus start_regroup(const char* fn, ncclComm_t parent, std::vector<int> participants,
+                        int color, int key, ncclComm_t* newcomm, const ncclConfig_t* config,
+                        Regroup* out) {
+  Regroup& g = *out;
+  if (config != nullptr) {
+    efccl::runtime::CommConfig checked;
+    if (ApiStatus s = efccl::runtime::parse_config(config, &checked); !s) return s;
+    std::size_t size = 0;
+    std::memcpy(&size, config, sizeof(size));
+    std::memcpy(static_cast<void*>(&g.config), config, std::min(size, sizeof(ncclConfig_t)));
+    g.has_config = true;
+  }
+  g.fn = fn;
+  g.clique = parent->clique;
+  g.bootstrap = parent->bootstrap;
+  g.parent_name = hex(parent);
+  g.rank = parent->rank;
+  g.device = parent->device;
+  g.blocking = parent->blocking;
+  g.participants = std::move(participants);
+  g.color = color;
+  g.key = key;
+  g.newcomm = newcomm;
   {
     std::lock_guard<std::mutex> lock(parent->ops_mu);
-    seq = parent->regroups[participants]++;
+    g.seq = parent->regroups[g.participants]++;
   }
-  uint64_t set_hash = 1469598103934665603ull;  // FNV-1a over the participants
-  for (int p : participants) set_hash = (set_hash ^ static_cast<uint64_t>(p)) * 1099511628211ull;
-  const auto timeout = efccl::runtime::init_timeout();
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  const bool multiprocess = parent->bootstrap != nullptr;
+  g.set_hash = 1469598103934665603ull;  // FNV-1a over the participants
+  for (int p : g.participants)
+    g.set_hash = (g.set_hash ^ static_cast<uint64_t>(p)) * 1099511628211ull;
   // Tags of the parent's bootstrap for its regroups (executors use other namespaces).
-  const uint64_t tag = (uint64_t{3} << 62) | ((set_hash & 0xffffffffull) << 24) | ((seq & 0x7fffff) << 1);
+  g.tag = (uint64_t{3} << 62) | ((g.set_hash & 0xffffffffull) << 24) | ((g.seq & 0x7fffff) << 1);
+  return ApiStatus::ok();
+}
 
-  const auto gather = [&](uint64_t t, std::string mine) -> efccl::StatusOr<std::vector<std::string>> {
-    if (multiprocess) return parent->bootstrap->allgather(participants, t, std::move(mine), deadline, nullptr);
-    return efccl::runtime::meet_in_process(parent->clique.get(), t, participants,
-                                           parent->rank, std::move(mine), deadline);
-  };
-  int32_t mine_ck[2] = {color, key};
-  auto entries = gather(tag, std::string(reinterpret_cast<const char*>(mine_ck), sizeof(mine_ck)));
-  if (!entries) return ApiStatus::system(std::string(fn) + ": the ranks could not exchange colors: " + entries.status().message());
+std::string color_and_key(const Regroup& g) {
+  const int32_t ck[2] = {g.color, g.key};
+  return std::string(reinterpret_cast<const char*>(ck), sizeof(ck));
+}
+
+/// The participants' contributions under tag `tag` (outside a group: waits for all).
+efccl::StatusOr<std::vector<std::string>> gather(const Regroup& g, uint64_t tag, std::string mine,
+                                                 std::chrono::steady_clock::time_point deadline) {
+  if (g.bootstrap != nullptr)
+    return g.bootstrap->allgather(g.participants, tag, std::move(mine), deadline, nullptr);
+  return efccl::runtime::meet_in_process(g.clique.get(), tag, g.participants, g.rank,
+                                         std::move(mine), deadline);
+}
+
+/// With every participant's (color, key): the new communicator of this rank, if any.
+ApiStatus finish_regroup(const Regroup& g, const std::vector<std::string>& entries,
+                         std::chrono::steady_clock::time_point deadline,
+                         std::shared_ptr<efccl::runtime::Rendezvous>* joined) {
+  const char* fn = g.fn;
   struct Member { int32_t key; int parent_rank; };
   std::vector<Member> group;
-  for (std::size_t i = 0; i < participants.size(); ++i) {
+  for (std::size_t i = 0; i < g.participants.size(); ++i) {
     int32_t ck[2] = {0, 0};
-    if ((*entries)[i].size() != sizeof(ck))
-      return ApiStatus::system(std::string(fn) + ": rank " + std::to_string(participants[i]) + " sent a malformed color");
-    std::memcpy(ck, (*entries)[i].data(), sizeof(ck));
-    if (ck[0] == color && color != NCCL_SPLIT_NOCOLOR) group.push_back({ck[1], participants[i]});
+    if (entries[i].size() != sizeof(ck))
+      return ApiStatus::system(std::string(fn) + ": rank " + std::to_string(g.participants[i]) + " sent a malformed color");
+    std::memcpy(ck, entries[i].data(), sizeof(ck));
+    if (ck[0] == g.color && g.color != NCCL_SPLIT_NOCOLOR) group.push_back({ck[1], g.participants[i]});
   }
   std::sort(group.begin(), group.end(), [](const Member& a, const Member& b) {
     return a.key != b.key ? a.key < b.key : a.parent_rank < b.parent_rank;
   });
   int new_rank = -1;
   for (std::size_t i = 0; i < group.size(); ++i)
-    if (group[i].parent_rank == parent->rank) new_rank = static_cast<int>(i);
+    if (group[i].parent_rank == g.rank) new_rank = static_cast<int>(i);
 
   // The new communicator's id: made by its rank 0, or derived in-process.
   ncclUniqueId id;
   std::memset(&id, 0, sizeof(id));
-  if (multiprocess) {
+  if (g.bootstrap != nullptr) {
     std::string offer;
     if (new_rank == 0) {
       if (efccl::Status s = efccl::runtime::create_unique_id(&id); !s)
         return ApiStatus::system(std::string(fn) + ": " + s.message());
       offer.assign(id.internal, sizeof(id.internal));
     }
-    auto offers = gather(tag | 1, offer);
+    auto offers = gather(g, g.tag | 1, offer, deadline);
     if (!offers) return ApiStatus::system(std::string(fn) + ": the ranks could not exchange ids: " + offers.status().message());
     if (new_rank >= 0) {
-      const auto at = std::lower_bound(participants.begin(), participants.end(), group[0].parent_rank) - participants.begin();
+      const auto at = std::lower_bound(g.participants.begin(), g.participants.end(), group[0].parent_rank) - g.participants.begin();
       const std::string& theirs = (*offers)[static_cast<std::size_t>(at)];
       if (theirs.size() != sizeof(id.internal))
         return ApiStatus::system(std::string(fn) + ": the new communicator's rank 0 sent no id");
       std::memcpy(id.internal, theirs.data(), sizeof(id.internal));
     }
   } else if (new_rank >= 0) {
-    const auto clique = reinterpret_cast<uintptr_t>(parent->clique.get());
+    const auto clique = reinterpret_cast<uintptr_t>(g.clique.get());
     std::memcpy(id.internal, "efccl-split", 11);
     std::memcpy(id.internal + 16, &clique, sizeof(clique));
-    std::memcpy(id.internal + 24, &seq, sizeof(seq));
-    std::memcpy(id.internal + 32, &color, sizeof(color));
-    std::memcpy(id.internal + 40, &set_hash, sizeof(set_hash));
+    std::memcpy(id.internal + 24, &g.seq, sizeof(g.seq));
+    std::memcpy(id.internal + 32, &g.color, sizeof(g.color));
+    std::memcpy(id.internal + 40, &g.set_hash, sizeof(g.set_hash));
   }
   if (new_rank < 0) return ApiStatus::ok();  // NCCL_SPLIT_NOCOLOR (or excluded): no communicator
 
   ncclConfig_t inherited = NCCL_CONFIG_INITIALIZER;
-  inherited.blocking = parent->blocking ? 1 : 0;
-  EFCCL_INFO(efccl::runtime::kLogInit, parent->device,
-             std::string(fn) + ": comm " + hex(parent) + " rank " + std::to_string(parent->rank) +
-                 " color " + std::to_string(color) + " key " + std::to_string(key) + " -> rank " +
+  inherited.blocking = g.blocking ? 1 : 0;
+  EFCCL_INFO(efccl::runtime::kLogInit, g.device,
+             std::string(fn) + ": comm " + g.parent_name + " rank " + std::to_string(g.rank) +
+                 " color " + std::to_string(g.color) + " key " + std::to_string(g.key) + " -> rank " +
                  std::to_string(new_rank) + " of " + std::to_string(group.size()));
-  return init_rank(newcomm, static_cast<int>(group.size()), id, new_rank,
-                   config != nullptr ? config : &inherited, !multiprocess);
+  // The child lives on the parent's GPU, whichever device the calling thread has current.
+  DeviceGuard guard;
+  if (cudaError_t e = cudaSetDevice(g.device); e != cudaSuccess)
+    return ApiStatus::cuda(std::string(fn) + ": cudaSetDevice(" + std::to_string(g.device) +
+                           "): " + cudaGetErrorString(e));
+  return init_rank(g.newcomm, static_cast<int>(group.size()), id, new_rank,
+                   g.has_config ? &g.config : &inherited, g.bootstrap == nullptr, joined);
+}
+
+/// ncclCommSplit / ncclCommShrink of rank `parent`: at once outside a group; inside one, left
+/// to the outermost ncclGroupEnd (group.h), for single-process parents.
+ApiStatus regroup(const char* fn, ncclComm_t parent, std::vector<int> participants, int color,
+                  int key, ncclComm_t* newcomm, const ncclConfig_t* config) {
+  const bool grouped = efccl::runtime::in_group();
+  if (grouped && parent->bootstrap != nullptr)
+    return ApiStatus::invalid_usage(
+        std::string(fn) + " inside ncclGroupStart/ncclGroupEnd is supported for communicators "
+        "whose ranks all live in this process; this one spans processes: call it outside the "
+        "group (each rank from its own thread)");
+  auto g = std::make_shared<Regroup>();
+  if (ApiStatus s = start_regroup(fn, parent, std::move(participants), color, key, newcomm,
+                                  config, g.get());
+      !s)
+    return s;
+  if (!grouped) {
+    const auto deadline = std::chrono::steady_clock::now() + efccl::runtime::init_timeout();
+    auto entries = gather(*g, g->tag, color_and_key(*g), deadline);
+    if (!entries)
+      return ApiStatus::system(std::string(fn) + ": the ranks could not exchange colors: " +
+                               entries.status().message());
+    return finish_regroup(*g, *entries, deadline, nullptr);
+  }
+  efccl::runtime::DeferredRegroup deferred;
+  deferred.offer = [g] {
+    efccl::runtime::offer_in_process(g->clique.get(), g->tag, g->participants, g->rank,
+                                     color_and_key(*g));
+    return ApiStatus::ok();
+  };
+  deferred.finish = [g](std::shared_ptr<efccl::runtime::Rendezvous>* joined) {
+    const auto deadline = std::chrono::steady_clock::now() + efccl::runtime::init_timeout();
+    auto entries =
+        efccl::runtime::collect_in_process(g->clique.get(), g->tag, g->participants, deadline);
+    if (!entries)
+      return ApiStatus::system(std::string(g->fn) + ": the ranks could not exchange colors: " +
+                               entries.status().message());
+    return finish_regroup(*g, *entries, deadline, joined);
+  };
+  efccl::runtime::defer_regroup(std::move(deferred));
+  return ApiStatus::ok();
 }
 
 }  // namespace
@@ -482,7 +588,9 @@ ncclResult_t release_comm(const char* fn, ncclComm_t comm, bool abort) {
   DeviceGuard guard;
   // After this no other thread touches the communicator; a pending one fails its rendezvous.
   efccl::runtime::leave_rendezvous(comm, abort);
-  if (abort && comm->clique != nullptr) comm->clique->abort(comm->rank);
+  // Its queued collectives (and the other ranks' of the same sets) can no longer run: they
+  // would use its buffers and stream after this returns.
+  if (comm->clique != nullptr) comm->clique->release(comm->rank, abort);
   const ApiStatus real = efccl::runtime::release_fallback(comm, abort);
   {
     std::lock_guard<std::mutex> lock(comm->ops_mu);
@@ -527,7 +635,7 @@ EFCCL_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyn
       if (comm->revoked.load()) {
         *asyncError = ncclSuccess;
       } else {
-        ApiStatus async = comm->clique->async_error();
+        ApiStatus async = comm->clique->async_error(comm->rank);
         if (async) async = efccl::runtime::fallback_async_error(comm);
         efccl::runtime::remember(fn, async);
         *asyncError = async.code();
@@ -818,10 +926,6 @@ EFCCL_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclCo
   if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
     return report(fn, ApiStatus::invalid_argument("color " + std::to_string(color) +
                                                   " must be >= 0 or NCCL_SPLIT_NOCOLOR"));
-  if (efccl::runtime::in_group())
-    return report(fn, ApiStatus::invalid_usage(
-                          "ncclCommSplit inside ncclGroupStart/End is not supported by efccl: "
-                          "call it outside a group, one thread per rank"));
   std::vector<int> all(static_cast<std::size_t>(comm->clique->nranks()));
   for (std::size_t r = 0; r < all.size(); ++r) all[r] = static_cast<int>(r);
   return finish(fn, regroup(fn, comm, all, color, key, newcomm, config));
@@ -839,8 +943,6 @@ EFCCL_API ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, in
                                                   " is not NCCL_SHRINK_DEFAULT or NCCL_SHRINK_ABORT"));
   if (excludeRanksCount < 0 || (excludeRanksCount > 0 && excludeRanksList == nullptr))
     return report(fn, ApiStatus::invalid_argument("excludeRanksList is NULL or excludeRanksCount < 0"));
-  if (efccl::runtime::in_group())
-    return report(fn, ApiStatus::invalid_usage("ncclCommShrink inside a group is not supported by efccl"));
   const int n = comm->clique->nranks();
   std::vector<bool> excluded(static_cast<std::size_t>(n), false);
   for (int i = 0; i < excludeRanksCount; ++i) {

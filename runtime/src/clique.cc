@@ -22,8 +22,28 @@ namespace {
 /// default matches PyTorch's NCCL watchdog: a peer GPU may legitimately start its part of a
 /// collective late, after long compute queued before it.
 constexpr uint64_t kDefaultTimeoutMs = 600000;
-/// Executors kept per clique; the least recently used one goes first (never during capture).
-constexpr std::size_t kMaxCachedExecutors = 256;
+/// Executors kept per clique (EFCCL_EXECUTOR_CACHE); the least recently used one that no CUDA
+/// graph pins goes first (executor_cache.h).
+constexpr std::size_t kDefaultCachedExecutors = 256;
+
+std::size_t executor_cache_from_environment() {
+  if (const char* v = std::getenv("EFCCL_EXECUTOR_CACHE"); v != nullptr && *v != '\0') {
+    char* end = nullptr;
+    const unsigned long long parsed = std::strtoull(v, &end, 10);
+    if (end != nullptr && *end == '\0' && parsed > 0 && parsed <= (1ull << 20))
+      return static_cast<std::size_t>(parsed);
+    EFCCL_WARN(-1, "EFCCL_EXECUTOR_CACHE=" + std::string(v) + " is not a number of executors in "
+                   "1.." + std::to_string(1 << 20) + "; using " +
+                       std::to_string(kDefaultCachedExecutors));
+  }
+  return kDefaultCachedExecutors;
+}
+
+/// The destructor of the CUDA user object that pins an executor to a captured graph: runs on a
+/// CUDA-internal thread, so it only drops the pin count.
+void CUDART_CB release_executor_pin(void* pin) {
+  ExecutorCache<device::DeviceExecutor>::release_pin(pin);
+}
 
 std::chrono::nanoseconds timeout_from_environment() {
   uint64_t ms = kDefaultTimeoutMs;
@@ -89,8 +109,7 @@ Clique::Clique(std::vector<int> rank_devices, std::unique_ptr<Registry> registry
       registry_(std::move(registry)),
       nlocal_(static_cast<int32_t>(rank_devices_.size())),
       timeout_(timeout_from_environment()),
-      pending_(rank_devices_.size()),
-      next_sequence_(rank_devices_.size(), 0),
+      executors_(executor_cache_from_environment()),
       ready_(rank_devices_.size(), nullptr),
       done_(rank_devices_.size(), nullptr) {}
 
@@ -121,6 +140,9 @@ StatusOr<std::shared_ptr<Clique>> Clique::create(std::vector<int> rank_devices,
         if (Status s = boot->connect(l, deadline); !s)
           return Status::error("connecting to rank " + std::to_string(l) + "'s process: " + s.message());
   }
+  std::vector<bool> local(c->rank_devices_.size());
+  for (std::size_t r = 0; r < local.size(); ++r) local[r] = c->is_local(static_cast<int32_t>(r));
+  c->queue_ = std::make_unique<CallQueue>(std::move(local), c->timeout_, &c->aborted_);
   DeviceGuard guard;
   for (std::size_t r = 0; r < c->rank_devices_.size(); ++r) {
     if (!c->is_local(static_cast<int32_t>(r))) continue;
@@ -152,7 +174,14 @@ Clique::~Clique() {
 // ---------------------------------------------------------------------------------------------
 // Rendezvous
 
-ApiStatus Clique::submit(std::vector<Call> calls, bool whole_clique) {
+void Clique::set_driver(int32_t rank, uint64_t thread) {
+  std::lock_guard<std::mutex> lock(mu_);
+  queue_->set_driver(rank, thread);
+}
+
+ApiStatus Clique::submit(std::vector<Call> calls, bool whole_clique,
+                         std::shared_ptr<CallQueue::Submission>* unfinished) {
+  unfinished->reset();
   DeviceGuard guard;
   std::lock_guard<std::mutex> lock(mu_);
   {
@@ -161,62 +190,25 @@ ApiStatus Clique::submit(std::vector<Call> calls, bool whole_clique) {
   }
   if (aborted_.load()) return ApiStatus::invalid_usage("the communicator has been aborted");
 
-  std::vector<Call> p2p;
-  for (Call& c : calls) {
-    if (is_p2p(c.kind)) {
-      p2p.push_back(std::move(c));
-      continue;
-    }
-    c.sequence = next_sequence_[static_cast<std::size_t>(c.rank)]++;
-    pending_[static_cast<std::size_t>(c.rank)].push_back(std::move(c));
-  }
-
+  std::vector<Call> collectives, p2p;
+  for (Call& c : calls) (is_p2p(c.kind) ? p2p : collectives).push_back(std::move(c));
   ApiStatus first;
-  const auto all_ready = [this] {
-    for (std::size_t r = 0; r < pending_.size(); ++r)
-      if (is_local(static_cast<int32_t>(r)) && pending_[r].empty()) return false;
-    return true;
-  };
-  while (all_ready()) {
-    std::vector<Call> set;  // the local ranks' calls, by rank
-    for (auto& q : pending_) {
-      if (q.empty()) continue;
-      set.push_back(std::move(q.front()));
-      q.pop_front();
-    }
-    bool mismatch = false;
-    ApiStatus s = run_collective(set, &mismatch);
-    if (!s && first) first = s;
-    if (mismatch) {
-      // The ranks no longer agree on what comes next: drop what is queued and realign.
-      const uint64_t next = *std::max_element(next_sequence_.begin(), next_sequence_.end());
-      for (auto& q : pending_) q.clear();
-      std::fill(next_sequence_.begin(), next_sequence_.end(), next);
-      break;
-    }
-  }
-  if (whole_clique && std::any_of(pending_.begin(), pending_.end(),
-                                  [](const auto& q) { return !q.empty(); })) {
-    std::ostringstream m;
-    m << "collective calls do not match across the ranks of the communicator (every rank must "
-         "make the same collective calls in the same order):";
-    for (std::size_t r = 0; r < pending_.size(); ++r) {
-      m << " rank " << r << " has " << pending_[r].size() << " unmatched call(s)";
-      if (!pending_[r].empty())
-        m << " starting with call #" << pending_[r].front().sequence << " "
-          << describe(pending_[r].front());
-      m << (r + 1 < pending_.size() ? ";" : "");
-    }
-    const uint64_t next = *std::max_element(next_sequence_.begin(), next_sequence_.end());
-    for (auto& q : pending_) q.clear();
-    std::fill(next_sequence_.begin(), next_sequence_.end(), next);
-    if (first) first = ApiStatus::invalid_usage(m.str());
-  }
+  if (!collectives.empty())
+    first = queue_->submit(std::move(collectives), whole_clique,
+                           [this](std::vector<Call>& set, bool* mismatch) {
+                             return run_collective(set, mismatch);
+                           },
+                           unfinished);
   if (!p2p.empty()) {
     ApiStatus s = processes_ != nullptr ? run_p2p_pairs(p2p) : run_p2p(p2p);
     if (!s && first) first = s;
   }
   return first;
+}
+
+ApiStatus Clique::wait(const std::shared_ptr<CallQueue::Submission>& unfinished) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return queue_->wait(unfinished, lock);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -322,6 +314,7 @@ ApiStatus Clique::run_collective(std::vector<Call>& set, bool* mismatch) {
     l.args.op = ref.op;
     l.args.inplace = inplace;
     l.args.timeout = timeout_;
+    l.capturing = *capturing;
     // Per program rank (= clique rank); other processes' ranks stay null.
     const auto n = static_cast<std::size_t>(nranks());
     if (ref.op == ef::RedOp::kPreMulSum) l.args.premul_scalars.assign(n, 1.0);
@@ -435,6 +428,7 @@ ApiStatus Clique::run_p2p(const std::vector<Call>& calls) {
     l.args.op = ef::RedOp::kSum;
     l.args.inplace = false;
     l.args.timeout = timeout_;
+    l.capturing = *capturing;
     l.args.inputs = round.inputs;
     l.args.outputs = round.outputs;
     l.ranks = round.ranks;
@@ -580,6 +574,7 @@ ApiStatus Clique::run_p2p_pairs(const std::vector<Call>& calls) {
         l.args.op = ef::RedOp::kSum;
         l.args.inplace = false;
         l.args.timeout = timeout_;
+        l.capturing = *capturing;
         for (int i : round.input_slot) l.args.inputs.push_back(i < 0 ? nullptr : buffer[i]);
         for (int i : round.output_slot) l.args.outputs.push_back(i < 0 ? nullptr : buffer[i]);
         for (int32_t r : round.ranks) {
@@ -678,9 +673,8 @@ ApiStatus Clique::executor_for(const ef::Program& program, const std::string& ke
   for (int32_t r : ranks) devices.push_back(is_local(r) ? device(r) : -1);
   std::string full_key = key + "@";
   for (int32_t r : ranks) full_key += std::to_string(r) + ":" + std::to_string(device(r)) + ",";
-  if (auto it = executors_.find(full_key); it != executors_.end()) {
-    it->second.last_use = ++use_clock_;
-    *out = it->second.executor.get();
+  if (device::DeviceExecutor* cached = executors_.find(full_key); cached != nullptr) {
+    *out = cached;
     return ApiStatus::ok();
   }
   if (capturing)
@@ -692,18 +686,18 @@ ApiStatus Clique::executor_for(const ef::Program& program, const std::string& ke
   // Multi-process executors are never evicted: every process must create each one at the
   // same call, which holds only while their caches agree.
   const bool shared = processes_ != nullptr;
-  if (!shared && executors_.size() >= kMaxCachedExecutors) {
-    auto oldest = std::min_element(executors_.begin(), executors_.end(), [](const auto& a, const auto& b) {
-      return a.second.last_use < b.second.last_use;
-    });
-    {
-      std::lock_guard<std::mutex> lock(exec_list_mu_);
-      live_executors_.erase(std::remove(live_executors_.begin(), live_executors_.end(),
-                                        oldest->second.executor.get()),
-                            live_executors_.end());
-    }
-    executors_.erase(oldest);
-  }
+  while (!shared) {
+    std::unique_ptr<device::DeviceExecutor> victim = executors_.evict_one();
+    if (victim == nullptr) break;
+    std::lock_guard<std::mutex> lock(exec_list_mu_);
+    live_executors_.erase(std::remove(live_executors_.begin(), live_executors_.end(), victim.get()),
+                          live_executors_.end());
+  }  // each victim waits for its launches as it goes
+  if (!shared && executors_.size() >= executors_.capacity())
+    EFCCL_INFO(kLogAlloc, device(ranks.front()),
+               "executor cache: all " + std::to_string(executors_.size()) + " cached executors "
+               "are pinned by captured CUDA graphs; keeping one more (EFCCL_EXECUTOR_CACHE " +
+                   std::to_string(executors_.capacity()) + ")");
 
   std::unique_ptr<device::PeerProcesses> peers;
   if (shared) {
@@ -730,17 +724,51 @@ ApiStatus Clique::executor_for(const ef::Program& program, const std::string& ke
                  (peers != nullptr ? " of this process, connected to other processes through CUDA IPC" : ""));
   // Cached before anything else can fail: the other processes cached theirs (whose kernels
   // point into this one's arenas), so this one must keep it too.
-  CachedExecutor& entry = executors_[full_key];
-  entry.executor = std::move(created.value());
-  entry.last_use = ++use_clock_;
+  device::DeviceExecutor* executor = executors_.insert(full_key, std::move(created.value()));
   {
     std::lock_guard<std::mutex> lock(exec_list_mu_);
-    live_executors_.push_back(entry.executor.get());
+    live_executors_.push_back(executor);
   }
   // Size scratch for this call now, so that a later capture of the same call needs no growth.
-  if (Status s = entry.executor->reserve(count, dtype); !s)
+  if (Status s = executor->reserve(count, dtype); !s)
     return ApiStatus::system("allocating scratch for program '" + program.name + "': " + s.message());
-  *out = entry.executor.get();
+  *out = executor;
+  return ApiStatus::ok();
+}
+
+ApiStatus Clique::pin_to_captures(const device::DeviceExecutor* executor,
+                                  const std::vector<cudaStream_t>& streams) {
+  std::vector<cudaGraph_t> graphs;  // distinct: the streams may join one capture
+  for (cudaStream_t stream : streams) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    cudaGraph_t graph = nullptr;
+    if (ApiStatus s = cuda_status(cudaStreamGetCaptureInfo(stream, &status, nullptr, &graph),
+                                  "cudaStreamGetCaptureInfo");
+        !s)
+      return s;
+    if (status == cudaStreamCaptureStatusActive && graph != nullptr &&
+        std::find(graphs.begin(), graphs.end(), graph) == graphs.end())
+      graphs.push_back(graph);
+  }
+  for (cudaGraph_t graph : graphs) {
+    void* pin = executors_.pin(executor);
+    if (pin == nullptr) return ApiStatus::internal("pinning an executor that is not cached");
+    cudaUserObject_t object = nullptr;
+    cudaError_t e = cudaUserObjectCreate(&object, pin, release_executor_pin, 1,
+                                         cudaUserObjectNoDestructorSync);
+    if (e != cudaSuccess) {
+      ExecutorCache<device::DeviceExecutor>::release_pin(pin);
+      return cuda_status(e, "cudaUserObjectCreate (pinning program '" +
+                                executor->program().name + "' to the captured graph)");
+    }
+    // The graph takes our reference; destroying the graph and its executables releases it.
+    e = cudaGraphRetainUserObject(graph, object, 1, cudaGraphUserObjectMove);
+    if (e != cudaSuccess) {
+      (void)cudaUserObjectRelease(object, 1);  // runs release_executor_pin
+      return cuda_status(e, "cudaGraphRetainUserObject (pinning program '" +
+                                executor->program().name + "' to the captured graph)");
+    }
+  }
   return ApiStatus::ok();
 }
 
@@ -748,6 +776,10 @@ ApiStatus Clique::launch(Launch& l) {
   if (Status s = l.executor->error_status(); !s)
     return ApiStatus(kernel_failure_code(s.message()),
                      "an earlier launch of this program failed: " + s.message());
+  // A captured graph replays this executor's memory until the graph is destroyed: it must
+  // not be evicted before (executor_cache.h).
+  if (l.capturing)
+    if (ApiStatus s = pin_to_captures(l.executor, l.rank_streams); !s) return s;
   const std::vector<int>& devices = l.executor->devices();
   // Per device: the launch stream is the stream of its lowest program rank.
   std::vector<std::size_t> launch_rank(devices.size(), SIZE_MAX);
@@ -805,7 +837,13 @@ ApiStatus Clique::launch(Launch& l) {
 // ---------------------------------------------------------------------------------------------
 // Errors, abort, finalize
 
-ApiStatus Clique::async_error() {
+ApiStatus Clique::async_error(int32_t rank) {
+  {
+    // A set of single-driver calls queued past its deadline becomes an error here too (unless
+    // another thread is submitting, which checks that itself).
+    std::unique_lock<std::mutex> queue_lock(mu_, std::try_to_lock);
+    if (queue_lock.owns_lock()) queue_->expire();
+  }
   std::lock_guard<std::mutex> lock(exec_list_mu_);
   if (!async_error_.is_ok()) return async_error_;
   // A dead peer aborts every executor (peer_failed), so from then on this reports
@@ -824,7 +862,7 @@ ApiStatus Clique::async_error() {
   }
   if (!peer_failure_) return peer_failure_;
   if (aborted_.load()) return ApiStatus::invalid_usage("the communicator has been aborted");
-  return ApiStatus::ok();
+  return queue_->error_of(rank);
 }
 
 void Clique::peer_failed(int32_t peer, const std::string& why) {
@@ -852,11 +890,26 @@ void Clique::abort(int32_t rank) {
                                          "gives up");
 }
 
+void Clique::release(int32_t rank, bool abort) {
+  if (abort) this->abort(rank);
+  std::lock_guard<std::mutex> lock(mu_);
+  queue_->remove_rank(rank, abort ? "aborted (ncclCommAbort)" : "destroyed (ncclCommDestroy)");
+}
+
 ApiStatus Clique::finalize(int32_t rank) {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (ApiStatus s = queue_->flush(rank, lock); !s) return s;
+  }
   DeviceGuard guard;
   if (ApiStatus s = cuda_status(cudaSetDevice(device(rank)), "cudaSetDevice"); !s) return s;
   if (ApiStatus s = cuda_status(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); !s) return s;
-  return async_error();
+  return async_error(rank);
+}
+
+Clique::CacheStats Clique::executor_cache_stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {executors_.size(), executors_.pinned(), executors_.capacity()};
 }
 
 }  // namespace efccl::runtime

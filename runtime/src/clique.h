@@ -3,10 +3,11 @@
 // one registry, one executor cache and the rendezvous where the ranks' calls meet. Several
 // ranks may live on one GPU.
 //
-// Collectives meet in per-rank queues: a call runs once every rank has queued its call of the
-// same sequence number (from one thread's group, or from one thread per rank), after checking
-// that they agree. Send/receive pairs are matched within one group (single process: the thread
-// that ends the group has posted both sides).
+// Collectives meet in per-rank queues (call_queue.h): a call runs once every rank has queued
+// its call of the same sequence number (from one thread's group, or from one thread per rank),
+// after checking that they agree; which calls wait for the others and which return at once is
+// call_queue.h's rule (docs/runtime.md). Send/receive pairs are matched within one group
+// (single process: the thread that ends the group has posted both sides).
 //
 // Multi-process communicators (ncclCommInitRank* across processes): the clique holds the
 // ranks of this process ("local"); the others run in their own processes, each with its own
@@ -21,7 +22,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <list>
 #include <map>
@@ -33,7 +33,9 @@
 
 #include "api_status.h"
 #include "call.h"
+#include "call_queue.h"
 #include "efccl/device/device_executor.h"
+#include "executor_cache.h"
 #include "registry.h"
 
 namespace efccl::runtime {
@@ -72,22 +74,33 @@ class Clique {
   /// Ranks of this process.
   int32_t nlocal() const { return nlocal_; }
 
+  /// Rank `rank` is driven by the thread `thread` (this_thread_token() of the thread that
+  /// initialised it; call_queue.h).
+  void set_driver(int32_t rank, uint64_t thread);
   /// The calls of one outermost group that belong to this clique, in call order.
   /// `whole_clique`: the group holds calls of every rank, so nothing may stay unmatched.
-  ApiStatus submit(std::vector<Call> calls, bool whole_clique);
+  /// Collectives still queued afterwards: `*unfinished` receives them, for wait().
+  ApiStatus submit(std::vector<Call> calls, bool whole_clique,
+                   std::shared_ptr<CallQueue::Submission>* unfinished);
+  /// Waits for queued collectives of a submission as CallQueue::wait does.
+  ApiStatus wait(const std::shared_ptr<CallQueue::Submission>& unfinished);
 
   /// The registry's plan for a call shape (what a collective of that shape would run).
   StatusOr<Plan> select(const CallShape& shape);
 
-  /// Non-blocking: the first failure a kernel reported (or the abort), as ncclCommGetAsyncError
-  /// returns it.
-  ApiStatus async_error();
+  /// Non-blocking: the first failure a kernel reported (or the abort), else the failure of a
+  /// call of rank `rank` dropped after it returned, as ncclCommGetAsyncError returns it.
+  ApiStatus async_error(int32_t rank);
   /// Makes every kernel of the clique give up (DeviceExecutor::abort); later calls fail.
   void abort(int32_t rank);
+  /// ncclCommDestroy (`abort` false) / ncclCommAbort of rank `rank`: drops the queued
+  /// collectives, which can no longer run, and tells the other ranks (call_queue.h).
+  void release(int32_t rank, bool abort);
   /// A peer process died (its bootstrap connection broke): running kernels give up and
   /// later calls fail with ncclRemoteError naming it.
   void peer_failed(int32_t peer, const std::string& why);
-  /// Waits until the rank's device has finished the clique's work, then reports async_error().
+  /// Waits (bounded) until the rank's queued collectives have been launched, then until its
+  /// device has finished the clique's work; reports async_error(rank).
   ApiStatus finalize(int32_t rank);
 
   /// EFCCL_FALLBACK=nccl (fallback.h): where collectives no program covers run. Set once,
@@ -96,6 +109,11 @@ class Clique {
   CliqueFallback* fallback() const { return fallback_.get(); }
   /// How long a call may wait without progress (EFCCL_TIMEOUT_MS).
   std::chrono::nanoseconds timeout() const { return timeout_; }
+  /// For tests: executors cached, and how many of them a CUDA graph pins.
+  struct CacheStats {
+    std::size_t size = 0, pinned = 0, capacity = 0;
+  };
+  CacheStats executor_cache_stats();
 
  private:
   Clique(std::vector<int> rank_devices, std::unique_ptr<Registry> registry);
@@ -106,6 +124,7 @@ class Clique {
     device::RunArgs args;
     std::vector<int32_t> ranks;
     std::vector<cudaStream_t> rank_streams;
+    bool capturing = false;  ///< a stream is being captured: the graph pins the executor
   };
 
   ApiStatus run_collective(std::vector<Call>& set, bool* mismatch);
@@ -117,6 +136,9 @@ class Clique {
   std::unique_ptr<device::PeerProcesses> peers_for(const std::vector<int32_t>& ranks,
                                                    const std::string& key, uint64_t tag);
   ApiStatus launch(Launch& l);
+  /// Pins `executor` to every CUDA graph that `streams` are being captured into.
+  ApiStatus pin_to_captures(const device::DeviceExecutor* executor,
+                            const std::vector<cudaStream_t>& streams);
   /// `ranks`: program rank -> clique rank. `tag`: multi-process exchange tag, used only when
   /// the executor is created.
   ApiStatus executor_for(const ef::Program& program, const std::string& key,
@@ -149,15 +171,9 @@ class Clique {
   std::chrono::nanoseconds timeout_;
 
   std::mutex mu_;
-  std::vector<std::deque<Call>> pending_;  ///< collectives per rank, waiting for the others
-  std::vector<uint64_t> next_sequence_;    ///< per rank
-  uint64_t launches_ = 0;                  ///< calls run, for the logs (NCCL's opCount)
-  struct CachedExecutor {
-    std::unique_ptr<device::DeviceExecutor> executor;
-    uint64_t last_use = 0;
-  };
-  std::map<std::string, CachedExecutor> executors_;
-  uint64_t use_clock_ = 0;
+  std::unique_ptr<CallQueue> queue_;  ///< collectives per rank, waiting for the others (under mu_)
+  uint64_t launches_ = 0;             ///< calls run, for the logs (NCCL's opCount)
+  ExecutorCache<device::DeviceExecutor> executors_;  ///< under mu_
   std::vector<cudaEvent_t> ready_;  ///< per rank: recorded on its stream before a launch
   std::vector<cudaEvent_t> done_;   ///< per rank: recorded on the launch stream after it
   std::atomic<bool> aborted_{false};

@@ -16,6 +16,7 @@ struct GroupState {
   int depth = 0;
   std::vector<Call> calls;
   std::vector<std::shared_ptr<Rendezvous>> inits;  ///< grouped ncclCommInitRank*, deduplicated
+  std::vector<DeferredRegroup> regroups;           ///< grouped ncclCommSplit/Shrink, in call order
   ApiStatus error;
 };
 
@@ -24,23 +25,30 @@ GroupState& state() {
   return s;
 }
 
-/// Hands each clique its calls, in call order; the first failure is returned.
+/// Hands each clique its calls, in call order, then waits for those still queued (group.h);
+/// the first failure is returned.
 ApiStatus run_group(std::vector<Call> calls) {
-  std::vector<Clique*> order;
+  std::vector<std::shared_ptr<Clique>> order;
   for (const Call& c : calls)
-    if (std::find(order.begin(), order.end(), c.clique.get()) == order.end())
-      order.push_back(c.clique.get());
+    if (std::find(order.begin(), order.end(), c.clique) == order.end()) order.push_back(c.clique);
   ApiStatus first;
-  for (Clique* clique : order) {
+  std::vector<std::pair<Clique*, std::shared_ptr<CallQueue::Submission>>> unfinished;
+  for (const auto& clique : order) {
     std::vector<Call> mine;
     std::set<int32_t> ranks;
     for (const Call& c : calls) {
-      if (c.clique.get() != clique) continue;
+      if (c.clique != clique) continue;
       mine.push_back(c);
       ranks.insert(c.rank);
     }
     const bool whole = static_cast<int32_t>(ranks.size()) == clique->nlocal();
-    ApiStatus s = clique->submit(std::move(mine), whole);
+    std::shared_ptr<CallQueue::Submission> queued;
+    ApiStatus s = clique->submit(std::move(mine), whole, &queued);
+    if (!s && first) first = s;
+    if (queued != nullptr) unfinished.emplace_back(clique.get(), std::move(queued));
+  }
+  for (const auto& [clique, queued] : unfinished) {
+    ApiStatus s = clique->wait(queued);
     if (!s && first) first = s;
   }
   return first;
@@ -70,6 +78,8 @@ ClosedGroup close_group(const char* function, const std::function<ApiStatus()>& 
   g.calls.clear();
   std::vector<std::shared_ptr<Rendezvous>> inits = std::move(g.inits);
   g.inits.clear();
+  std::vector<DeferredRegroup> regroups = std::move(g.regroups);
+  g.regroups.clear();
   ApiStatus error = std::move(g.error);
   g.error = ApiStatus::ok();
   if (!error) {
@@ -82,6 +92,21 @@ ClosedGroup close_group(const char* function, const std::function<ApiStatus()>& 
     for (const auto& r : inits) cancel_rendezvous(r, error);
     closed.status = std::move(error);
     return closed;
+  }
+  // Every split offers its color before any waits for the others' (one thread may hold all).
+  std::vector<bool> offered(regroups.size(), false);
+  for (std::size_t i = 0; i < regroups.size(); ++i) {
+    ApiStatus s = regroups[i].offer();
+    offered[i] = s.is_ok();
+    if (!s && closed.status) closed.status = s;
+  }
+  for (std::size_t i = 0; i < regroups.size(); ++i) {
+    if (!offered[i]) continue;
+    std::shared_ptr<Rendezvous> joined;
+    ApiStatus s = regroups[i].finish(&joined);
+    if (!s && closed.status) closed.status = s;
+    if (joined != nullptr && std::find(inits.begin(), inits.end(), joined) == inits.end())
+      inits.push_back(std::move(joined));
   }
   if (!inits.empty()) {
     const auto timeout = init_timeout();
@@ -136,6 +161,8 @@ void defer_init(std::shared_ptr<Rendezvous> rendezvous) {
   if (std::find(g.inits.begin(), g.inits.end(), rendezvous) == g.inits.end())
     g.inits.push_back(std::move(rendezvous));
 }
+
+void defer_regroup(DeferredRegroup regroup) { state().regroups.push_back(std::move(regroup)); }
 
 void fail_group(const ApiStatus& status) {
   GroupState& g = state();

@@ -6,6 +6,14 @@
 // ncclCommInitRank* inside a group returns at once; the outermost ncclGroupEnd first completes
 // the group's rendezvous (init_rank.h), waiting for missing ranks (other threads) until
 // EFCCL_INIT_TIMEOUT_MS, then runs the recorded calls. A group that failed cancels them.
+// ncclCommSplit / ncclCommShrink inside a group (single-process parents) also return at once:
+// the outermost ncclGroupEnd first offers every grouped split's color, then collects the
+// others' (so one thread may split all its ranks), joins the children's rendezvous and
+// completes them with the grouped inits; *newcomm is set there, as with NCCL.
+//
+// Running: each clique gets its calls (Clique::submit); then the thread waits for collectives
+// still queued for ranks other threads drive (call_queue.h), clique after clique, so that no
+// wait on one clique holds back the calls of another.
 #pragma once
 
 #include <functional>
@@ -36,5 +44,16 @@ void fail_group(const ApiStatus& status);
 bool in_group();
 /// Leaves a grouped init's rendezvous to the outermost ncclGroupEnd (in a group only).
 void defer_init(std::shared_ptr<Rendezvous> rendezvous);
+
+/// A grouped ncclCommSplit/Shrink, finished at the outermost ncclGroupEnd in two steps:
+/// `offer` publishes this rank's color without waiting; `finish` waits for the other ranks'
+/// and joins the new communicator's rendezvous, returned in `*joined` (null: no communicator
+/// for this rank), which the group completes with its inits.
+struct DeferredRegroup {
+  std::function<ApiStatus()> offer;
+  std::function<ApiStatus(std::shared_ptr<Rendezvous>* joined)> finish;
+};
+/// Leaves a split/shrink to the outermost ncclGroupEnd (in a group only).
+void defer_regroup(DeferredRegroup regroup);
 
 }  // namespace efccl::runtime

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -37,6 +38,7 @@ class Rendezvous {
     std::string device_error;
     ncclComm* comm = nullptr;  ///< null once destroyed/aborted while building
     std::shared_ptr<Bootstrap> boot;  ///< this rank's connection to the others
+    uint64_t thread = 0;  ///< this_thread_token() of the joining thread: the rank's first driver
   };
 
   Rendezvous(const Key& k, int n) : key(k), nranks(n) {}
@@ -294,6 +296,8 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
       else
         status = ApiStatus::cuda(created.status().message());
     }
+    if (clique != nullptr)
+      for (const auto& [rank, m] : r.members) clique->set_driver(rank, m.thread);
   }
   if (!r.cancelled) status = r.cancelled;
   if (!status) {
@@ -479,6 +483,7 @@ ApiStatus join_rendezvous(const ncclUniqueId& id, int nranks, int rank, int devi
   m.device = device;
   m.device_error = device_error;
   m.comm = comm;
+  m.thread = this_thread_token();
   // Announce this rank to the root (does not wait for the others: a group may start several
   // ranks from one thread before waiting).
   if (!local_only) {
@@ -611,24 +616,36 @@ std::map<std::pair<const void*, uint64_t>, std::shared_ptr<Meeting>>& meetings()
 
 }  // namespace
 
-StatusOr<std::vector<std::string>> meet_in_process(const void* parent, uint64_t seq,
-                                                   const std::vector<int>& participants, int rank,
-                                                   std::string mine,
-                                                   std::chrono::steady_clock::time_point deadline) {
-  const auto key = std::make_pair(parent, seq);
+void offer_in_process(const void* parent, uint64_t seq, const std::vector<int>& participants,
+                      int rank, std::string mine) {
   std::shared_ptr<Meeting> m;
   {
     std::lock_guard<std::mutex> lock(meetings_mutex());
-    auto& slot = meetings()[key];
+    auto& slot = meetings()[std::make_pair(parent, seq)];
     if (slot == nullptr) {
       slot = std::make_shared<Meeting>();
       slot->left = static_cast<int>(participants.size());
     }
     m = slot;
   }
-  std::unique_lock<std::mutex> lock(m->mu);
+  std::lock_guard<std::mutex> lock(m->mu);
   m->contributions[rank] = std::move(mine);
   m->cv.notify_all();
+}
+
+StatusOr<std::vector<std::string>> collect_in_process(const void* parent, uint64_t seq,
+                                                      const std::vector<int>& participants,
+                                                      std::chrono::steady_clock::time_point deadline) {
+  const auto key = std::make_pair(parent, seq);
+  std::shared_ptr<Meeting> m;
+  {
+    std::lock_guard<std::mutex> lock(meetings_mutex());
+    auto it = meetings().find(key);
+    if (it != meetings().end()) m = it->second;
+  }
+  if (m == nullptr)
+    return Status::error("another rank gave up waiting for this one (EFCCL_INIT_TIMEOUT_MS)");
+  std::unique_lock<std::mutex> lock(m->mu);
   const bool all = m->cv.wait_until(lock, deadline, [&] {
     return m->contributions.size() == participants.size();
   });
@@ -646,8 +663,17 @@ StatusOr<std::vector<std::string>> meet_in_process(const void* parent, uint64_t 
     return Status::error("only " + std::to_string(arrived) + " of " +
                          std::to_string(participants.size()) +
                          " ranks called it in time (EFCCL_INIT_TIMEOUT_MS); in a single-process "
-                         "communicator every rank must call it from its own thread");
+                         "communicator every rank must call it, each from its own thread or "
+                         "several from one thread inside ncclGroupStart/ncclGroupEnd");
   return out;
+}
+
+StatusOr<std::vector<std::string>> meet_in_process(const void* parent, uint64_t seq,
+                                                   const std::vector<int>& participants, int rank,
+                                                   std::string mine,
+                                                   std::chrono::steady_clock::time_point deadline) {
+  offer_in_process(parent, seq, participants, rank, std::move(mine));
+  return collect_in_process(parent, seq, participants, deadline);
 }
 
 int joined_ranks(const ncclUniqueId& id) {

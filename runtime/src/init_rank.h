@@ -81,6 +81,14 @@ StatusOr<std::vector<std::string>> meet_in_process(const void* parent, uint64_t 
                                                    const std::vector<int>& participants, int rank,
                                                    std::string mine,
                                                    std::chrono::steady_clock::time_point deadline);
+/// meet_in_process in two steps, so that one thread can take part for several ranks (a
+/// grouped split): offer_in_process contributes without waiting; collect_in_process then
+/// waits for the others as meet_in_process does. Every offer must be followed by its collect.
+void offer_in_process(const void* parent, uint64_t seq, const std::vector<int>& participants,
+                      int rank, std::string mine);
+StatusOr<std::vector<std::string>> collect_in_process(const void* parent, uint64_t seq,
+                                                      const std::vector<int>& participants,
+                                                      std::chrono::steady_clock::time_point deadline);
 
 /// Waits until every rank has joined (until `deadline`, then fails the rendezvous), builds the
 /// clique if no other thread is building it, and returns how the rendezvous ended.

@@ -1,11 +1,15 @@
 // Every collective through the NCCL API, against a host reference: cliques of one GPU, of all
 // GPUs, and with four ranks per GPU; several datatype/operator pairs, in-place and
 // out-of-place, counts from 0 to 2^20+3, unaligned pointers. Also argument errors that need a
-// live communicator, and a mismatch across ranks.
+// live communicator, and a mismatch across ranks. RuntimeThreads: ranks driven by one thread
+// each or by one thread for several without a group (docs/runtime.md), deadlines, and
+// destroy/finalize with calls still queued.
 #include <algorithm>
+#include <chrono>
 #include <functional>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime_test_util.h"
@@ -292,6 +296,197 @@ TEST(RuntimeApiErrors, MismatchAcrossRanksIsReported) {
   NCCL_OK(ncclGroupEnd());
   clique.sync();
   cudaFree(buf);
+}
+
+// ---- Threads and ranks ----
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+/// A device buffer of `count` floats equal to `value`.
+float* filled_buffer(int device, std::size_t count, float value) {
+  cudaSetDevice(device);
+  float* p = nullptr;
+  if (cudaMalloc(&p, count * sizeof(float)) != cudaSuccess) return nullptr;
+  std::vector<float> host(count, value);
+  cudaMemcpy(p, host.data(), count * sizeof(float), cudaMemcpyHostToDevice);
+  return p;
+}
+
+float first_element(int device, const float* p) {
+  cudaSetDevice(device);
+  float v = -1;
+  cudaMemcpy(&v, p, sizeof(float), cudaMemcpyDeviceToHost);
+  return v;
+}
+
+TEST(RuntimeThreads, ThreadPerRankCallsReturnWithTheirWorkOnTheStream) {
+  // ncclCommInitAll here, then one thread per rank (nccl-tests -t 2 -g 1 initialises in a group
+  // from its main thread likewise), each rank late in turn.
+  EFCCL_REQUIRE_GPUS(1);
+  TestClique c(spread_ranks(2));
+  expect_thread_per_rank_stream_order(c.comms, c.devices, {1, 0, 1});
+}
+
+TEST(RuntimeThreads, OneThreadDrivesSeveralRanksWithoutAGroup) {
+  // Legal in NCCL for ranks on different GPUs: the calls of all but the last rank stay queued
+  // and return at once; the last one launches the set. Four ranks: two per GPU with two GPUs.
+  EFCCL_REQUIRE_GPUS(1);
+  TestClique c(spread_ranks(4));
+  constexpr std::size_t kCount = 4099;
+  std::vector<float*> buf(4);
+  for (int r = 0; r < 4; ++r) ASSERT_NE(buf[r] = filled_buffer(c.devices[r], kCount, 1.0f), nullptr);
+  const auto start = Clock::now();
+  for (int round = 0; round < 3; ++round)
+    for (int r = 0; r < 4; ++r)
+      NCCL_OK(ncclAllReduce(buf[r], buf[r], kCount, ncclFloat, ncclSum, c.comms[r], c.streams[r]));
+  EXPECT_LT(seconds_since(start), 30.0);
+  c.sync();
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(first_element(c.devices[r], buf[r]), 64.0f) << "rank " << r;  // 1 * 4^3
+    cudaFree(buf[r]);
+  }
+}
+
+TEST(RuntimeThreads, ARankWhoseThreadNeverCallsTimesOutNamingIt) {
+  EFCCL_REQUIRE_GPUS(1);
+  std::unique_ptr<TestClique> c;
+  {
+    ScopedEnv timeout("EFCCL_TIMEOUT_MS", "1000");
+    c = std::make_unique<TestClique>(spread_ranks(2));
+  }
+  float* buf = filled_buffer(c->devices[0], 1024, 1.0f);
+  ASSERT_NE(buf, nullptr);
+  ncclResult_t result = ncclSuccess;
+  std::string message;
+  double took = 0;
+  std::thread rank0([&] {
+    cudaSetDevice(c->devices[0]);
+    const auto start = Clock::now();
+    result = ncclAllReduce(buf, buf, 1024, ncclFloat, ncclSum, c->comms[0], c->streams[0]);
+    took = seconds_since(start);
+    message = ncclGetLastError(nullptr);
+  });
+  rank0.join();  // rank 1 is driven by this thread, which never calls
+  EXPECT_EQ(result, ncclInvalidUsage);
+  EXPECT_NE(message.find("rank(s) 1 never made it"), std::string::npos) << message;
+  EXPECT_NE(message.find("EFCCL_TIMEOUT_MS"), std::string::npos) << message;
+  EXPECT_GE(took, 0.9);
+  EXPECT_LT(took, 10.0);
+  ncclResult_t async = ncclSuccess;
+  NCCL_OK(ncclCommGetAsyncError(c->comms[1], &async));
+  EXPECT_EQ(async, ncclInvalidUsage) << "the late rank learns why its call will not meet rank 0's";
+  NCCL_OK(ncclCommGetAsyncError(c->comms[0], &async));
+  EXPECT_EQ(async, ncclSuccess) << "rank 0 saw the error as its return code";
+  cudaSetDevice(c->devices[0]);
+  CUDA_OK(cudaStreamSynchronize(c->streams[0]));
+  EXPECT_EQ(first_element(c->devices[0], buf), 1.0f);  // nothing ran
+  cudaFree(buf);
+}
+
+TEST(RuntimeThreads, DestroyingARankDropsThePeersQueuedCalls) {
+  EFCCL_REQUIRE_GPUS(1);
+  const std::vector<int> devices = spread_ranks(2);
+  ncclComm_t comms[2] = {nullptr, nullptr};
+  NCCL_OK(ncclCommInitAll(comms, 2, devices.data()));
+  cudaSetDevice(devices[0]);
+  cudaStream_t stream = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  float* buf = filled_buffer(devices[0], 1024, 1.0f);
+  ASSERT_NE(buf, nullptr);
+  // Queued (this thread drives rank 1 too), then rank 1 goes away instead of calling.
+  NCCL_OK(ncclAllReduce(buf, buf, 1024, ncclFloat, ncclSum, comms[0], stream));
+  NCCL_OK(ncclCommDestroy(comms[1]));
+  ncclResult_t async = ncclSuccess;
+  NCCL_OK(ncclCommGetAsyncError(comms[0], &async));
+  EXPECT_EQ(async, ncclInvalidUsage);
+  std::string m = ncclGetLastError(nullptr);
+  EXPECT_NE(m.find("rank 1's communicator was destroyed (ncclCommDestroy)"), std::string::npos) << m;
+  EXPECT_EQ(ncclAllReduce(buf, buf, 1024, ncclFloat, ncclSum, comms[0], stream), ncclInvalidUsage);
+  m = ncclGetLastError(nullptr);
+  EXPECT_NE(m.find("rank 1's communicator was destroyed"), std::string::npos) << m;
+  CUDA_OK(cudaStreamSynchronize(stream));
+  EXPECT_EQ(first_element(devices[0], buf), 1.0f);  // the dropped call never ran
+  NCCL_OK(ncclCommDestroy(comms[0]));
+  cudaFree(buf);
+  cudaStreamDestroy(stream);
+}
+
+TEST(RuntimeThreads, FinalizeWaitsForQueuedCallsOrSaysWhyItCannot) {
+  EFCCL_REQUIRE_GPUS(1);
+  TestClique c(spread_ranks(2));
+  std::vector<float*> buf(2);
+  for (int r = 0; r < 2; ++r) ASSERT_NE(buf[r] = filled_buffer(c.devices[r], 1024, 1.0f), nullptr);
+  NCCL_OK(ncclAllReduce(buf[0], buf[0], 1024, ncclFloat, ncclSum, c.comms[0], c.streams[0]));
+  // Rank 0's call waits for rank 1, which only this thread can make.
+  EXPECT_EQ(ncclCommFinalize(c.comms[0]), ncclInvalidUsage);
+  const std::string m = ncclGetLastError(nullptr);
+  EXPECT_NE(m.find("which this thread drives"), std::string::npos) << m;
+  // From another thread it waits until this one makes rank 1's call.
+  ncclResult_t finalized = ncclInternalError;
+  double took = 0;
+  std::thread finalizer([&] {
+    const auto start = Clock::now();
+    finalized = ncclCommFinalize(c.comms[0]);
+    took = seconds_since(start);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  NCCL_OK(ncclAllReduce(buf[1], buf[1], 1024, ncclFloat, ncclSum, c.comms[1], c.streams[1]));
+  finalizer.join();
+  EXPECT_EQ(finalized, ncclSuccess);
+  EXPECT_GE(took, 0.2);
+  NCCL_OK(ncclCommFinalize(c.comms[1]));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(first_element(c.devices[r], buf[r]), 2.0f) << "rank " << r;
+    cudaFree(buf[r]);
+  }
+}
+
+TEST(RuntimeThreads, AnInPlaceDisagreementFailsEveryRankOfTheSet) {
+  EFCCL_REQUIRE_GPUS(1);
+  TestClique c(spread_ranks(2));
+  constexpr std::size_t kCount = 1024;
+  std::vector<float*> send(2), recv(2);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_NE(send[r] = filled_buffer(c.devices[r], kCount, 1.0f), nullptr);
+    ASSERT_NE(recv[r] = filled_buffer(c.devices[r], kCount, 0.0f), nullptr);
+  }
+  // One thread per rank: rank 0 in place, rank 1 out of place. Both calls are in flight when
+  // the set is dropped, so both return the error.
+  std::vector<ncclResult_t> results(2, ncclSuccess);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      cudaSetDevice(c.devices[r]);
+      if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      results[r] = ncclAllReduce(send[r], r == 0 ? send[r] : recv[r], kCount, ncclFloat, ncclSum,
+                                 c.comms[r], c.streams[r]);
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(results[0], ncclInvalidUsage) << "the rank that queued first must see it too";
+  EXPECT_EQ(results[1], ncclInvalidUsage);
+  // One thread for both ranks: rank 0's call had returned, so it learns through its async error.
+  NCCL_OK(ncclAllReduce(send[0], send[0], kCount, ncclFloat, ncclSum, c.comms[0], c.streams[0]));
+  EXPECT_EQ(ncclAllReduce(send[1], recv[1], kCount, ncclFloat, ncclSum, c.comms[1], c.streams[1]),
+            ncclInvalidUsage);
+  ncclResult_t async = ncclSuccess;
+  NCCL_OK(ncclCommGetAsyncError(c.comms[0], &async));
+  EXPECT_EQ(async, ncclInvalidUsage);
+  const std::string m = ncclGetLastError(nullptr);
+  EXPECT_NE(m.find("in place"), std::string::npos) << m;
+  // The dropped sets are consumed: the next agreeing calls run.
+  NCCL_OK(ncclGroupStart());
+  for (int r = 0; r < 2; ++r)
+    NCCL_OK(ncclAllReduce(send[r], send[r], kCount, ncclFloat, ncclSum, c.comms[r], c.streams[r]));
+  NCCL_OK(ncclGroupEnd());
+  for (int r = 0; r < 2; ++r) {
+    cudaSetDevice(c.devices[r]);
+    CUDA_OK(cudaStreamSynchronize(c.streams[r]));
+    EXPECT_EQ(first_element(c.devices[r], send[r]), 2.0f) << "rank " << r;
+    cudaFree(send[r]);
+    cudaFree(recv[r]);
+  }
 }
 
 }  // namespace

@@ -12,8 +12,9 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
-#include "init_rank.h"  // joined_ranks (test hook)
+#include "init_rank.h"  // joined_ranks (test hook), offer/collect_in_process
 
 namespace {
 
@@ -334,6 +335,39 @@ TEST(InitRankArgs, NonBlockingInitReturnsInProgressThenSettles) {
     EXPECT_EQ(async == ncclSuccess, have_gpu) << "async " << async;
     EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
   }
+}
+
+TEST(InitRankArgs, OneThreadOffersForSeveralRanksThenCollects) {
+  // A grouped ncclCommSplit from one thread: every rank's offer comes before any collect.
+  static const int parent = 0;  // any address names the meeting
+  const std::vector<int> participants = {0, 2, 5};
+  for (int rank : participants)
+    efccl::runtime::offer_in_process(&parent, 7, participants, rank, "color of " + std::to_string(rank));
+  for (std::size_t i = 0; i < participants.size(); ++i) {
+    auto got = efccl::runtime::collect_in_process(&parent, 7, participants,
+                                                  Clock::now() + std::chrono::seconds(5));
+    ASSERT_TRUE(got.is_ok()) << got.status().message();
+    EXPECT_EQ(*got, (std::vector<std::string>{"color of 0", "color of 2", "color of 5"}));
+  }
+}
+
+TEST(InitRankArgs, CollectGivesUpAtTheDeadlineNamingHowManyCame) {
+  static const int parent = 0;
+  const std::vector<int> participants = {0, 1, 2};
+  efccl::runtime::offer_in_process(&parent, 8, participants, 0, "a");
+  efccl::runtime::offer_in_process(&parent, 8, participants, 1, "b");
+  const auto start = Clock::now();
+  auto got = efccl::runtime::collect_in_process(&parent, 8, participants,
+                                                Clock::now() + std::chrono::milliseconds(200));
+  ASSERT_FALSE(got.is_ok());
+  EXPECT_TRUE(contains(got.status().message(), "only 2 of 3 ranks called it in time"))
+      << got.status().message();
+  EXPECT_GE(seconds_since(start), 0.15);
+  // The meeting is gone: the other offer's collect fails at once instead of waiting.
+  auto again = efccl::runtime::collect_in_process(&parent, 8, participants,
+                                                  Clock::now() + std::chrono::seconds(5));
+  EXPECT_FALSE(again.is_ok());
+  EXPECT_LT(seconds_since(start), 2.0);
 }
 
 }  // namespace

@@ -1,8 +1,10 @@
 // ncclCommInitRank* on GPUs: cliques formed by one thread per rank (PyTorch's pattern), by one
 // thread in a group (nccl-tests' pattern), by ncclCommInitRankScalable, and the no-op buffer
-// registrations. Several ranks share a GPU where fewer are visible.
+// registrations; ncclCommSplit / ncclCommShrink from one thread per rank and from one thread in
+// a group. Several ranks share a GPU where fewer are visible.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
@@ -83,6 +85,27 @@ TEST(InitRank, OneThreadPerRankWithoutAGroup) {
   }
   expect_allreduce_works(comms, devices);
   for (ncclComm_t c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+}
+
+TEST(InitRank, ThreadsThatInitialisedTheirRanksGetTheirWorkOnTheirStreams) {
+  // Each thread initialises its rank, then calls collectives without a group: a call returns
+  // once the set is on the streams (call_queue.h), whichever rank comes last.
+  EFCCL_REQUIRE_GPUS(1);
+  const int n = 2;
+  const std::vector<int> devices = rank_devices(n);
+  ncclUniqueId id;
+  NCCL_OK(ncclGetUniqueId(&id));
+  std::vector<ncclComm_t> comms(n, nullptr);
+  efccl::runtime::testing::expect_thread_per_rank_stream_order(comms, devices, {0, 1, 0}, [&](int r) {
+    ncclComm_t comm = nullptr;
+    if (ncclCommInitRank(&comm, n, id, r) != ncclSuccess) ADD_FAILURE() << last_error();
+    return comm;
+  });
+  for (ncclComm_t c : comms) {
+    if (c != nullptr) {
+      EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+    }
+  }
 }
 
 TEST(InitRank, GroupedInitFromOneThreadLikeNcclTests) {
@@ -216,6 +239,81 @@ TEST(InitRank, SplitOfASingleProcessCommunicatorFromOneThreadPerRank) {
   expect_allreduce_works({halves[2], halves[0]}, {devices[2], devices[0]});
   for (ncclComm_t c : halves)
     if (c != nullptr) NCCL_OK(ncclCommDestroy(c));
+  for (ncclComm_t c : comms) NCCL_OK(ncclCommDestroy(c));
+}
+
+TEST(InitRank, SplitOfEveryRankFromOneThreadInAGroup) {
+  EFCCL_REQUIRE_GPUS(1);
+  const int n = 4;
+  const std::vector<int> devices = rank_devices(n);
+  std::vector<ncclComm_t> comms(n, nullptr);
+  NCCL_OK(ncclCommInitAll(comms.data(), n, devices.data()));
+  // As with NCCL: even and odd ranks ordered by descending key, rank 3 opts out; the children
+  // exist once ncclGroupEnd returns. The thread's current device is not the ranks' device.
+  CUDA_OK(cudaSetDevice(devices[1]));
+  std::vector<ncclComm_t> halves(n, reinterpret_cast<ncclComm_t>(0x1));
+  NCCL_OK(ncclGroupStart());
+  for (int r = 0; r < n; ++r) {
+    NCCL_OK(ncclCommSplit(comms[r], r == 3 ? NCCL_SPLIT_NOCOLOR : r % 2, -r, &halves[r], nullptr));
+    EXPECT_EQ(halves[r], nullptr) << "a grouped split's communicator exists at ncclGroupEnd";
+  }
+  NCCL_OK(ncclGroupEnd());
+  EXPECT_EQ(halves[3], nullptr);
+  int count = 0, rank = -1, device = -1;
+  NCCL_OK(ncclCommCount(halves[0], &count));
+  NCCL_OK(ncclCommUserRank(halves[0], &rank));
+  EXPECT_EQ(count, 2);
+  EXPECT_EQ(rank, 1);  // key 0 sorts after rank 2's key -2
+  for (int r = 0; r < 3; ++r) {
+    NCCL_OK(ncclCommCuDevice(halves[r], &device));
+    EXPECT_EQ(device, devices[r]) << "a child lives on its parent's GPU";
+  }
+  NCCL_OK(ncclCommCount(halves[1], &count));
+  EXPECT_EQ(count, 1);
+  expect_allreduce_works({halves[2], halves[0]}, {devices[2], devices[0]});
+  expect_allreduce_works({halves[1]}, {devices[1]});
+  for (ncclComm_t c : halves) {
+    if (c != nullptr) {
+      NCCL_OK(ncclCommDestroy(c));
+    }
+  }
+
+  // Shrink, grouped likewise: rank 1 is excluded and does not call.
+  std::vector<ncclComm_t> shrunk(n, nullptr);
+  int excluded[1] = {1};
+  NCCL_OK(ncclGroupStart());
+  for (int r : {0, 2, 3})
+    NCCL_OK(ncclCommShrink(comms[r], excluded, 1, &shrunk[r], nullptr, NCCL_SHRINK_DEFAULT));
+  NCCL_OK(ncclGroupEnd());
+  for (int r : {0, 2, 3}) {
+    ASSERT_NE(shrunk[r], nullptr) << "rank " << r;
+    NCCL_OK(ncclCommCount(shrunk[r], &count));
+    EXPECT_EQ(count, 3);
+  }
+  NCCL_OK(ncclCommUserRank(shrunk[3], &rank));
+  EXPECT_EQ(rank, 2);
+  expect_allreduce_works({shrunk[0], shrunk[2], shrunk[3]}, {devices[0], devices[2], devices[3]});
+  for (int r : {0, 2, 3}) NCCL_OK(ncclCommDestroy(shrunk[r]));
+  for (ncclComm_t c : comms) NCCL_OK(ncclCommDestroy(c));
+}
+
+TEST(InitRank, AGroupedSplitWhoseRanksNeverAllCallFailsAtTheDeadline) {
+  EFCCL_REQUIRE_GPUS(1);
+  const std::vector<int> devices = rank_devices(2);
+  std::vector<ncclComm_t> comms(2, nullptr);
+  NCCL_OK(ncclCommInitAll(comms.data(), 2, devices.data()));
+  efccl::runtime::testing::ScopedEnv timeout("EFCCL_INIT_TIMEOUT_MS", "500");
+  ncclComm_t child = reinterpret_cast<ncclComm_t>(0x1);
+  const auto start = std::chrono::steady_clock::now();
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclCommSplit(comms[0], 0, 0, &child, nullptr));  // rank 1 never splits
+  EXPECT_EQ(ncclGroupEnd(), ncclSystemError);
+  const std::string m = last_error();
+  EXPECT_NE(m.find("only 1 of 2 ranks called it in time"), std::string::npos) << m;
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GE(took, 0.4);
+  EXPECT_LT(took, 10.0);
+  EXPECT_EQ(child, nullptr);
   for (ncclComm_t c : comms) NCCL_OK(ncclCommDestroy(c));
 }
 

@@ -5,12 +5,17 @@
 #include <gtest/gtest.h>
 #include <nccl.h>
 
+#include <barrier>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "efccl/ef/datatype.h"
@@ -94,6 +99,100 @@ struct TestClique {
     }
   }
 };
+
+/// Sets an environment variable for a scope (a clique reads EFCCL_* when it is created).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_) setenv(name_, old_->c_str(), 1);
+    else unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+/// `n` ranks over the visible GPUs, several per GPU when fewer are visible.
+inline std::vector<int> spread_ranks(int n) {
+  std::vector<int> devices;
+  for (int r = 0; r < n; ++r) devices.push_back(r % visible_gpus());
+  return devices;
+}
+
+/// One thread per rank, without a group (nccl-tests -t N -g 1): in round i each thread calls
+/// ncclAllReduce in place on rank-valued floats (rank `lates[i]` after a pause) and, as soon as
+/// the call returns, copies the result to the host on the same stream. NCCL's contract: the
+/// work is on the stream when the call returns, so every copy sees the sum, and the ranks that
+/// were not late waited. With `init`, each thread first makes its rank's communicator itself
+/// (`comms[r] = init(r)`, PyTorch's pattern); the threads live through all rounds.
+inline void expect_thread_per_rank_stream_order(std::vector<ncclComm_t>& comms,
+                                                const std::vector<int>& devices,
+                                                const std::vector<int>& lates,
+                                                const std::function<ncclComm_t(int)>& init = nullptr) {
+  using Clock = std::chrono::steady_clock;
+  const int n = static_cast<int>(comms.size());
+  const std::size_t rounds = lates.size();
+  constexpr std::size_t kCount = (1 << 20) + 5;
+  constexpr auto kPause = std::chrono::milliseconds(300);
+  std::vector<std::vector<ncclResult_t>> results(rounds, std::vector<ncclResult_t>(n, ncclInternalError));
+  std::vector<std::vector<double>> waited(rounds, std::vector<double>(n, 0));
+  std::vector<std::vector<std::vector<float>>> got(rounds, std::vector<std::vector<float>>(n));
+  std::vector<std::string> errors(n);
+  std::barrier round_start(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      cudaSetDevice(devices[r]);
+      if (init) comms[r] = init(r);
+      cudaStream_t stream = nullptr;
+      float* buffer = nullptr;
+      float* host = nullptr;
+      const bool ready = comms[r] != nullptr &&
+                         cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess &&
+                         cudaMalloc(&buffer, kCount * sizeof(float)) == cudaSuccess &&
+                         cudaMallocHost(&host, kCount * sizeof(float)) == cudaSuccess;
+      if (!ready) errors[r] = "setup failed: " + std::string(ncclGetLastError(nullptr));
+      const std::vector<float> init_values(kCount, static_cast<float>(r + 1));
+      for (std::size_t i = 0; i < rounds; ++i) {
+        round_start.arrive_and_wait();
+        if (!ready) continue;
+        cudaMemcpy(buffer, init_values.data(), kCount * sizeof(float), cudaMemcpyHostToDevice);
+        if (r == lates[i]) std::this_thread::sleep_for(kPause);
+        const auto start = Clock::now();
+        results[i][r] = ncclAllReduce(buffer, buffer, kCount, ncclFloat, ncclSum, comms[r], stream);
+        waited[i][r] = std::chrono::duration<double>(Clock::now() - start).count();
+        if (results[i][r] != ncclSuccess) errors[r] = ncclGetLastError(nullptr);
+        cudaMemcpyAsync(host, buffer, kCount * sizeof(float), cudaMemcpyDeviceToHost, stream);
+        cudaStreamSynchronize(stream);
+        got[i][r].assign(host, host + kCount);
+      }
+      if (host != nullptr) cudaFreeHost(host);
+      if (buffer != nullptr) cudaFree(buffer);
+      if (stream != nullptr) cudaStreamDestroy(stream);
+    });
+  for (auto& t : threads) t.join();
+  const float sum = static_cast<float>(n * (n + 1) / 2);
+  for (std::size_t i = 0; i < rounds; ++i)
+    for (int r = 0; r < n; ++r) {
+      SCOPED_TRACE("round " + std::to_string(i) + " (late rank " + std::to_string(lates[i]) +
+                   "), rank " + std::to_string(r));
+      ASSERT_EQ(results[i][r], ncclSuccess) << errors[r];
+      ASSERT_EQ(got[i][r].size(), kCount);
+      for (std::size_t e : {std::size_t{0}, kCount / 2, kCount - 1})
+        EXPECT_EQ(got[i][r][e], sum) << "element " << e
+                                     << ": the call returned before its work was on its stream";
+      if (r != lates[i]) {
+        EXPECT_GE(waited[i][r], 0.2) << "did not wait for the late rank";
+      }
+    }
+}
 
 /// Encodes `v` as one element of `t` (rounded to nearest) into `out`.
 inline void encode(ef::DataType t, double v, void* out) {
