@@ -89,6 +89,7 @@ class NcclLibrary {
   decltype(&::ncclCommDestroy) comm_destroy = nullptr;
   decltype(&::ncclCommAbort) comm_abort = nullptr;
   decltype(&::ncclCommRevoke) comm_revoke = nullptr;
+  decltype(&::ncclCommSplit) comm_split = nullptr;
   decltype(&::ncclGroupStart) group_start = nullptr;
   decltype(&::ncclGroupEnd) group_end = nullptr;
   decltype(&::ncclRedOpCreatePreMulSum) red_op_create_pre_mul_sum = nullptr;
