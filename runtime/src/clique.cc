@@ -401,7 +401,8 @@ ApiStatus Clique::run_p2p(const std::vector<Call>& calls) {
   }
   if (transfers.empty()) return ApiStatus::ok();
 
-  const std::vector<P2pRound> rounds = plan_p2p_rounds(transfers, &p2p_channels);
+  const auto protocol_for = [this](uint64_t bytes) { return registry_->p2p_protocol(bytes); };
+  const std::vector<P2pRound> rounds = plan_p2p_rounds(transfers, &p2p_channels, protocol_for);
   const uint64_t op_count = launches_++;
   EFCCL_INFO(kLogP2p, -1,
              "send/recv group: opCount " + std::to_string(op_count) + " " +
@@ -544,7 +545,8 @@ ApiStatus Clique::run_p2p_pairs(const std::vector<Call>& calls) {
           return -1;
         };
         std::vector<PairRound> prepared;
-        for (P2pRound& round : plan_p2p_rounds(transfers, &p2p_channels)) {
+        const auto protocol_for = [this](uint64_t size) { return registry_->p2p_protocol(size); };
+        for (P2pRound& round : plan_p2p_rounds(transfers, &p2p_channels, protocol_for)) {
           const std::pair<int32_t, int32_t> pair{a, b};
           PairRound pr;
           if (ApiStatus s = executor_for(
@@ -722,6 +724,8 @@ ApiStatus Clique::executor_for(const ef::Program& program, const std::string& ke
              "prepared program '" + program.name + "' (" + std::to_string(program.nranks) +
                  " ranks) on " + std::to_string((*created)->devices().size()) + " device(s)" +
                  (peers != nullptr ? " of this process, connected to other processes through CUDA IPC" : ""));
+  if (!(*created)->protocol_note().empty())
+    EFCCL_INFO(kLogInit, (*created)->devices().front(), (*created)->protocol_note());
   // Cached before anything else can fail: the other processes cached theirs (whose kernels
   // point into this one's arenas), so this one must keep it too.
   device::DeviceExecutor* executor = executors_.insert(full_key, std::move(created.value()));

@@ -87,6 +87,8 @@ class Clique {
 
   /// The registry's plan for a call shape (what a collective of that shape would run).
   StatusOr<Plan> select(const CallShape& shape);
+  /// The registry's protocol for point-to-point transfers of `bytes`.
+  ef::Protocol p2p_protocol(uint64_t bytes) const { return registry_->p2p_protocol(bytes); }
 
   /// Non-blocking: the first failure a kernel reported (or the abort), else the failure of a
   /// call of rank `rank` dropped after it returned, as ncclCommGetAsyncError returns it.

@@ -24,13 +24,15 @@ const ncclSimInfo_t kInitialized = NCCL_SIM_INFO_INITIALIZER;
 
 /// One launch's call as the host model takes it, with the GPU interpreter's tiles and slots
 /// (the clique creates its executors with the default configuration).
-host::ExecOptions launch_options(uint64_t count, ef::DataType dtype, bool inplace) {
+host::ExecOptions launch_options(const ef::Program& program, uint64_t count, ef::DataType dtype,
+                                 bool inplace) {
   const device::ExecutorConfig config;
   host::ExecOptions o;
   o.count = count;
   o.dtype = dtype;
   o.inplace = inplace;
-  o.slot_bytes = config.slot_bytes;
+  o.slot_bytes =
+      config.slot_bytes != 0 ? config.slot_bytes : device::default_slot_bytes(program.protocol);
   o.connection_slots = config.connection_slots;
   return o;
 }
@@ -136,15 +138,17 @@ StatusOr<double> estimate_plan(const Plan& plan, const CallShape& call,
   double total = 0;
   for (const PlanPiece& piece : plan.pieces) {
     StatusOr<double> t =
-        predict(*piece.program, launch_options(piece.count, call.dtype, call.inplace), model);
+        predict(*piece.program,
+                launch_options(*piece.program, piece.count, call.dtype, call.inplace), model);
     if (!t) return t.status();
     total += *t;
   }
   return total;
 }
 
-StatusOr<double> estimate_transfers(std::vector<Transfer> transfers,
-                                    const host::LinkCostModel& model) {
+StatusOr<double> estimate_transfers(
+    std::vector<Transfer> transfers, const host::LinkCostModel& model,
+    const std::function<ef::Protocol(uint64_t bytes)>& protocol_for) {
   double total = 0;
   std::vector<Transfer> between;
   for (const Transfer& t : transfers) {
@@ -158,10 +162,10 @@ StatusOr<double> estimate_transfers(std::vector<Transfer> transfers,
     between.push_back(t);
   }
   if (between.empty()) return total;
-  for (const P2pRound& round : plan_p2p_rounds(std::move(between), &p2p_channels)) {
-    StatusOr<double> t =
-        predict(round.program, launch_options(round.chunk_bytes, ef::DataType::kInt8, false),
-                for_ranks(model, round.ranks));
+  for (const P2pRound& round : plan_p2p_rounds(std::move(between), &p2p_channels, protocol_for)) {
+    StatusOr<double> t = predict(
+        round.program, launch_options(round.program, round.chunk_bytes, ef::DataType::kInt8, false),
+        for_ranks(model, round.ranks));
     if (!t) return t.status();
     total += *t;
   }
@@ -211,7 +215,9 @@ StatusOr<double> estimate_group(const std::vector<Call>& calls) {
       total += *t;
     }
     if (!p2p.empty()) {
-      StatusOr<double> t = estimate_transfers(transfers_of(p2p), model);
+      StatusOr<double> t = estimate_transfers(transfers_of(p2p), model, [clique](uint64_t bytes) {
+        return clique->p2p_protocol(bytes);
+      });
       if (!t) return Status::error("send/receive: " + t.status().message());
       total += *t;
     }

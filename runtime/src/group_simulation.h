@@ -13,6 +13,7 @@
 #include <nccl.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -38,10 +39,11 @@ StatusOr<double> estimate_plan(const Plan& plan, const CallShape& call,
                                const host::LinkCostModel& model);
 
 /// Predicted time (us) of one group's send/receive transfers on one communicator: the rounds
-/// plan_p2p_rounds makes (one launch each) and copies to self. `model.rank_devices` is indexed
-/// by communicator rank.
-StatusOr<double> estimate_transfers(std::vector<Transfer> transfers,
-                                    const host::LinkCostModel& model);
+/// plan_p2p_rounds makes (one launch each, in `protocol_for`'s protocol; Simple when not given)
+/// and copies to self. `model.rank_devices` is indexed by communicator rank.
+StatusOr<double> estimate_transfers(
+    std::vector<Transfer> transfers, const host::LinkCostModel& model,
+    const std::function<ef::Protocol(uint64_t bytes)>& protocol_for = {});
 
 /// Predicted time (us) of a group's calls: each communicator's collectives (matched across
 /// ranks by their order, as the clique matches them) and its send/receive rounds, summed.

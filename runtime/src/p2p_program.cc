@@ -42,6 +42,7 @@ struct PlacedTransfer {
 struct RoundBuilder {
   uint64_t bytes = 0;
   int32_t channels = 1;
+  ef::Protocol protocol = ef::Protocol::kSimple;
   std::map<int32_t, Side> send_sides, recv_sides;
   std::vector<PlacedTransfer> placed;
 
@@ -85,6 +86,7 @@ struct RoundBuilder {
     p.nranks = n;
     p.nchunksperloop = 1;
     p.nchannels = channels;
+    p.protocol = protocol;
     p.inplace = false;
     p.outofplace = true;
     p.ranks.resize(static_cast<std::size_t>(n));
@@ -108,7 +110,8 @@ struct RoundBuilder {
     };
 
     std::string& sig = round.signature;
-    sig = "p2p:" + std::to_string(n) + ":" + std::to_string(channels);
+    sig = "p2p:" + std::to_string(n) + ":" + std::to_string(channels) + ":" +
+          std::string(ef::to_string(protocol));
     for (int32_t r : ranks) sig += ":" + std::to_string(r);
     for (const auto& pt : placed) {
       const int32_t s = index_of(pt.t.sender);
@@ -145,8 +148,9 @@ struct RoundBuilder {
 
 }  // namespace
 
-std::vector<P2pRound> plan_p2p_rounds(std::vector<Transfer> transfers,
-                                      int32_t (*channels_for)(uint64_t bytes)) {
+std::vector<P2pRound> plan_p2p_rounds(
+    std::vector<Transfer> transfers, int32_t (*channels_for)(uint64_t bytes),
+    const std::function<ef::Protocol(uint64_t bytes)>& protocol_for) {
   // Lowest pointers first, so that each round's base is its lowest buffer.
   std::stable_sort(transfers.begin(), transfers.end(), [](const Transfer& a, const Transfer& b) {
     if (a.bytes != b.bytes) return a.bytes > b.bytes;
@@ -167,6 +171,7 @@ std::vector<P2pRound> plan_p2p_rounds(std::vector<Transfer> transfers,
     RoundBuilder b;
     b.bytes = t.bytes;
     b.channels = std::max<int32_t>(1, channels_for(t.bytes));
+    if (protocol_for) b.protocol = protocol_for(t.bytes);
     while (b.channels > 1 && t.bytes % static_cast<uint64_t>(b.channels) != 0) --b.channels;
     b.try_add(t);  // always fits an empty round
     builders.push_back(std::move(b));

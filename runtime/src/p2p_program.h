@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -38,8 +39,10 @@ struct P2pRound {
 };
 
 /// Splits the transfers (none with bytes 0) into rounds; `channels_for(bytes)` gives the
-/// channels of a transfer (reduced until they divide its size).
-std::vector<P2pRound> plan_p2p_rounds(std::vector<Transfer> transfers,
-                                      int32_t (*channels_for)(uint64_t bytes));
+/// channels of a transfer (reduced until they divide its size), `protocol_for(bytes)` the
+/// protocol of its round's program (Simple when not given).
+std::vector<P2pRound> plan_p2p_rounds(
+    std::vector<Transfer> transfers, int32_t (*channels_for)(uint64_t bytes),
+    const std::function<ef::Protocol(uint64_t bytes)>& protocol_for = {});
 
 }  // namespace efccl::runtime

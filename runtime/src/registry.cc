@@ -173,35 +173,44 @@ Registry::Registry(std::vector<std::pair<ef::Program, std::string>> user_program
                    ProtocolFilter filter, bool builtins)
     : filter_(std::move(filter)), use_builtins_(builtins) {
   for (auto& [program, file] : user_programs) user_.push_back({std::move(program), std::move(file)});
-  // Built-ins are generated for the first allowed protocol (the interpreter's results never
-  // depend on it; NCCL_PROTO only restricts what may be chosen).
+  // Built-ins run in the protocol the tuning table prefers for their size (results never
+  // depend on it); where NCCL_PROTO excludes that one, in the first allowed of these.
   for (ef::Protocol p : {ef::Protocol::kSimple, ef::Protocol::kLL128, ef::Protocol::kLL}) {
     if (filter_.allows(p)) {
-      builtin_protocol_ = p;
+      fallback_protocol_ = p;
       break;
     }
   }
-  if (!filter_.allows(builtin_protocol_))
+  if (!filter_.allows(fallback_protocol_))
     EFCCL_WARN(-1, "NCCL_PROTO=" + filter_.spec + " excludes every protocol; using Simple");
 }
 
+ef::Protocol Registry::allowed_protocol(ef::Protocol preferred) const {
+  return filter_.allows(preferred) ? preferred : fallback_protocol_;
+}
+
+ef::Protocol Registry::p2p_protocol(uint64_t bytes) const {
+  return allowed_protocol(runtime::p2p_protocol(bytes));
+}
+
 StatusOr<const ef::Program*> Registry::builtin(const std::string& algorithm, const CallShape& call,
-                                               int32_t instances, bool inplace_variant) {
+                                               int32_t instances, bool inplace_variant,
+                                               ef::Protocol protocol) {
   const int32_t root = is_rooted(call.collective) ? call.root : 0;
-  auto key = std::make_tuple(algorithm, call.nranks, root, instances, inplace_variant);
+  auto key = std::make_tuple(algorithm, call.nranks, root, instances, inplace_variant, protocol);
   if (auto it = builtins_.find(key); it != builtins_.end()) return it->second.get();
 
   StatusOr<ef::Program> generated = Status::error("no generator");
   if (algorithm == "direct_gather") {
-    generated = direct_gather(call.nranks, root, instances, builtin_protocol_);
+    generated = direct_gather(call.nranks, root, instances, protocol);
   } else if (algorithm == "direct_scatter") {
-    generated = direct_scatter(call.nranks, root, instances, builtin_protocol_);
+    generated = direct_scatter(call.nranks, root, instances, protocol);
   } else {
     algorithms::AlgorithmParams params;
     params.ranks = call.nranks;
     params.instances = instances;
     params.root = root;
-    params.protocol = builtin_protocol_;
+    params.protocol = protocol;
     params.inplace = inplace_variant;
     // The runtime decides sizes through the tuning table; the program claims every size.
     params.min_bytes = 0;
@@ -261,10 +270,11 @@ StatusOr<Plan> Registry::select(const CallShape& call) {
     return Status::error("no built-in algorithm for " + collective + " with " +
                          std::to_string(call.nranks) + " ranks");
   const std::string algorithm(choice.algorithm);
+  const ef::Protocol protocol = allowed_protocol(choice.protocol);
   const auto get = [&](const std::string& name, int32_t instances) -> StatusOr<const ef::Program*> {
-    auto p = builtin(name, call, instances, false);
+    auto p = builtin(name, call, instances, false, protocol);
     if (!p) return p;
-    if (call.inplace && !(*p)->inplace) return builtin(name, call, instances, true);
+    if (call.inplace && !(*p)->inplace) return builtin(name, call, instances, true, protocol);
     return p;
   };
 
@@ -274,6 +284,10 @@ StatusOr<Plan> Registry::select(const CallShape& call) {
   if (!program) return program.status();
   const uint64_t granularity = ef::count_granularity(**program);
   plan.reason = "built-in " + algorithm + ", " + choice.why;
+  if (protocol != choice.protocol)
+    plan.reason += "; NCCL_PROTO=" + filter_.spec + " excludes " +
+                   std::string(ef::to_string(choice.protocol)) + ": " +
+                   std::string(ef::to_string(protocol));
   if (call.count % granularity == 0) {
     plan.pieces.push_back({*program, 0, call.count});
   } else if (!ef::count_is_per_block(call.collective)) {

@@ -64,6 +64,11 @@ class Registry {
 
   /// The plan for one call, or why there is none.
   StatusOr<Plan> select(const CallShape& call);
+  /// `preferred` (the tuning table's) when NCCL_PROTO allows it, else the first protocol it
+  /// allows of Simple, LL128, LL (Simple when it allows none).
+  ef::Protocol allowed_protocol(ef::Protocol preferred) const;
+  /// The protocol of a point-to-point round moving transfers of `bytes`.
+  ef::Protocol p2p_protocol(uint64_t bytes) const;
 
   std::size_t user_program_count() const { return user_.size(); }
 
@@ -73,12 +78,14 @@ class Registry {
     std::string file;
   };
   StatusOr<const ef::Program*> builtin(const std::string& algorithm, const CallShape& call,
-                                       int32_t instances, bool inplace_variant);
+                                       int32_t instances, bool inplace_variant,
+                                       ef::Protocol protocol);
   std::vector<UserProgram> user_;
   ProtocolFilter filter_;
   bool use_builtins_ = true;
-  ef::Protocol builtin_protocol_ = ef::Protocol::kSimple;
-  std::map<std::tuple<std::string, int32_t, int32_t, int32_t, bool>, std::unique_ptr<ef::Program>>
+  ef::Protocol fallback_protocol_ = ef::Protocol::kSimple;  ///< when the preferred is excluded
+  std::map<std::tuple<std::string, int32_t, int32_t, int32_t, bool, ef::Protocol>,
+           std::unique_ptr<ef::Program>>
       builtins_;
 };
 

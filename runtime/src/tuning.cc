@@ -9,6 +9,9 @@ constexpr uint64_t KiB = 1024;
 constexpr uint64_t MiB = 1024 * KiB;
 constexpr uint64_t kNoLimit = std::numeric_limits<uint64_t>::max();
 
+constexpr ef::Protocol kSimple = ef::Protocol::kSimple;
+constexpr ef::Protocol kLL128 = ef::Protocol::kLL128;
+
 /// A row applies when nranks is in [min_ranks, max_ranks] and bytes in [min_bytes, max_bytes).
 /// The first matching row of a collective wins. More instances for larger messages give the
 /// interpreter enough CTAs (one per threadblock) to saturate NVLink.
@@ -18,12 +21,17 @@ struct Row {
   int32_t min_ranks, max_ranks;
   uint64_t min_bytes, max_bytes;
   int32_t instances;
+  ef::Protocol protocol = kSimple;
 };
 
 constexpr Row kTable[] = {
     // allreduce: one-step all-pairs for latency-bound sizes on small cliques, then the ring.
     // Instances measured on 2x H200 (docs/performance.md, 2026-11-22): one ring threadblock
-    // moves ~12 GB/s, so large messages need ~32 to approach NVLink's ceiling.
+    // moves ~12 GB/s, so large messages need ~32 to approach NVLink's ceiling. LL128 below
+    // 16 KiB on 2 ranks: faster than Simple from 8 B to 8 KB in two runs (0.5-1.5 and 3 us),
+    // slower at 32 KB in two of three and at 128 KB in all (docs/performance.md); other clique
+    // sizes are not measured yet.
+    {ef::Collective::kAllReduce, "allpairs_allreduce", 2, 2, 0, 16 * KiB, 1, kLL128},
     {ef::Collective::kAllReduce, "allpairs_allreduce", 2, 8, 0, 256 * KiB, 1},
     {ef::Collective::kAllReduce, "ring_allreduce", 1, 4096, 0, 256 * KiB, 1},
     {ef::Collective::kAllReduce, "ring_allreduce", 1, 4096, 256 * KiB, 1 * MiB, 8},
@@ -58,10 +66,14 @@ constexpr Row kTable[] = {
     {ef::Collective::kScatter, "direct_scatter", 1, 4096, 64 * MiB, kNoLimit, 8},
 };
 
-/// Point-to-point: channels per transfer by size.
+/// Point-to-point: channels and protocol per transfer by size (the first row whose min_bytes
+/// the transfer reaches). Simple throughout: LL and LL128 send/recv of 8 B .. 32 KB were
+/// faster than Simple in one run of three and 4-6 us slower in the other two (2x H200,
+/// docs/performance.md).
 struct P2pRow {
   uint64_t min_bytes;
   int32_t channels;
+  ef::Protocol protocol = kSimple;
 };
 constexpr P2pRow kP2pTable[] = {{64 * MiB, 32}, {8 * MiB, 16}, {1 * MiB, 8}, {0, 1}};
 
@@ -82,10 +94,11 @@ BuiltinChoice choose_builtin(ef::Collective collective, int32_t nranks, uint64_t
     if (row.collective != collective || nranks < row.min_ranks || nranks > row.max_ranks ||
         bytes < row.min_bytes || bytes >= row.max_bytes)
       continue;
-    return {row.algorithm, row.instances,
+    return {row.algorithm, row.instances, row.protocol,
             "tuning table: " + describe_range(row.min_bytes, row.max_bytes) + ", nranks " +
                 std::to_string(row.min_ranks) + ".." + std::to_string(row.max_ranks) + " -> " +
-                std::to_string(row.instances) + " instance(s)"};
+                std::to_string(row.instances) + " instance(s), " +
+                std::string(ef::to_string(row.protocol))};
   }
   return {};
 }
@@ -94,6 +107,12 @@ int32_t p2p_channels(uint64_t bytes) {
   for (const P2pRow& row : kP2pTable)
     if (bytes >= row.min_bytes) return row.channels;
   return 1;
+}
+
+ef::Protocol p2p_protocol(uint64_t bytes) {
+  for (const P2pRow& row : kP2pTable)
+    if (bytes >= row.min_bytes) return row.protocol;
+  return kSimple;
 }
 
 }  // namespace efccl::runtime

@@ -11,10 +11,12 @@
 
 namespace efccl::runtime {
 
-/// A built-in algorithm and its instance count for one call.
+/// A built-in algorithm, its instance count and protocol for one call.
 struct BuiltinChoice {
   std::string_view algorithm;  ///< an efccl::algorithms name, or "direct_gather"/"direct_scatter"
   int32_t instances = 1;
+  /// The protocol measured fastest for the size (before NCCL_PROTO; Registry applies it).
+  ef::Protocol protocol = ef::Protocol::kSimple;
   std::string why;  ///< the table row that matched, for the INFO log
 };
 
@@ -24,5 +26,7 @@ BuiltinChoice choose_builtin(ef::Collective collective, int32_t nranks, uint64_t
 
 /// Channels (CTAs per direction) for one point-to-point transfer of `bytes`.
 int32_t p2p_channels(uint64_t bytes);
+/// The protocol measured fastest for a point-to-point transfer of `bytes` (before NCCL_PROTO).
+ef::Protocol p2p_protocol(uint64_t bytes);
 
 }  // namespace efccl::runtime

@@ -223,5 +223,63 @@ TEST(RuntimePrograms, BuiltinsSwitchReadsTheEnvironment) {
   EXPECT_TRUE(builtins_from_environment());
 }
 
+TEST(RuntimePrograms, ProtocolsFollowTheTuningTableAndNcclProto) {
+  // The tuning table's protocols (measured on 2 H200s, docs/performance.md).
+  EXPECT_EQ(choose_builtin(ef::Collective::kAllReduce, 2, 8).protocol, ef::Protocol::kLL128);
+  EXPECT_EQ(choose_builtin(ef::Collective::kAllReduce, 2, (16 << 10) - 4).protocol,
+            ef::Protocol::kLL128);
+  EXPECT_EQ(choose_builtin(ef::Collective::kAllReduce, 2, 16 << 10).protocol,
+            ef::Protocol::kSimple);
+  EXPECT_EQ(choose_builtin(ef::Collective::kAllReduce, 4, 8).protocol, ef::Protocol::kSimple);
+  EXPECT_EQ(choose_builtin(ef::Collective::kAllReduce, 2, 128 << 20).protocol,
+            ef::Protocol::kSimple);
+  EXPECT_EQ(p2p_protocol(8), ef::Protocol::kSimple);  // LL128 was not reliably faster
+  EXPECT_EQ(p2p_protocol(1 << 30), ef::Protocol::kSimple);
+
+  // The registry generates the built-in in that protocol, unless NCCL_PROTO excludes it.
+  Registry all({}, ProtocolFilter{});
+  auto small = all.select(shape(ef::Collective::kAllReduce, 2, 16));
+  ASSERT_TRUE(small) << small.status().message();
+  EXPECT_EQ(small->pieces.at(0).program->protocol, ef::Protocol::kLL128) << small->reason;
+  auto large = all.select(shape(ef::Collective::kAllReduce, 2, 1 << 20));
+  ASSERT_TRUE(large) << large.status().message();
+  EXPECT_EQ(large->pieces.at(0).program->protocol, ef::Protocol::kSimple) << large->reason;
+
+  ProtocolFilter no_ll128;
+  no_ll128.allowed[static_cast<int>(ef::Protocol::kLL128)] = false;
+  no_ll128.spec = "^LL128";
+  Registry simple_or_ll({}, no_ll128);
+  auto excluded = simple_or_ll.select(shape(ef::Collective::kAllReduce, 2, 16));
+  ASSERT_TRUE(excluded) << excluded.status().message();
+  EXPECT_EQ(excluded->pieces.at(0).program->protocol, ef::Protocol::kSimple);
+  EXPECT_NE(excluded->reason.find("NCCL_PROTO=^LL128 excludes LL128"), std::string::npos)
+      << excluded->reason;
+
+  ProtocolFilter only_ll;
+  only_ll.allowed[static_cast<int>(ef::Protocol::kSimple)] = false;
+  only_ll.allowed[static_cast<int>(ef::Protocol::kLL128)] = false;
+  only_ll.spec = "LL";
+  Registry ll({}, only_ll);
+  auto forced = ll.select(shape(ef::Collective::kAllReduce, 2, 1 << 20));
+  ASSERT_TRUE(forced) << forced.status().message();
+  EXPECT_EQ(forced->pieces.at(0).program->protocol, ef::Protocol::kLL);
+  EXPECT_EQ(ll.p2p_protocol(8), ef::Protocol::kLL);  // NCCL_PROTO=LL: send/recv too
+  EXPECT_EQ(ll.p2p_protocol(1 << 30), ef::Protocol::kLL);
+}
+
+TEST(RuntimePrograms, P2pRoundsCarryTheProtocolInProgramAndSignature) {
+  std::vector<char> a(1 << 20), b(1 << 20);
+  const std::vector<Transfer> t = {{0, 1, a.data(), b.data(), 4096}};
+  const auto ll128 =
+      plan_p2p_rounds(t, &p2p_channels, [](uint64_t) { return ef::Protocol::kLL128; });
+  const auto simple = plan_p2p_rounds(t, &p2p_channels);
+  ASSERT_EQ(ll128.size(), 1u);
+  ASSERT_EQ(simple.size(), 1u);
+  EXPECT_EQ(ll128[0].program.protocol, ef::Protocol::kLL128);
+  EXPECT_EQ(simple[0].program.protocol, ef::Protocol::kSimple);
+  EXPECT_NE(ll128[0].signature, simple[0].signature);
+  expect_round_verifies(ll128[0]);
+}
+
 }  // namespace
 }  // namespace efccl::runtime

@@ -4,6 +4,7 @@
 //
 //   interpreter_bench --algorithm ring_allreduce --devices 0,1 --instances 8
 //       [--min-bytes 8] [--max-bytes 1G] [--factor 4] [--iters 20] [--warmup 5]
+//       [--slot-bytes B] [--protocol Simple|LL|LL128]
 //   interpreter_bench --file prog.json --devices 0,0,1,1 ...
 #include <cuda_runtime_api.h>
 
@@ -12,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -46,6 +48,12 @@ uint64_t parse_size(std::string_view s) {
   return v * mult;
 }
 
+ef::Protocol parse_protocol_option(std::string_view s) {
+  const auto protocol = ef::parse_protocol(s);
+  if (!protocol) die("--protocol must be Simple, LL or LL128, got '" + std::string(s) + "'");
+  return *protocol;
+}
+
 std::vector<int> parse_devices(std::string_view s) {
   std::vector<int> out;
   while (!s.empty()) {
@@ -78,6 +86,7 @@ int main(int argc, char** argv) {
   int instances = 1, channels = 1, iters = 20, warmup = 5;
   uint64_t min_bytes = 8, max_bytes = 1ull << 30, factor = 4;
   std::size_t slot_bytes = 0;
+  std::optional<ef::Protocol> protocol;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     auto next = [&]() -> std::string_view {
@@ -95,6 +104,7 @@ int main(int argc, char** argv) {
     else if (a == "--max-bytes") max_bytes = parse_size(next());
     else if (a == "--factor") factor = std::max<uint64_t>(2, parse_size(next()));
     else if (a == "--slot-bytes") slot_bytes = parse_size(next());
+    else if (a == "--protocol") protocol = parse_protocol_option(next());
     else die("unknown option '" + std::string(a) + "'");
   }
 
@@ -113,6 +123,7 @@ int main(int argc, char** argv) {
     if (!generated) die(generated.status().message());
     program = std::move(*generated);
   }
+  if (protocol) program.protocol = *protocol;  // never changes results (§5), only the wire
   if (static_cast<std::size_t>(program.nranks) != devices.size())
     die("the program has " + std::to_string(program.nranks) + " ranks but --devices names " +
         std::to_string(devices.size()));
@@ -153,8 +164,9 @@ int main(int argc, char** argv) {
 
   std::printf("# %s: %d ranks on devices", program.name.c_str(), n);
   for (int d : devices) std::printf(" %d", d);
-  std::printf(", %zu threadblocks on rank 0, slot %zu B\n", program.ranks[0].threadblocks.size(),
-              config.slot_bytes);
+  std::printf(", %zu threadblocks on rank 0, %s, slot %zu B\n",
+              program.ranks[0].threadblocks.size(),
+              std::string(ef::to_string(program.protocol)).c_str(), ex.slot_bytes());
   std::printf("%14s %14s %10s %10s %10s\n", "size(B)", "count", "time(us)", "algbw", "busbw");
   // Sizes as nccl-tests counts them: the per-rank buffer the collective's count describes.
   for (uint64_t bytes = min_bytes; bytes <= max_bytes; bytes *= factor) {

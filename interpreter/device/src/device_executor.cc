@@ -180,11 +180,53 @@ bool is_integer(ef::DataType t) { return !ef::is_floating(t); }
 struct ConnectionPlan {
   int sender = 0, receiver = 0, channel = 0;
   int send_tb = -1, recv_tb = -1;
+  WireFormat wire = kWireSimple;
   std::size_t recv_offset = 0;  ///< in the receiver device's FIFO arena
   std::size_t send_offset = 0;  ///< in the sender device's counter arena
   int send_index = -1;          ///< in the sender device's SendConnection table
   int recv_index = -1;          ///< in the receiver device's RecvConnection table
 };
+
+/// Wire bytes of a slot that carries `slot_bytes` data bytes in `wire` (a tile has at most
+/// max(slot_bytes, 8) bytes: max(1, slot_bytes / size) elements of at most 8 bytes).
+std::size_t slot_wire_bytes(WireFormat wire, std::size_t slot_bytes) {
+  const std::size_t groups =
+      (std::max<std::size_t>(slot_bytes, 8) + kGroupDataBytes - 1) / kGroupDataBytes;
+  switch (wire) {
+    case kWireLL:
+      return align_up(groups * kLLGroupWireBytes, kLL128LineBytes);
+    case kWireLL128:
+      return groups * kLL128LineBytes;
+    case kWireSimple:
+      break;
+  }
+  return align_up(std::max<std::size_t>(slot_bytes, 16), 16);
+}
+
+/// Empty when a connection from device `from` to device `to` (this process's) may carry LL128
+/// lines, else why not. LL128 relies on a warp's 128-byte store reaching the receiver's memory
+/// as a unit, which NVIDIA's own LL128 relies on for NVLink on compute capability 9.0 (Hopper)
+/// and later, and which PCIe does not promise. Native peer atomics stand for NVLink here:
+/// CUDA offers them between NVLink peers and not over PCIe.
+StatusOr<std::string> ll128_obstacle(int from, int to) {
+  for (int d : {from, to}) {
+    int major = 0;
+    EFCCL_CUDA_RETURN(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d),
+                      "cudaDeviceGetAttribute(ComputeCapabilityMajor)");
+    if (major < 9)
+      return "device " + std::to_string(d) + " has compute capability " + std::to_string(major) +
+             ".x (LL128 needs 9.0 or later)";
+  }
+  if (from == to) return std::string();
+  int atomics = 0;
+  EFCCL_CUDA_RETURN(
+      cudaDeviceGetP2PAttribute(&atomics, cudaDevP2PAttrNativeAtomicSupported, from, to),
+      "cudaDeviceGetP2PAttribute(NativeAtomicSupported)");
+  if (atomics == 0)
+    return "devices " + std::to_string(from) + " and " + std::to_string(to) +
+           " are not NVLink peers (no native peer atomics)";
+  return std::string();
+}
 
 // Layout of one connection's memory.
 constexpr std::size_t kTailOffset = 0;                       // receiver: written by the sender
@@ -284,7 +326,11 @@ struct DeviceExecutor::Impl {
   std::vector<LocalDevice> locals;
   std::vector<int> rank_local_device;  ///< rank -> index into locals
   std::vector<int> rank_local_index;   ///< rank -> index into that device's ranks
-  std::size_t slot_stride = 0;
+  std::size_t slot_bytes = 0;          ///< data bytes per slot (the config's, or the protocol's)
+  std::size_t slot_stride = 0;         ///< wire bytes per slot, the same for every connection
+  bool flagged = false;                ///< LL or LL128 program: the kernel's flagged instantiation
+  std::vector<ConnectionPlan> connections;  ///< every connection of the program
+  std::string protocol_note;                ///< see DeviceExecutor::protocol_note
   /// Per mode (out-of-place, in-place): the first operand premulsum/avg cannot scale because
   /// it mixes pristine and written input chunks (ef::describe_mixed_operand); empty if none.
   std::string premul_mixed[2];
@@ -297,6 +343,8 @@ struct DeviceExecutor::Impl {
   }
 
   Status build();
+  Status choose_wire_formats();
+  Status write_first_positions();
   Status share_arenas(const std::map<int64_t, std::size_t>& fifo_size,
                       const std::map<int64_t, std::size_t>& counter_size);
   Status build_device(LocalDevice& local, const std::vector<ConnectionPlan>& connections,
@@ -323,8 +371,8 @@ StatusOr<std::unique_ptr<DeviceExecutor>> DeviceExecutor::create(const ef::Progr
   if (rank_devices.size() != program.ranks.size())
     return Status::error("rank_devices has " + std::to_string(rank_devices.size()) +
                          " entries; the program has " + std::to_string(program.nranks) + " ranks");
-  if (config.slot_bytes == 0 || config.slot_bytes > (std::size_t{1} << 30))
-    return Status::error("slot_bytes must be in [1, 1 GiB], got " +
+  if (config.slot_bytes > (std::size_t{1} << 30))
+    return Status::error("slot_bytes must be at most 1 GiB (0: the protocol's default), got " +
                          std::to_string(config.slot_bytes));
   if (config.connection_slots < 1 || config.connection_slots > 1024)
     return Status::error("connection_slots must be in [1, 1024], got " +
@@ -431,6 +479,62 @@ static Status enable_peer_access(int from, int to) {
   return Status::ok();
 }
 
+std::size_t default_slot_bytes(ef::Protocol protocol) {
+  switch (protocol) {
+    case ef::Protocol::kLL:
+      return std::size_t{32} << 10;
+    case ef::Protocol::kLL128:
+      return std::size_t{120} << 10;
+    case ef::Protocol::kSimple:
+      break;
+  }
+  return std::size_t{512} << 10;
+}
+
+/// The wire format of every connection: the program's protocol, except that an LL128
+/// connection runs over LL where LL128's delivery assumption is not known to hold (see
+/// ll128_obstacle). Connections to another process always run over LL: its two ends must agree
+/// without another exchange, and this process cannot always see the other GPU.
+Status DeviceExecutor::Impl::choose_wire_formats() {
+  const ef::Protocol protocol = program.protocol;
+  std::map<std::pair<int, int>, std::string> obstacles;  // (from, to) device pair -> why not
+  std::size_t fallbacks = 0;
+  std::string first_reason;
+  for (ConnectionPlan& c : connections) {
+    if (protocol == ef::Protocol::kSimple) {
+      c.wire = kWireSimple;
+      continue;
+    }
+    c.wire = kWireLL;
+    if (protocol == ef::Protocol::kLL) continue;
+    std::string why;
+    if (!local_rank[c.sender] || !local_rank[c.receiver]) {
+      why = "rank " + std::to_string(local_rank[c.sender] ? c.receiver : c.sender) +
+            " runs in another process";
+    } else {
+      const std::pair<int, int> pair{rank_devices[c.sender], rank_devices[c.receiver]};
+      auto it = obstacles.find(pair);
+      if (it == obstacles.end()) {
+        StatusOr<std::string> o = ll128_obstacle(pair.first, pair.second);
+        if (!o) return o.status();
+        it = obstacles.emplace(pair, *o).first;
+      }
+      why = it->second;
+    }
+    if (why.empty()) {
+      c.wire = kWireLL128;
+    } else if (fallbacks++ == 0) {
+      first_reason = "connection " + std::to_string(c.sender) + "->" + std::to_string(c.receiver) +
+                     " ch " + std::to_string(c.channel) + ": " + why;
+    }
+  }
+  if (fallbacks > 0)
+    protocol_note = "LL128 program '" + program.name + "': " + std::to_string(fallbacks) + " of " +
+                    std::to_string(connections.size()) +
+                    " connections run over LL (the first: " + first_reason + ")";
+  return Status::ok();
+}
+
 Status DeviceExecutor::Impl::build() {
   const ef::Program& p = program;
   const int n = p.nranks;
@@ -480,7 +584,6 @@ Status DeviceExecutor::Impl::build() {
       }
     }
   }
-  std::vector<ConnectionPlan> connections;
   for (auto& [key, c] : by_key) {
     if (c.send_tb < 0 || c.recv_tb < 0)
       return Status::error("connection " + std::to_string(c.sender) + "->" +
@@ -510,9 +613,22 @@ Status DeviceExecutor::Impl::build() {
     }
   }
 
+  if (Status s = choose_wire_formats(); !s) return s;
+
   // FIFO layout: per connection, counters then slots in the receiver's arena; head and the
   // sender's position in the sender's arena. A slot holds at least one element of any type.
-  slot_stride = align_up(std::max<std::size_t>(config.slot_bytes, 16), 16);
+  // Every connection gets the same slot stride, so that every process of a multi-process
+  // executor derives the same layout: an LL128 program's slots are large enough for LL lines
+  // unless every connection is known to run LL128 (single process).
+  slot_bytes = config.slot_bytes != 0 ? config.slot_bytes : default_slot_bytes(p.protocol);
+  flagged = p.protocol != ef::Protocol::kSimple;
+  slot_stride = slot_wire_bytes(kWireSimple, slot_bytes);
+  if (flagged) {
+    const bool all_ll128 =
+        !multiprocess && std::all_of(connections.begin(), connections.end(),
+                                     [](const ConnectionPlan& c) { return c.wire == kWireLL128; });
+    slot_stride = slot_wire_bytes(all_ll128 ? kWireLL128 : kWireLL, slot_bytes);
+  }
   const std::size_t fifo_bytes =
       align_up(kSlotsOffset + slot_stride * static_cast<std::size_t>(config.connection_slots),
                kCounterStride);
@@ -534,6 +650,7 @@ Status DeviceExecutor::Impl::build() {
     fifo_base[loc] = locals[i].fifo_arena.get();
     counter_base[loc] = locals[i].counter_arena.get();
   }
+  if (Status s = write_first_positions(); !s) return s;
   if (multiprocess)
     if (Status s = share_arenas(fifo_size, counter_size); !s) return s;
 
@@ -556,6 +673,36 @@ Status DeviceExecutor::Impl::build() {
         !s)
       return s;
     locals[i].private_memory.resize(locals[i].ranks.size());
+  }
+  return Status::ok();
+}
+
+/// ExecutorConfig::first_position into the counters this process owns: tail and the pop
+/// position at receivers, head and the push position at senders.
+Status DeviceExecutor::Impl::write_first_positions() {
+  if (config.first_position == 0) return Status::ok();
+  for (const ConnectionPlan& c : connections) {
+    for (const bool receiving : {true, false}) {
+      const int rank = receiving ? c.receiver : c.sender;
+      if (!local_rank[rank]) continue;
+      LocalDevice& local = locals[rank_local_device[rank]];
+      char* at = receiving ? local.fifo_arena.get() + c.recv_offset
+                           : local.counter_arena.get() + c.send_offset;
+      const std::size_t offsets[2] = {receiving ? kTailOffset : kHeadOffset,
+                                      receiving ? kRecvPositionOffset : kSendPositionOffset};
+      DeviceScope scope(local.device);
+      cudaStream_t stream = nullptr;
+      EFCCL_CUDA_RETURN(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                        "cudaStreamCreate");
+      cudaError_t e = cudaSuccess;
+      for (std::size_t offset : offsets)
+        if (e == cudaSuccess)
+          e = cudaMemcpyAsync(at + offset, &config.first_position, sizeof(uint64_t),
+                              cudaMemcpyHostToDevice, stream);
+      if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+      cudaStreamDestroy(stream);
+      EFCCL_CUDA_RETURN(e, "writing the first connection positions");
+    }
   }
   return Status::ok();
 }
@@ -740,6 +887,7 @@ Status DeviceExecutor::Impl::build_device(LocalDevice& local,
       s.nslots = static_cast<uint32_t>(config.connection_slots);
       s.peer = c.receiver;
       s.channel = c.channel;
+      s.wire = c.wire;
       send_of[{c.sender, c.send_tb}] = static_cast<int>(sends.size());
       sends.push_back(s);
     }
@@ -753,6 +901,7 @@ Status DeviceExecutor::Impl::build_device(LocalDevice& local,
       r.nslots = static_cast<uint32_t>(config.connection_slots);
       r.peer = c.sender;
       r.channel = c.channel;
+      r.wire = c.wire;
       recv_of[{c.receiver, c.recv_tb}] = static_cast<int>(recvs.size());
       recvs.push_back(r);
     }
@@ -941,7 +1090,7 @@ Status DeviceExecutor::Impl::choose_threads(LocalDevice& local, int dtype, int r
     chosen = -1;
     for (int t = config.max_threads_per_block; t >= 64; t /= 2) {
       int per_sm = 0;
-      EFCCL_CUDA_RETURN(interpreter_blocks_per_sm(dtype, reduction, t, &per_sm),
+      EFCCL_CUDA_RETURN(interpreter_blocks_per_sm(dtype, reduction, flagged, t, &per_sm),
                         "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
       local.max_blocks_seen[dtype][reduction] =
           std::max(local.max_blocks_seen[dtype][reduction], per_sm * local.sm_count);
@@ -1050,7 +1199,7 @@ Status DeviceExecutor::run(const RunArgs& args) {
   const std::size_t size = ef::size_of(args.dtype);
   if (b > std::numeric_limits<uint64_t>::max() / size / static_cast<uint64_t>(p.nchunksperloop) / 2)
     return Status::error("count " + std::to_string(args.count) + " overflows the buffer size");
-  const uint64_t tile = std::max<uint64_t>(1, m.config.slot_bytes / size);
+  const uint64_t tile = std::max<uint64_t>(1, m.slot_bytes / size);
   const uint64_t iterations = (b + tile - 1) / tile;
   if (iterations >= std::numeric_limits<uint32_t>::max())
     return Status::error("too many tiles per chunk (" + std::to_string(iterations) + ")");
@@ -1129,8 +1278,8 @@ Status DeviceExecutor::run(const RunArgs& args) {
         EFCCL_CUDA_RETURN(cudaStreamWaitEvent(stream, *event, 0), "cudaStreamWaitEvent");
       }
       EFCCL_CUDA_RETURN(
-          launch_interpreter(params, dtype, reduction, static_cast<int>(local.nblocks), threads,
-                             args.streams[di]),
+          launch_interpreter(params, dtype, reduction, m.flagged, static_cast<int>(local.nblocks),
+                             threads, args.streams[di]),
           "launching the interpreter on device " + std::to_string(local.device));
       if (integer_avg)
         EFCCL_CUDA_RETURN(launch_divide(divide, dtype, args.streams[di]),
@@ -1226,6 +1375,9 @@ Status DeviceExecutor::error_status() const {
   return Status::ok();
 }
 
+std::size_t DeviceExecutor::slot_bytes() const { return impl_->slot_bytes; }
+const std::string& DeviceExecutor::protocol_note() const { return impl_->protocol_note; }
+
 void DeviceExecutor::abort() {
   std::atomic_ref<uint32_t>(impl_->signals()->abort).store(1, std::memory_order_release);
 }
@@ -1245,6 +1397,7 @@ Status DeviceExecutor::reset() {
     for (DeviceBuffer* b : {&local.flags, &local.state, &local.fifo_arena, &local.counter_arena})
       if (Status s = b->zero(); !s) return s;
   }
+  if (Status s = m.write_first_positions(); !s) return s;
   for (LocalDevice& local : m.locals) {
     DeviceScope scope(local.device);
     EFCCL_CUDA_RETURN(cudaDeviceSynchronize(), "cudaDeviceSynchronize");

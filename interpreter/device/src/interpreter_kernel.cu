@@ -8,12 +8,17 @@
 // thread 0 publishes (tail to the receiver, head to the sender). After an op's last unit of an
 // iteration thread 0 publishes the op's dependency flag when another op waits for it.
 //
-// Registers: 75-123 per thread depending on the element type (no local memory); the CTA size
-// is chosen per (type, operator) by the executor so that the whole grid is co-resident.
+// LL and LL128 programs run the `kFlagged` instantiation: the same walk, but data travels with
+// flags (WireFormat in kernel_params.h). A sender waits for a free slot and stores its lines:
+// no tail to publish, so no fence. A receiver does not wait for a tail and a barrier:
+// each warp polls the lines it is about to use, so a unit's first bytes are used as soon as
+// they land. The barrier after a unit stays (the slot is freed through head, and ops of one
+// threadblock hand data to each other through memory). Ops without a connection (copy,
+// reduce) run exactly as in Simple programs.
 //
-// Protocols: every program runs over the Simple FIFO (slot payload = the executor's slot
-// size). LL and LL128 programs compute the same result by definition (§5); their flag-based
-// wire formats are not implemented yet.
+// Registers: up to the 128 that __launch_bounds__ allows (ptxas: some Simple instantiations
+// spill up to 32 bytes, the flagged ones 22-74); the CTA size is chosen per (type, operator,
+// protocol) by the executor so that the whole grid is co-resident.
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -140,6 +145,209 @@ __device__ __forceinline__ void process_unit(const Unit& u, uint64_t n, const Sc
   }
 }
 
+// ---- LL and LL128 ----
+
+/// A flagged unit's connection ends: where it pops (this device's slot) and pushes (the peer's
+/// slot), in which format, and the flags of those slot uses.
+struct Wire {
+  const char* in = nullptr;  ///< null when the op does not pop (then Unit::left is memory)
+  char* out = nullptr;       ///< null when the op does not push
+  uint32_t in_format = kWireLL;
+  uint32_t out_format = kWireLL;
+  uint64_t in_position = 0;
+  uint64_t out_position = 0;
+};
+
+/// One lane's share of a 120-byte group: at most 16 bytes, elements never straddling lanes
+/// (every share starts at a multiple of 8 bytes of the tile).
+template <typename S>
+union Part {
+  uint64_t word[2];
+  S element[16 / sizeof(S)];
+};
+
+/// Reads `nbytes` (a multiple of the element size, at most 16) of user memory at `from`:
+/// 8-byte words where the address allows, elements otherwise (user buffers need only be
+/// element-aligned).
+template <typename S>
+__device__ __forceinline__ void load_part(Part<S>& part, const char* from, uint32_t nbytes) {
+  uint32_t done = 0;
+  if ((reinterpret_cast<uintptr_t>(from) & 7) == 0) {
+    const auto* words = reinterpret_cast<const unsigned long long*>(from);
+    if (nbytes >= 8) part.word[0] = __ldcg(words);
+    if (nbytes >= 16) part.word[1] = __ldcg(words + 1);
+    done = nbytes & ~7u;
+  }
+  const S* elements = reinterpret_cast<const S*>(from);
+#pragma unroll
+  for (uint32_t i = 0; i < 16 / sizeof(S); ++i)
+    if (i * sizeof(S) >= done && i * sizeof(S) < nbytes) part.element[i] = elements[i];
+}
+
+template <typename S>
+__device__ __forceinline__ void store_part(const Part<S>& part, char* to, uint32_t nbytes) {
+  uint32_t done = 0;
+  if ((reinterpret_cast<uintptr_t>(to) & 7) == 0) {
+    auto* words = reinterpret_cast<unsigned long long*>(to);
+    if (nbytes >= 8) __stcg(words, static_cast<unsigned long long>(part.word[0]));
+    if (nbytes >= 16) __stcg(words + 1, static_cast<unsigned long long>(part.word[1]));
+    done = nbytes & ~7u;
+  }
+  S* elements = reinterpret_cast<S*>(to);
+#pragma unroll
+  for (uint32_t i = 0; i < 16 / sizeof(S); ++i)
+    if (i * sizeof(S) >= done && i * sizeof(S) < nbytes) elements[i] = part.element[i];
+}
+
+__device__ __forceinline__ uint64_t ll_data(uint64_t line) { return line & 0xffffffffu; }
+__device__ __forceinline__ uint32_t ll_line_flag(uint64_t line) {
+  return static_cast<uint32_t>(line >> 32);
+}
+
+/// Moves (and reduces) the `n` elements (`groups` 120-byte groups) of one unit of a flagged
+/// program with all threads of the CTA; false when a poll had to stop (timeout, abort: posted),
+/// in which case the caller stops the CTA.
+///
+/// Lanes 8r .. 8r+7 of a warp handle one 120-byte group (see WireFormat), and each lane
+/// kUnroll groups of a stride of 4, so that every lane has kUnroll user loads, or slot polls,
+/// in flight before it waits. Loops and polls are warp-uniform: the LL128 flag vote and the
+/// stop checks need all 32 lanes.
+template <typename E, Reduction R, UnitKind K, int kUnroll>
+__device__ __forceinline__ bool process_flagged_as(const Unit& u, const Wire& w, uint64_t n,
+                                                   uint64_t groups, const Scalar<E>& scalar,
+                                                   const KernelParams& p, const WaitSite& site) {
+  using S = typename E::Storage;
+  constexpr uint32_t kFullMask = 0xffffffffu;
+  const uint64_t bytes = n * sizeof(S);
+  const uint32_t lane = threadIdx.x & 31;
+  const uint32_t share = lane & 7;  ///< which 16 bytes of the group
+  const uint32_t capacity = share == 7 ? 8 : 16;
+  const uint64_t warp_stride = static_cast<uint64_t>(blockDim.x >> 5) * 4 * kUnroll;
+  const uint32_t in_ll = ll_flag(w.in_position);
+  const uint64_t in_ll128 = ll128_flag(w.in_position);
+  const uint64_t out_ll = static_cast<uint64_t>(ll_flag(w.out_position)) << 32;
+  const uint64_t out_ll128 = ll128_flag(w.out_position);
+
+  for (uint64_t warp_base = (threadIdx.x >> 5) * 4 * kUnroll; warp_base < groups;
+       warp_base += warp_stride) {
+    const uint64_t base = warp_base + (lane >> 3);  ///< this lane's first group; then +4, +8..
+    uint32_t nbytes[kUnroll];  ///< of the share inside the tile (the last group may be short)
+    Part<S> left[kUnroll], right[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const uint64_t offset = (base + 4 * k) * kGroupDataBytes + 16 * share;
+      nbytes[k] =
+          offset < bytes ? static_cast<uint32_t>(min(uint64_t{capacity}, bytes - offset)) : 0;
+      left[k].word[0] = left[k].word[1] = 0;
+      right[k].word[0] = right[k].word[1] = 0;
+      // User operands first: their latency overlaps the wait for the slot.
+      if (w.in == nullptr) load_part(left[k], u.left + offset, nbytes[k]);
+      if (u.right != nullptr) load_part(right[k], u.right + offset, nbytes[k]);
+    }
+
+    if (w.in != nullptr) {
+      const bool ll128 = w.in_format == kWireLL128;
+      // Loads this lane's wire of group base + 4k into left[k]; true when its flags are this
+      // slot use's (LL128: only lane 7 holds the group's flag; see the vote below).
+      const auto fetch = [&](int k) {
+        const uint64_t group = base + 4 * k;
+        if (ll128) {
+          const ulonglong2 v = load_wire(w.in + group * kLL128LineBytes + 16 * share);
+          left[k].word[0] = v.x;
+          left[k].word[1] = v.y;  // lane 7: the flag, beyond its 8 bytes
+          return share != 7 || v.y == in_ll128;
+        }
+        const char* at = w.in + 2 * (group * kGroupDataBytes + 16 * share);
+        const ulonglong2 a = load_wire(at);
+        const ulonglong2 b = share != 7 ? load_wire(at + 16) : a;
+        left[k].word[0] = ll_data(a.x) | ll_data(a.y) << 32;
+        left[k].word[1] = ll_data(b.x) | ll_data(b.y) << 32;
+        return ll_line_flag(a.x) == in_ll && ll_line_flag(a.y) == in_ll &&
+               ll_line_flag(b.x) == in_ll && ll_line_flag(b.y) == in_ll;
+      };
+      uint32_t pending = 0;  ///< groups (bit k) whose lines this lane still waits for
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k)
+        if (base + 4 * k < groups && !fetch(k)) pending |= 1u << k;
+      uint64_t start = 0;
+      for (uint32_t spins = 1;; ++spins) {
+        if (ll128) {
+          // A group has arrived when its flag lane says so; its 8 lanes then use the data they
+          // loaded in the same instruction, or reload together.
+#pragma unroll
+          for (int k = 0; k < kUnroll; ++k) {
+            const bool late = __shfl_sync(kFullMask, (pending >> k) & 1, lane | 7) != 0;
+            pending = (pending & ~(1u << k)) | (late ? 1u << k : 0);
+          }
+        }
+        if (!__any_sync(kFullMask, pending != 0)) break;
+        if (warp_must_stop(p, site, spins, start)) return false;
+#pragma unroll
+        for (int k = 0; k < kUnroll; ++k)
+          if (((pending >> k) & 1) && fetch(k)) pending &= ~(1u << k);
+      }
+    }
+
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      if constexpr (K != UnitKind::kCopy) {
+#pragma unroll
+        for (uint32_t e = 0; e < 16 / sizeof(S); ++e)
+          left[k].element[e] = combine<E, R, K>(u, scalar, left[k].element[e], right[k].element[e]);
+      }
+      const uint64_t group = base + 4 * k;
+      const uint64_t offset = group * kGroupDataBytes + 16 * share;
+      if (u.dst != nullptr) store_part(left[k], u.dst + offset, nbytes[k]);
+      if (w.out != nullptr && group < groups) {
+        if (w.out_format == kWireLL128) {
+          store_wire(w.out + group * kLL128LineBytes + 16 * share, left[k].word[0],
+                     share == 7 ? out_ll128 : left[k].word[1]);
+        } else {
+          char* at = w.out + 2 * offset;
+          store_wire(at, out_ll | ll_data(left[k].word[0]), out_ll | (left[k].word[0] >> 32));
+          if (share != 7)
+            store_wire(at + 16, out_ll | ll_data(left[k].word[1]),
+                       out_ll | (left[k].word[1] >> 32));
+        }
+      }
+    }
+  }
+  return true;
+}
+
+template <typename E, Reduction R>
+__device__ __forceinline__ bool process_flagged(const Unit& u, const Wire& w, uint64_t n,
+                                                const Scalar<E>& scalar, const KernelParams& p,
+                                                const WaitSite& site) {
+  using S = typename E::Storage;
+  const uint64_t groups = (n * sizeof(S) + kGroupDataBytes - 1) / kGroupDataBytes;
+  // Small tiles (the latency-bound case LL exists for) need one group per lane at most: one
+  // variant with run-time operand checks and one flag vote per poll, instead of kUnroll
+  // votes and loads of which all but one would be for groups beyond the tile.
+  if (groups <= 4 * static_cast<uint64_t>(blockDim.x >> 5))
+    return process_flagged_as<E, R, UnitKind::kGeneral, 1>(u, w, n, groups, scalar, p, site);
+  constexpr int kUnroll = 4;
+  if (u.scale_left || u.scale_right)
+    return process_flagged_as<E, R, UnitKind::kGeneral, kUnroll>(u, w, n, groups, scalar, p, site);
+  if (u.right != nullptr)
+    return process_flagged_as<E, R, UnitKind::kReduce, kUnroll>(u, w, n, groups, scalar, p, site);
+  return process_flagged_as<E, R, UnitKind::kCopy, kUnroll>(u, w, n, groups, scalar, p, site);
+}
+
+/// Whether the LL slot used at `position` must be zeroed once read: each slot once every
+/// kLLClearPeriod positions, at the last `nslots` positions before a multiple of it (slots
+/// start zeroed, so a young connection never pays for it).
+__device__ __forceinline__ bool ll_slot_clear_due(const RecvConnection& c, uint64_t position) {
+  return position % kLLClearPeriod >= kLLClearPeriod - c.nslots;
+}
+/// All threads: zeroes the slot used at `position`. Every warp must be done reading it (a
+/// line zeroed before its warp polled it would never arrive), and it is freed only after.
+__device__ __forceinline__ void clear_slot(const RecvConnection& c, uint64_t position) {
+  auto* slot = reinterpret_cast<uint4*>(c.slots + (position % c.nslots) * c.slot_stride);
+  for (uint64_t i = threadIdx.x; i < c.slot_stride / sizeof(uint4); i += blockDim.x)
+    __stcg(slot + i, make_uint4(0, 0, 0, 0));
+}
+
 __device__ __forceinline__ bool op_pops(uint8_t code) {
   return code == kOpRecv || code == kOpRecvCopySend || code == kOpRecvReduceCopy ||
          code == kOpRecvReduceSend || code == kOpRecvReduceCopySend;
@@ -165,7 +373,9 @@ __device__ __forceinline__ bool wait_dependencies(const KernelParams& p, const O
   return true;
 }
 
-template <typename E, Reduction R>
+/// kFlagged: the program's protocol is LL or LL128 (each connection's WireFormat says which);
+/// otherwise Simple.
+template <typename E, Reduction R, bool kFlagged>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock, 1)
     interpreter_kernel(const __grid_constant__ KernelParams p) {
   using S = typename E::Storage;
@@ -193,15 +403,20 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock, 1)
       const WaitSite site{tb.rank, tb.tb, static_cast<int32_t>(i), j, kWaitNone, -1, -1};
       const int64_t units = op.count > 0 ? op.count : 1;  // a nop waits once, moves nothing
       for (int64_t u = 0; u < units; ++u) {
-        bool ready = true;
-        if (leader) {
-          ready = (u != 0 || wait_dependencies(p, op, epoch, site)) &&
-                  (!pops || wait_filled_slot(p, *recv, recv_position, site)) &&
-                  (!pushes || wait_free_slot(p, *send, send_position, site));
-        }
-        if (__syncthreads_or(!ready)) {
-          stopped = true;
-          break;
+        // Flagged receivers wait inside the unit, line by line; a unit that waits for nothing
+        // needs no barrier (the previous unit ended with one).
+        const bool waits = (u == 0 && op.dep_count > 0) || pushes || (!kFlagged && pops);
+        if (!kFlagged || waits) {
+          bool ready = true;
+          if (leader) {
+            ready = (u != 0 || wait_dependencies(p, op, epoch, site)) &&
+                    (kFlagged || !pops || wait_filled_slot(p, *recv, recv_position, site)) &&
+                    (!pushes || wait_free_slot(p, *send, send_position, site));
+          }
+          if (__syncthreads_or(!ready)) {
+            stopped = true;
+            break;
+          }
         }
         if (op.code == kOpNop) break;
 
@@ -238,11 +453,49 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock, 1)
             if (op.code != kOpRecvReduceSend) unit.dst = local(op.dst_buffer, op.dst_chunk);
             break;
         }
-        process_unit<E, R>(unit, tile, scalar);
-        __syncthreads();
-        if (leader) {
-          if (pushes) post_filled_slot(*send, send_position);
-          if (pops) post_free_slot(*recv, recv_position);
+        if constexpr (kFlagged) {
+          bool ok = true;
+          if (pops || pushes) {
+            Wire wire;
+            if (pops) {
+              wire.in = popped;
+              wire.in_format = recv->wire;
+              wire.in_position = recv_position;
+              unit.left = nullptr;
+            }
+            if (pushes) {
+              wire.out = unit.slot;
+              wire.out_format = send->wire;
+              wire.out_position = send_position;
+              unit.slot = nullptr;
+            }
+            WaitSite data_site = site;
+            if (pops) {
+              data_site.wait = kWaitData;
+              data_site.peer = recv->peer;
+              data_site.channel = recv->channel;
+            }
+            ok = process_flagged<E, R>(unit, wire, tile, scalar, p, data_site);
+          } else {
+            process_unit<E, R>(unit, tile, scalar);
+          }
+          if (__syncthreads_or(!ok)) {
+            stopped = true;
+            break;
+          }
+          // Only now has every warp read the slot: zero it (rarely) before freeing it.
+          if (pops && recv->wire == kWireLL && ll_slot_clear_due(*recv, recv_position)) {
+            clear_slot(*recv, recv_position);
+            __syncthreads();
+          }
+          if (leader && pops) post_free_slot(*recv, recv_position);
+        } else {
+          process_unit<E, R>(unit, tile, scalar);
+          __syncthreads();
+          if (leader) {
+            if (pushes) post_filled_slot(*send, send_position);
+            if (pops) post_free_slot(*recv, recv_position);
+          }
         }
         send_position += pushes ? 1 : 0;
         recv_position += pops ? 1 : 0;
@@ -318,35 +571,42 @@ cudaError_t with_reduction(int reduction, Fn&& fn) {
 }
 
 template <typename E, Reduction R>
-cudaError_t launch_typed(const KernelParams& params, int nblocks, int threads,
+cudaError_t launch_typed(const KernelParams& params, bool flagged, int nblocks, int threads,
                          cudaStream_t stream) {
-  interpreter_kernel<E, R><<<nblocks, threads, 0, stream>>>(params);
+  if (flagged) {
+    interpreter_kernel<E, R, true><<<nblocks, threads, 0, stream>>>(params);
+  } else {
+    interpreter_kernel<E, R, false><<<nblocks, threads, 0, stream>>>(params);
+  }
   return cudaGetLastError();
 }
 
 template <typename E, Reduction R>
-cudaError_t occupancy_typed(int threads, int* blocks) {
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, interpreter_kernel<E, R>, threads,
-                                                       0);
+cudaError_t occupancy_typed(bool flagged, int threads, int* blocks) {
+  return flagged ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                       blocks, interpreter_kernel<E, R, true>, threads, 0)
+                 : cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                       blocks, interpreter_kernel<E, R, false>, threads, 0);
 }
 
 }  // namespace
 
-cudaError_t launch_interpreter(const KernelParams& params, int dtype, int reduction, int nblocks,
-                               int threads, cudaStream_t stream) {
+cudaError_t launch_interpreter(const KernelParams& params, int dtype, int reduction, bool flagged,
+                               int nblocks, int threads, cudaStream_t stream) {
   return with_element(dtype, [&](auto element) {
     using E = typename decltype(element)::Type;
     return with_reduction(reduction, [&](auto r) {
-      return launch_typed<E, decltype(r)::value>(params, nblocks, threads, stream);
+      return launch_typed<E, decltype(r)::value>(params, flagged, nblocks, threads, stream);
     });
   });
 }
 
-cudaError_t interpreter_blocks_per_sm(int dtype, int reduction, int threads, int* blocks) {
+cudaError_t interpreter_blocks_per_sm(int dtype, int reduction, bool flagged, int threads,
+                                      int* blocks) {
   return with_element(dtype, [&](auto element) {
     using E = typename decltype(element)::Type;
     return with_reduction(reduction, [&](auto r) {
-      return occupancy_typed<E, decltype(r)::value>(threads, blocks);
+      return occupancy_typed<E, decltype(r)::value>(flagged, threads, blocks);
     });
   });
 }

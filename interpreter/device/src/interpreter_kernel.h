@@ -8,14 +8,16 @@
 
 namespace efccl::device {
 
-/// `dtype` is an ef::DataType value; `reduction` a Reduction (sum, prod, min, max).
+/// `dtype` is an ef::DataType value; `reduction` a Reduction (sum, prod, min, max); `flagged`:
+/// the program's connections are LL or LL128 (WireFormat), not Simple.
 /// Enqueues one interpreter launch: one CTA per entry of params.threadblocks.
-cudaError_t launch_interpreter(const KernelParams& params, int dtype, int reduction, int nblocks,
-                               int threads, cudaStream_t stream);
+cudaError_t launch_interpreter(const KernelParams& params, int dtype, int reduction, bool flagged,
+                               int nblocks, int threads, cudaStream_t stream);
 
-/// How many CTAs of `threads` threads of the (dtype, reduction) kernel fit on one SM of the
-/// current device.
-cudaError_t interpreter_blocks_per_sm(int dtype, int reduction, int threads, int* blocks);
+/// How many CTAs of `threads` threads of the (dtype, reduction, flagged) kernel fit on one SM
+/// of the current device.
+cudaError_t interpreter_blocks_per_sm(int dtype, int reduction, bool flagged, int threads,
+                                      int* blocks);
 
 /// Integer avg's final pass (dtype must be an integer type): divides the result regions of the
 /// local ranks' API outputs by params.divisor, after the interpreter launch on the same stream.

@@ -79,32 +79,55 @@ struct DepDesc {
   int32_t op;
 };
 
+/// How a connection's slots carry a tile (docs/ef-format.md §5).
+///  * Simple: the tile's bytes as they are; the sender release-stores `tail` once the whole
+///    CTA has written the slot, the receiver acquires it before reading.
+///  * LL: 8-byte lines of 4 data bytes and a 4-byte flag, each line one 8-byte store; the
+///    receiver polls every line until its flag is the one of this slot use. No tail.
+///  * LL128: 128-byte lines of 120 data bytes and an 8-byte flag, each line stored by 8 lanes
+///    of one warp in one 16-byte-per-lane instruction; the receiver checks the flag lane of
+///    each line it loaded with one such instruction. No tail. Relies on the GPU delivering a
+///    warp's aligned 128-byte store to peer memory as a unit (NVLink, compute capability 9.0).
+/// Both flagged formats cut a tile into 120-byte groups: group L is one LL128 line, or 30 LL
+/// lines, and lane g (0..7) of the 8 lanes that handle it owns its bytes [16g, 16g + 16)
+/// (lane 7: [112, 120)), so an op may pop one format and push the other.
+enum WireFormat : uint32_t { kWireSimple = 0, kWireLL = 1, kWireLL128 = 2 };
+
+inline constexpr uint32_t kGroupDataBytes = 120;  ///< data bytes per 120-byte group
+inline constexpr uint32_t kLL128LineBytes = 128;  ///< LL128 wire bytes per group
+inline constexpr uint32_t kLLGroupWireBytes = 2 * kGroupDataBytes;  ///< LL wire bytes per group
+/// LL flags are 31-bit (position mod 2^31, plus 1, so never 0), so a line written by an earlier
+/// use of the slot could carry the flag expected now once the position has moved 2^31 on. The
+/// receiver zeroes a slot after reading it once every kLLClearPeriod positions of that slot,
+/// which bounds the age of any line it reads to well under 2^31 positions.
+inline constexpr uint64_t kLLClearPeriod = uint64_t{1} << 30;
+
 /// The sending end of a connection (sender, receiver, channel); lives on the sender's device.
 /// Slots and `tail` are in the receiver's memory (written here through peer access); `head`
 /// is in the sender's memory and written by the receiver. Counters only grow, across calls.
 struct SendConnection {
   char* slots;          ///< receiver's memory: `nslots` slots of `slot_stride` bytes
-  uint64_t* tail;       ///< receiver's memory: units pushed so far (written by this side)
+  uint64_t* tail;       ///< receiver's memory: units pushed so far (Simple only)
   uint64_t* head;       ///< sender's memory: units popped so far (written by the receiver)
   uint64_t* position;   ///< sender's memory: this side's push count, persisted between calls
-  uint64_t slot_stride;
+  uint64_t slot_stride; ///< wire bytes per slot
   uint32_t nslots;
   int32_t peer;         ///< receiving rank
   int32_t channel;
-  int32_t reserved;
+  uint32_t wire;        ///< WireFormat, the same at both ends
 };
 
 /// The receiving end of a connection; lives on the receiver's device.
 struct RecvConnection {
-  const char* slots;    ///< this device's memory
-  uint64_t* tail;       ///< this device's memory: units pushed (written by the sender)
+  char* slots;          ///< this device's memory (read; LL slots are also zeroed here)
+  uint64_t* tail;       ///< this device's memory: units pushed (Simple only)
   uint64_t* head;       ///< sender's memory: units popped so far (written by this side)
   uint64_t* position;   ///< this device's memory: this side's pop count, persisted
-  uint64_t slot_stride;
+  uint64_t slot_stride; ///< wire bytes per slot
   uint32_t nslots;
   int32_t peer;         ///< sending rank
   int32_t channel;
-  int32_t reserved;
+  uint32_t wire;        ///< WireFormat
 };
 
 /// Per-device state that survives launches. Zero-initialised once; never reset between calls.

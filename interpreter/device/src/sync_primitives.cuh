@@ -8,9 +8,15 @@
 // bar.sync is morally strong and release is cumulative). Counters that cross devices use system
 // scope, dependency flags (same rank, same device) device scope.
 //
+// LL and LL128 connections (WireFormat) replace the tail counter by flags inside the data:
+//   producer: every thread stores its lines (data and flag in one store), nothing else
+//   consumer: every thread polls its own lines until their flags are this slot use's
+// Freeing a slot (head) stays as above: all threads read -> __syncthreads -> release-store.
+//
 // Every spin has a deadline (%globaltimer, per wait without progress) and polls the host-mapped
 // stop signals; on expiry or abort the CTA posts its device's ErrorRecord (first one wins) and
-// raises StopSignals::failed so that CTAs on every device bail out.
+// raises StopSignals::failed so that CTAs on every device bail out. Flag polls run in every
+// warp; there only lane 0 reads the clock and the signals, every kWarpPollInterval spins.
 #pragma once
 
 #include <cuda/atomic>
@@ -76,6 +82,27 @@ __device__ inline void post_error(const KernelParams& p, ErrorKind kind, const W
       .store(1u, cuda::memory_order_relaxed);
 }
 
+/// One check of a waiting thread: true when it must stop (abort or timeout, posted here, or
+/// another CTA's failure). `start` is when the wait began.
+__device__ inline bool must_stop(const KernelParams& p, const WaitSite& site, uint64_t start) {
+  const uint64_t now = global_timer_ns();
+  const uint64_t word =
+      cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(*reinterpret_cast<uint64_t*>(p.signals))
+          .load(cuda::memory_order_relaxed);
+  StopSignals s;
+  memcpy(&s, &word, sizeof(s));
+  if (s.abort != 0) {
+    post_error(p, kErrorAborted, site, now, now - start);
+    return true;
+  }
+  if (s.failed != 0) return true;
+  if (now - start > p.timeout_ns) {
+    post_error(p, kErrorTimeout, site, now, now - start);
+    return true;
+  }
+  return false;
+}
+
 /// Spins (thread 0 only) until `ready()`; false when the call must stop instead: a timeout
 /// (posted here), an abort (posted here), or another CTA's failure.
 template <typename Ready>
@@ -89,22 +116,54 @@ __device__ __forceinline__ bool spin_until(const KernelParams& p, const WaitSite
   for (uint32_t spins = 1;; ++spins) {
     if (ready()) return true;
     if (spins % kPollInterval != 0) continue;
-    const uint64_t now = global_timer_ns();
-    const uint64_t word = cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(
-                              *reinterpret_cast<uint64_t*>(p.signals))
-                              .load(cuda::memory_order_relaxed);
-    StopSignals s;
-    memcpy(&s, &word, sizeof(s));
-    if (s.abort != 0) {
-      post_error(p, kErrorAborted, site, now, now - start);
-      return false;
-    }
-    if (s.failed != 0) return false;
-    if (now - start > p.timeout_ns) {
-      post_error(p, kErrorTimeout, site, now, now - start);
-      return false;
-    }
+    if (must_stop(p, site, start)) return false;
   }
+}
+
+/// Spins of a warp polling flags between two checks of the clock and the stop signals. Every
+/// waiting warp checks (not only one thread per CTA), so the interval is longer than
+/// spin_until's; at a few hundred nanoseconds a spin (a load from this GPU's L2) a check still
+/// comes well within the millisecond that abort() promises (AbortStopsABlockedCallPromptly).
+inline constexpr uint32_t kWarpPollInterval = 1024;
+
+/// Called by all 32 lanes of a warp after `spins` (warp-uniform) polls: lane 0 checks the
+/// deadline and the stop signals every kWarpPollInterval spins and tells the warp. `start` is
+/// lane 0's clock at the first check (0 before it).
+__device__ __forceinline__ bool warp_must_stop(const KernelParams& p, const WaitSite& site,
+                                               uint32_t spins, uint64_t& start) {
+  if (spins % kWarpPollInterval != 0) return false;
+  int stop = 0;
+  if ((threadIdx.x & 31) == 0) {
+    if (start == 0) start = global_timer_ns();
+    stop = must_stop(p, site, start) ? 1 : 0;
+  }
+  return __shfl_sync(0xffffffffu, stop, 0) != 0;
+}
+
+// ---- LL and LL128 lines ----
+
+/// The flag of every LL line of the slot use at connection position `position`: never 0 (the
+/// value of a zeroed slot), and distinct from the flag of any line written less than 2^31
+/// positions earlier (kLLClearPeriod keeps every line younger than that).
+__device__ __forceinline__ uint32_t ll_flag(uint64_t position) {
+  return static_cast<uint32_t>(position & 0x7fffffffu) + 1;
+}
+/// The flag of LL128 lines: 64 bits never wrap, so only 0 (a zeroed slot) must be avoided.
+__device__ __forceinline__ uint64_t ll128_flag(uint64_t position) { return position + 1; }
+
+/// 16 bytes of wire: two 8-byte words, each read or written as one access (an LL line is one
+/// word; LL128 relies on the whole warp-wide instruction, see WireFormat). System scope and
+/// relaxed: the flag inside the data orders them, and the loads must not hit a stale L1.
+__device__ __forceinline__ ulonglong2 load_wire(const char* p) {
+  ulonglong2 v;
+  asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];"
+               : "=l"(v.x), "=l"(v.y)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ void store_wire(char* p, uint64_t a, uint64_t b) {
+  asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(a), "l"(b) : "memory");
 }
 
 /// Pushing side of a connection, as thread 0 drives it. `position` is the push count, kept in

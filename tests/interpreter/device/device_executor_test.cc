@@ -1,10 +1,13 @@
-// The GPU interpreter against the host reference executor: every example program and every
-// MSCCL corpus file, ranks on one GPU and spread over all visible GPUs, a datatype/operator
-// matrix, both call modes, counts from 0 to many tiles: outputs must be bitwise identical.
-// Plus: unaligned user buffers, repeated calls, CUDA-graph replays, timeout and abort.
-#include <gtest/gtest.h>
+// The GPU interpreter against the host reference executor: every example program, every MSCCL
+// corpus file and every library algorithm, under each protocol (Simple, LL, LL128), ranks on
+// one GPU and spread over all visible GPUs, a datatype/operator matrix, both call modes,
+// counts from 0 to many tiles: outputs must be bitwise identical.
+// Plus: unaligned user buffers, one-element tiles, repeated and back-to-back calls (also past
+// LL's flag wrap), CUDA-graph replays, timeout and abort.
+#include "efccl/device/device_executor.h"
 
 #include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
@@ -19,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "efccl/device/device_executor.h"
+#include "efccl/algorithms/registry.h"
 #include "efccl/ef/load.h"
 #include "efccl/ef/validate.h"
 #include "efccl/host/executor.h"
@@ -93,6 +96,23 @@ const ef::Program& program_at(const std::string& path) {
   }
   return *slot;
 }
+
+/// The program at `path` carried over `protocol` (results never depend on it, §5).
+const ef::Program& program_as(const std::string& path, ef::Protocol protocol) {
+  static std::map<std::pair<std::string, ef::Protocol>, std::unique_ptr<ef::Program>> cache;
+  auto& slot = cache[{path, protocol}];
+  if (!slot) {
+    slot = std::make_unique<ef::Program>(program_at(path));
+    slot->protocol = protocol;
+  }
+  return *slot;
+}
+
+constexpr ef::Protocol kProtocols[] = {ef::Protocol::kSimple, ef::Protocol::kLL,
+                                       ef::Protocol::kLL128};
+constexpr ef::Protocol kFlaggedProtocols[] = {ef::Protocol::kLL, ef::Protocol::kLL128};
+
+std::string protocol_name(ef::Protocol p) { return std::string(ef::to_string(p)); }
 
 std::vector<int> map_ranks(int nranks, bool spread) {
   const int ngpus = spread ? visible_gpus(nullptr) : 1;
@@ -406,11 +426,13 @@ std::string describe(DataType dtype, RedOp op, bool inplace, uint64_t count) {
 struct Case {
   std::string path;
   bool spread;  ///< ranks over all GPUs (else all on GPU 0)
+  ef::Protocol protocol;  ///< replaces the file's own
 };
 
 /// Readable parameter in test output (gtest would print the struct's bytes).
 void PrintTo(const Case& c, std::ostream* os) {
-  *os << fs::path(c.path).filename().string() << (c.spread ? " over all GPUs" : " on GPU 0");
+  *os << fs::path(c.path).filename().string() << (c.spread ? " over all GPUs" : " on GPU 0")
+      << " over " << protocol_name(c.protocol);
 }
 
 class ProgramOnGpus : public ::testing::TestWithParam<Case> {};
@@ -418,7 +440,7 @@ class ProgramOnGpus : public ::testing::TestWithParam<Case> {};
 TEST_P(ProgramOnGpus, MatchesHostExecutorBitwise) {
   SKIP_WITHOUT_GPU();
   if (GetParam().spread && visible_gpus(nullptr) < 2) GTEST_SKIP() << "needs 2 or more GPUs";
-  const ef::Program& p = program_at(GetParam().path);
+  const ef::Program& p = program_as(GetParam().path, GetParam().protocol);
   ASSERT_GT(p.nranks, 0);
   const auto devices = map_ranks(p.nranks, GetParam().spread);
   device::ExecutorConfig config;
@@ -444,7 +466,7 @@ TEST_P(ProgramOnGpus, MatchesHostExecutorBitwise) {
 TEST_P(ProgramOnGpus, UnalignedUserBuffers) {
   SKIP_WITHOUT_GPU();
   if (GetParam().spread && visible_gpus(nullptr) < 2) GTEST_SKIP() << "needs 2 or more GPUs";
-  const ef::Program& p = program_at(GetParam().path);
+  const ef::Program& p = program_as(GetParam().path, GetParam().protocol);
   const auto devices = map_ranks(p.nranks, GetParam().spread);
   device::ExecutorConfig config;
   config.slot_bytes = kSmallSlotBytes;
@@ -468,51 +490,81 @@ TEST_P(ProgramOnGpus, UnalignedUserBuffers) {
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
   for (const auto& f : program_files())
-    for (bool spread : {false, true}) cases.push_back({f, spread});
+    for (bool spread : {false, true})
+      for (ef::Protocol protocol : kProtocols) cases.push_back({f, spread, protocol});
   return cases;
 }
 
 INSTANTIATE_TEST_SUITE_P(Programs, ProgramOnGpus, ::testing::ValuesIn(all_cases()),
                          [](const auto& info) {
                            std::string name = fs::path(info.param.path).stem().string() +
-                                              (info.param.spread ? "_spread" : "_gpu0");
+                                              (info.param.spread ? "_spread_" : "_gpu0_") +
+                                              protocol_name(info.param.protocol);
                            for (char& c : name)
                              if (!isalnum(static_cast<unsigned char>(c))) c = '_';
                            return name;
                          });
 
-// ---- One executor, many calls ----
+// ---- Every library algorithm, every datatype and operator, tiny tiles ----
 
 std::string example(const char* name) { return source_dir() + "/examples/ef/" + name; }
 
-TEST(DeviceExecutor, LargeTilesWithDefaultSlots) {
-  // Chunks of ~1.2 MB (float) through the default 512 KiB slots: full 16-byte vector tiles and
-  // a partial last one.
+/// Ranks for a library algorithm: 4 where it allows (2 nodes of 2 for hierarchical ones).
+algorithms::AlgorithmParams library_params(const algorithms::AlgorithmInfo& info,
+                                           ef::Protocol protocol) {
+  algorithms::AlgorithmParams params;
+  params.ranks = std::clamp(4, info.min_ranks, info.max_ranks);
+  params.nodes = info.hierarchical && params.ranks % 2 == 0 ? 2 : 1;
+  params.protocol = protocol;
+  return params;
+}
+
+TEST(DeviceExecutor, EveryLibraryAlgorithmUnderEveryProtocol) {
   SKIP_WITHOUT_GPU();
-  const ef::Program& p = program_at(example("ring_allreduce_4r_2ch.json"));
-  const auto devices = map_ranks(p.nranks, true);
-  auto executor = device::DeviceExecutor::create(p, devices);
-  ASSERT_TRUE(executor.is_ok()) << executor.status().message();
-  Streams streams((*executor)->devices());
-  const device::ExecutorConfig defaults;
-  const uint64_t count = ef::count_granularity(p) * 307229;
-  for (const auto& m : {MatrixEntry{DataType::kFloat32, RedOp::kSum},
-                        MatrixEntry{DataType::kBFloat16, RedOp::kPreMulSum},
-                        MatrixEntry{DataType::kUint8, RedOp::kMax}}) {
-    for (bool inplace : {false, true}) {
-      const std::string failure = run_and_compare(**executor, p, devices, streams, count, m.dtype,
-                                                  m.op, inplace, false, 11, defaults.slot_bytes);
-      ASSERT_TRUE(failure.empty()) << describe(m.dtype, m.op, inplace, count) << ": " << failure;
+  // Ops whose scaling every program supports (premulsum and float avg are covered by the
+  // example programs above).
+  constexpr MatrixEntry kEntries[] = {
+      {DataType::kFloat32, RedOp::kSum}, {DataType::kBFloat16, RedOp::kMax},
+      {DataType::kInt32, RedOp::kProd},  {DataType::kFp8E4M3, RedOp::kSum},
+      {DataType::kFloat64, RedOp::kMin}, {DataType::kInt8, RedOp::kAvg},
+  };
+  const auto infos = algorithms::list_algorithms();
+  ASSERT_FALSE(infos.empty());
+  for (const auto& info : infos) {
+    for (ef::Protocol protocol : kProtocols) {
+      auto generated = algorithms::generate_algorithm(info.name, library_params(info, protocol));
+      ASSERT_TRUE(generated.is_ok()) << info.name << ": " << generated.status().message();
+      const ef::Program& p = *generated;
+      const auto devices = map_ranks(p.nranks, true);
+      device::ExecutorConfig config;
+      config.slot_bytes = kSmallSlotBytes;
+      auto executor = device::DeviceExecutor::create(p, devices, config);
+      ASSERT_TRUE(executor.is_ok()) << info.name << ": " << executor.status().message();
+      Streams streams((*executor)->devices());
+      const uint64_t g = ef::count_granularity(p);
+      uint64_t seed = 500;
+      for (bool inplace : modes(p)) {
+        for (const auto& m : kEntries) {
+          for (uint64_t count : {g, 67 * g}) {
+            const std::string failure =
+                run_and_compare(**executor, p, devices, streams, count, m.dtype, m.op, inplace,
+                                false, ++seed, kSmallSlotBytes);
+            ASSERT_TRUE(failure.empty())
+                << info.name << " over " << protocol_name(protocol) << " "
+                << describe(m.dtype, m.op, inplace, count) << ": " << failure;
+          }
+        }
+      }
     }
   }
 }
 
-TEST(DeviceExecutor, RepeatedCallsReuseEpochsAndFifoPositions) {
+TEST(DeviceExecutor, EveryDatatypeAndOperatorOverFlaggedProtocols) {
+  // The matrix above pairs datatypes and operators; here every pair runs over LL and LL128,
+  // with odd counts (tiles that end inside a 120-byte group) and unaligned buffers.
   SKIP_WITHOUT_GPU();
-  for (const std::string& path : {example("ring_allreduce_4r_2ch.json"),
-                                 example("allpairs_allreduce_3r.json"),
-                                 corpus_dir() + "/all-reduce-ring-simple.xml"}) {
-    const ef::Program& p = program_at(path);
+  for (ef::Protocol protocol : kFlaggedProtocols) {
+    const ef::Program& p = program_as(example("ring_allreduce_4r_2ch.json"), protocol);
     const auto devices = map_ranks(p.nranks, true);
     device::ExecutorConfig config;
     config.slot_bytes = kSmallSlotBytes;
@@ -520,72 +572,257 @@ TEST(DeviceExecutor, RepeatedCallsReuseEpochsAndFifoPositions) {
     ASSERT_TRUE(executor.is_ok()) << executor.status().message();
     Streams streams((*executor)->devices());
     const uint64_t g = ef::count_granularity(p);
-    for (int call = 0; call < 10; ++call) {
-      // Varying counts change the tile count, so FIFO positions end at different places.
-      const uint64_t count = g * (1 + 37 * static_cast<uint64_t>(call));
-      const std::string failure =
-          run_and_compare(**executor, p, devices, streams, count, DataType::kFloat32,
-                          RedOp::kSum, call % 2 == 1, false, 100 + call, kSmallSlotBytes);
-      ASSERT_TRUE(failure.empty()) << path << " call " << call << ": " << failure;
+    uint64_t seed = 900;
+    for (int t = 0; t < ef::kNumDataTypes; ++t) {
+      const auto dtype = static_cast<DataType>(t);
+      for (RedOp op :
+           {RedOp::kSum, RedOp::kProd, RedOp::kMin, RedOp::kMax, RedOp::kAvg, RedOp::kPreMulSum}) {
+        for (bool inplace : {false, true}) {
+          for (bool misalign : {false, true}) {
+            const uint64_t count = (misalign ? 29 : 101) * g;
+            const std::string failure =
+                run_and_compare(**executor, p, devices, streams, count, dtype, op, inplace,
+                                misalign, ++seed, kSmallSlotBytes);
+            ASSERT_TRUE(failure.empty())
+                << protocol_name(protocol) << (misalign ? " misaligned " : " ")
+                << describe(dtype, op, inplace, count) << ": " << failure;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(DeviceExecutor, OneElementTiles) {
+  // slot_bytes 1: every tile is one element, far less than a line of either flagged format.
+  SKIP_WITHOUT_GPU();
+  for (const std::string& path :
+       {example("ring_allreduce_4r_2ch.json"), example("allpairs_allreduce_3r.json")}) {
+    for (ef::Protocol protocol : kProtocols) {
+      const ef::Program& p = program_as(path, protocol);
+      const auto devices = map_ranks(p.nranks, true);
+      device::ExecutorConfig config;
+      config.slot_bytes = 1;
+      auto executor = device::DeviceExecutor::create(p, devices, config);
+      ASSERT_TRUE(executor.is_ok()) << executor.status().message();
+      Streams streams((*executor)->devices());
+      for (const auto& m : {MatrixEntry{DataType::kFloat64, RedOp::kSum},
+                            MatrixEntry{DataType::kFp8E5M2, RedOp::kMax},
+                            MatrixEntry{DataType::kFloat16, RedOp::kPreMulSum}}) {
+        const uint64_t count = 5 * ef::count_granularity(p);
+        const std::string failure = run_and_compare(**executor, p, devices, streams, count, m.dtype,
+                                                    m.op, false, true, 31, 1);
+        ASSERT_TRUE(failure.empty()) << path << " over " << protocol_name(protocol) << " "
+                                     << describe(m.dtype, m.op, false, count) << ": " << failure;
+      }
+    }
+  }
+}
+
+TEST(DeviceExecutor, LL128ConnectionsBetweenHopperNVLinkPeers) {
+  // LL128 programs run LL128 lines where both ends are compute capability 9.0+ and the same
+  // GPU or NVLink peers; elsewhere the executor says which connections fall back to LL.
+  SKIP_WITHOUT_GPU();
+  const ef::Program& p = program_as(example("ring_allreduce_4r_2ch.json"), ef::Protocol::kLL128);
+  for (bool spread : {false, true}) {
+    const auto devices = map_ranks(p.nranks, spread);
+    auto executor = device::DeviceExecutor::create(p, devices);
+    ASSERT_TRUE(executor.is_ok()) << executor.status().message();
+    EXPECT_EQ((*executor)->slot_bytes(), device::default_slot_bytes(ef::Protocol::kLL128));
+    bool expect_ll128 = true;
+    for (int d : (*executor)->devices()) {
+      int major = 0;
+      ASSERT_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d));
+      expect_ll128 = expect_ll128 && major >= 9;
+    }
+    const auto& used = (*executor)->devices();
+    for (std::size_t a = 0; a + 1 < used.size(); ++a) {
+      int atomics = 0;
+      ASSERT_CUDA(cudaDeviceGetP2PAttribute(&atomics, cudaDevP2PAttrNativeAtomicSupported, used[a],
+                                            used[a + 1]));
+      expect_ll128 = expect_ll128 && atomics != 0;
+    }
+    const std::string& note = (*executor)->protocol_note();
+    std::printf("[          ] LL128 %s: %s\n", spread ? "over all GPUs" : "on GPU 0",
+                note.empty() ? "every connection runs LL128" : note.c_str());
+    EXPECT_EQ(note.empty(), expect_ll128) << note;
+  }
+  auto ll = device::DeviceExecutor::create(
+      program_as(example("ring_allreduce_4r_2ch.json"), ef::Protocol::kLL), map_ranks(4, true));
+  ASSERT_TRUE(ll.is_ok()) << ll.status().message();
+  EXPECT_TRUE((*ll)->protocol_note().empty()) << (*ll)->protocol_note();
+  EXPECT_EQ((*ll)->slot_bytes(), device::default_slot_bytes(ef::Protocol::kLL));
+}
+
+// ---- One executor, many calls ----
+
+TEST(DeviceExecutor, LargeTilesWithDefaultSlots) {
+  // Chunks of ~1.2 MB (float) through each protocol's default slots: full tiles (16-byte
+  // vectors for Simple, whole groups for LL and LL128) and a partial last one.
+  SKIP_WITHOUT_GPU();
+  for (ef::Protocol protocol : kProtocols) {
+    const ef::Program& p = program_as(example("ring_allreduce_4r_2ch.json"), protocol);
+    const auto devices = map_ranks(p.nranks, true);
+    auto executor = device::DeviceExecutor::create(p, devices);
+    ASSERT_TRUE(executor.is_ok()) << executor.status().message();
+    Streams streams((*executor)->devices());
+    const uint64_t count = ef::count_granularity(p) * 307229;
+    for (const auto& m : {MatrixEntry{DataType::kFloat32, RedOp::kSum},
+                          MatrixEntry{DataType::kBFloat16, RedOp::kPreMulSum},
+                          MatrixEntry{DataType::kUint8, RedOp::kMax}}) {
+      for (bool inplace : {false, true}) {
+        const std::string failure =
+            run_and_compare(**executor, p, devices, streams, count, m.dtype, m.op, inplace, false,
+                            11, (*executor)->slot_bytes());
+        ASSERT_TRUE(failure.empty()) << protocol_name(protocol) << " "
+                                     << describe(m.dtype, m.op, inplace, count) << ": " << failure;
+      }
+    }
+  }
+}
+
+TEST(DeviceExecutor, RepeatedCallsReuseEpochsAndFifoPositions) {
+  SKIP_WITHOUT_GPU();
+  for (const std::string& path :
+       {example("ring_allreduce_4r_2ch.json"), example("allpairs_allreduce_3r.json"),
+        corpus_dir() + "/all-reduce-ring-simple.xml"}) {
+    for (ef::Protocol protocol : kProtocols) {
+      const ef::Program& p = program_as(path, protocol);
+      const auto devices = map_ranks(p.nranks, true);
+      device::ExecutorConfig config;
+      config.slot_bytes = kSmallSlotBytes;
+      auto executor = device::DeviceExecutor::create(p, devices, config);
+      ASSERT_TRUE(executor.is_ok()) << executor.status().message();
+      Streams streams((*executor)->devices());
+      const uint64_t g = ef::count_granularity(p);
+      for (int call = 0; call < 10; ++call) {
+        // Varying counts change the tile count, so FIFO positions end at different places.
+        const uint64_t count = g * (1 + 37 * static_cast<uint64_t>(call));
+        const std::string failure =
+            run_and_compare(**executor, p, devices, streams, count, DataType::kFloat32, RedOp::kSum,
+                            call % 2 == 1, false, 100 + call, kSmallSlotBytes);
+        ASSERT_TRUE(failure.empty())
+            << path << " over " << protocol_name(protocol) << " call " << call << ": " << failure;
+      }
+    }
+  }
+}
+
+TEST(DeviceExecutor, BackToBackCallsReuseSlotsAndFlags) {
+  // Many in-place calls queued without waiting: every call's data differs from the previous
+  // one's, so a line left in a slot by an earlier use would show. Counters also start just
+  // below where LL slots are zeroed (2^30) and where LL flags wrap (2^31), and past 2^32.
+  SKIP_WITHOUT_GPU();
+  const DataType dtype = DataType::kInt32;
+  for (const std::string& path :
+       {example("ring_allreduce_4r_2ch.json"), example("allpairs_allreduce_3r.json")}) {
+    for (ef::Protocol protocol : kProtocols) {
+      for (uint64_t first : {uint64_t{0}, (uint64_t{1} << 30) - 37, (uint64_t{1} << 31) - 37,
+                             (uint64_t{1} << 32) - 37}) {
+        const ef::Program& p = program_as(path, protocol);
+        const auto devices = map_ranks(p.nranks, true);
+        device::ExecutorConfig config;
+        config.slot_bytes = kSmallSlotBytes;
+        config.first_position = first;
+        auto executor = device::DeviceExecutor::create(p, devices, config);
+        ASSERT_TRUE(executor.is_ok()) << executor.status().message();
+        device::DeviceExecutor& ex = **executor;
+        Streams streams(ex.devices());
+        const uint64_t g = ef::count_granularity(p);
+        const uint64_t largest = g * 300;
+        CallBuffers bufs;
+        make_buffers(p, devices, largest, dtype, /*inplace=*/true, false, first + 3, bufs);
+        for (int call = 0; call < 40; ++call) {
+          const uint64_t count = g * (1 + (37 * static_cast<uint64_t>(call)) % 300);
+          // An in-place call of `count` works on the front of the largest call's region.
+          const Status s =
+              ex.run(run_args(p, bufs, count, dtype, RedOp::kSum, true, streams.get()));
+          ASSERT_TRUE(s.is_ok()) << s.message();
+        }
+        const Status waited =
+            ex.wait(run_args(p, bufs, largest, dtype, RedOp::kSum, true, streams.get()));
+        ASSERT_TRUE(waited.is_ok()) << waited.message();
+        for (int call = 0; call < 40; ++call) {
+          const uint64_t count = g * (1 + (37 * static_cast<uint64_t>(call)) % 300);
+          const auto args = run_args(p, bufs, count, dtype, RedOp::kSum, true, streams.get());
+          // The host executor takes exactly the call's region: allreduce's first `count`.
+          const std::size_t bytes = count * ef::size_of(dtype);
+          std::vector<host::RankBuffers> front(p.nranks);
+          for (int r = 0; r < p.nranks; ++r)
+            front[r].output.assign(bufs.host[r].output.begin(),
+                                   bufs.host[r].output.begin() + bytes);
+          auto result = host::execute(p, host_options(args, kSmallSlotBytes), front);
+          ASSERT_TRUE(result.status.is_ok()) << result.status.message();
+          for (int r = 0; r < p.nranks; ++r)
+            std::copy(front[r].output.begin(), front[r].output.end(), bufs.host[r].output.begin());
+        }
+        const std::string failure = compare(p, dtype, bufs);
+        ASSERT_TRUE(failure.empty()) << path << " over " << protocol_name(protocol)
+                                     << ", counters from " << first << ": " << failure;
+      }
     }
   }
 }
 
 TEST(DeviceExecutor, CudaGraphReplaysComputeFreshResults) {
   SKIP_WITHOUT_GPU();
-  const ef::Program& p = program_at(example("ring_allreduce_4r_2ch.json"));
-  const auto devices = map_ranks(p.nranks, true);
-  device::ExecutorConfig config;
-  config.slot_bytes = kSmallSlotBytes;
-  auto executor = device::DeviceExecutor::create(p, devices, config);
-  ASSERT_TRUE(executor.is_ok()) << executor.status().message();
-  device::DeviceExecutor& ex = **executor;
-  Streams streams(ex.devices());
-  const uint64_t count = ef::count_granularity(p) * 1000;
-  const DataType dtype = DataType::kFloat32;
-  ASSERT_TRUE(ex.reserve(count, dtype).is_ok());
+  for (ef::Protocol protocol : kProtocols) {
+    const ef::Program& p = program_as(example("ring_allreduce_4r_2ch.json"), protocol);
+    const auto devices = map_ranks(p.nranks, true);
+    device::ExecutorConfig config;
+    config.slot_bytes = kSmallSlotBytes;
+    auto executor = device::DeviceExecutor::create(p, devices, config);
+    ASSERT_TRUE(executor.is_ok()) << executor.status().message();
+    device::DeviceExecutor& ex = **executor;
+    Streams streams(ex.devices());
+    const uint64_t count = ef::count_granularity(p) * 1000;
+    const DataType dtype = DataType::kFloat32;
+    ASSERT_TRUE(ex.reserve(count, dtype).is_ok());
 
-  CallBuffers bufs;
-  make_buffers(p, devices, count, dtype, /*inplace=*/false, false, 5, bufs);
-  const auto args = run_args(p, bufs, count, dtype, RedOp::kSum, false, streams.get());
-  ASSERT_TRUE(ex.run_and_wait(args).is_ok());  // warm-up: picks the CTA size outside capture
+    CallBuffers bufs;
+    make_buffers(p, devices, count, dtype, /*inplace=*/false, false, 5, bufs);
+    const auto args = run_args(p, bufs, count, dtype, RedOp::kSum, false, streams.get());
+    ASSERT_TRUE(ex.run_and_wait(args).is_ok());  // warm-up: picks the CTA size outside capture
 
-  // One graph per device stream (each device's launch is independent).
-  std::vector<cudaGraph_t> graphs(ex.devices().size());
-  std::vector<cudaGraphExec_t> execs(ex.devices().size());
-  for (std::size_t i = 0; i < ex.devices().size(); ++i) {
-    cudaSetDevice(ex.devices()[i]);
-    ASSERT_CUDA(cudaStreamBeginCapture(streams.get()[i], cudaStreamCaptureModeThreadLocal));
-  }
-  const Status captured = ex.run(args);
-  // End every capture before instantiating: instantiation is refused while any stream of
-  // the thread is still capturing.
-  for (std::size_t i = 0; i < ex.devices().size(); ++i) {
-    cudaSetDevice(ex.devices()[i]);
-    ASSERT_CUDA(cudaStreamEndCapture(streams.get()[i], &graphs[i]));
-  }
-  for (std::size_t i = 0; i < ex.devices().size(); ++i) {
-    cudaSetDevice(ex.devices()[i]);
-    ASSERT_CUDA(cudaGraphInstantiate(&execs[i], graphs[i], 0));
-  }
-  ASSERT_TRUE(captured.is_ok()) << captured.message();
-
-  for (int replay = 0; replay < 5; ++replay) {
-    refill_inputs(p, dtype, 1000 + replay, bufs);
+    // One graph per device stream (each device's launch is independent).
+    std::vector<cudaGraph_t> graphs(ex.devices().size());
+    std::vector<cudaGraphExec_t> execs(ex.devices().size());
     for (std::size_t i = 0; i < ex.devices().size(); ++i) {
       cudaSetDevice(ex.devices()[i]);
-      ASSERT_CUDA(cudaGraphLaunch(execs[i], streams.get()[i]));
+      ASSERT_CUDA(cudaStreamBeginCapture(streams.get()[i], cudaStreamCaptureModeThreadLocal));
     }
-    const Status s = ex.wait(args);
-    ASSERT_TRUE(s.is_ok()) << s.message();
-    auto result = host::execute(p, host_options(args, kSmallSlotBytes), bufs.host);
-    ASSERT_TRUE(result.status.is_ok()) << result.status.message();
-    const std::string failure = compare(p, dtype, bufs);
-    ASSERT_TRUE(failure.empty()) << "replay " << replay << ": " << failure;
-  }
-  for (std::size_t i = 0; i < ex.devices().size(); ++i) {
-    cudaGraphExecDestroy(execs[i]);
-    cudaGraphDestroy(graphs[i]);
+    const Status captured = ex.run(args);
+    // End every capture before instantiating: instantiation is refused while any stream of
+    // the thread is still capturing.
+    for (std::size_t i = 0; i < ex.devices().size(); ++i) {
+      cudaSetDevice(ex.devices()[i]);
+      ASSERT_CUDA(cudaStreamEndCapture(streams.get()[i], &graphs[i]));
+    }
+    for (std::size_t i = 0; i < ex.devices().size(); ++i) {
+      cudaSetDevice(ex.devices()[i]);
+      ASSERT_CUDA(cudaGraphInstantiate(&execs[i], graphs[i], 0));
+    }
+    ASSERT_TRUE(captured.is_ok()) << captured.message();
+
+    // More replays than slots, so that flags of reused slots must differ from their last use.
+    for (int replay = 0; replay < 12; ++replay) {
+      refill_inputs(p, dtype, 1000 + replay, bufs);
+      for (std::size_t i = 0; i < ex.devices().size(); ++i) {
+        cudaSetDevice(ex.devices()[i]);
+        ASSERT_CUDA(cudaGraphLaunch(execs[i], streams.get()[i]));
+      }
+      const Status s = ex.wait(args);
+      ASSERT_TRUE(s.is_ok()) << s.message();
+      auto result = host::execute(p, host_options(args, kSmallSlotBytes), bufs.host);
+      ASSERT_TRUE(result.status.is_ok()) << result.status.message();
+      const std::string failure = compare(p, dtype, bufs);
+      ASSERT_TRUE(failure.empty())
+          << protocol_name(protocol) << " replay " << replay << ": " << failure;
+    }
+    for (std::size_t i = 0; i < ex.devices().size(); ++i) {
+      cudaGraphExecDestroy(execs[i]);
+      cudaGraphDestroy(graphs[i]);
+    }
   }
 }
 
@@ -593,40 +830,44 @@ TEST(DeviceExecutor, CallsOnDifferentStreamsAreSerialised) {
   // Two launches of one executor share FIFOs, flags and the epoch: alternating streams must
   // not let them overlap (the executor orders them with an event).
   SKIP_WITHOUT_GPU();
-  const ef::Program& p = program_at(example("ring_allreduce_4r_2ch.json"));
-  const auto devices = map_ranks(p.nranks, true);
-  device::ExecutorConfig config;
-  config.slot_bytes = kSmallSlotBytes;
-  auto executor = device::DeviceExecutor::create(p, devices, config);
-  ASSERT_TRUE(executor.is_ok()) << executor.status().message();
-  device::DeviceExecutor& ex = **executor;
-  Streams first(ex.devices()), second(ex.devices());
-  const uint64_t count = ef::count_granularity(p) * 5000;
-  const DataType dtype = DataType::kFloat32;
-  CallBuffers bufs;
-  make_buffers(p, devices, count, dtype, /*inplace=*/false, false, 11, bufs);
-  const auto a = run_args(p, bufs, count, dtype, RedOp::kSum, false, first.get());
-  const auto b = run_args(p, bufs, count, dtype, RedOp::kSum, false, second.get());
-  for (int call = 0; call < 20; ++call) {
-    const Status s = ex.run(call % 2 == 0 ? a : b);
+  for (ef::Protocol protocol : kProtocols) {
+    const ef::Program& p = program_as(example("ring_allreduce_4r_2ch.json"), protocol);
+    const auto devices = map_ranks(p.nranks, true);
+    device::ExecutorConfig config;
+    config.slot_bytes = kSmallSlotBytes;
+    auto executor = device::DeviceExecutor::create(p, devices, config);
+    ASSERT_TRUE(executor.is_ok()) << executor.status().message();
+    device::DeviceExecutor& ex = **executor;
+    Streams first(ex.devices()), second(ex.devices());
+    const uint64_t count = ef::count_granularity(p) * 5000;
+    const DataType dtype = DataType::kFloat32;
+    CallBuffers bufs;
+    make_buffers(p, devices, count, dtype, /*inplace=*/false, false, 11, bufs);
+    const auto a = run_args(p, bufs, count, dtype, RedOp::kSum, false, first.get());
+    const auto b = run_args(p, bufs, count, dtype, RedOp::kSum, false, second.get());
+    for (int call = 0; call < 20; ++call) {
+      const Status s = ex.run(call % 2 == 0 ? a : b);
+      ASSERT_TRUE(s.is_ok()) << s.message();
+    }
+    ASSERT_TRUE(ex.wait(a).is_ok());
+    const Status s = ex.wait(b);
     ASSERT_TRUE(s.is_ok()) << s.message();
+    auto result = host::execute(p, host_options(a, kSmallSlotBytes), bufs.host);
+    ASSERT_TRUE(result.status.is_ok()) << result.status.message();
+    const std::string failure = compare(p, dtype, bufs);
+    EXPECT_TRUE(failure.empty()) << protocol_name(protocol) << ": " << failure;
   }
-  ASSERT_TRUE(ex.wait(a).is_ok());
-  const Status s = ex.wait(b);
-  ASSERT_TRUE(s.is_ok()) << s.message();
-  auto result = host::execute(p, host_options(a, kSmallSlotBytes), bufs.host);
-  ASSERT_TRUE(result.status.is_ok()) << result.status.message();
-  const std::string failure = compare(p, dtype, bufs);
-  EXPECT_TRUE(failure.empty()) << failure;
 }
 
 // ---- Failures: a program that blocks forever ----
 
-/// Two ranks that each receive before sending: validation's `deadlock` rule, run anyway.
-ef::Program receive_first_program() {
+/// Two ranks that each receive before sending: validation's `deadlock` rule, run anyway. Under
+/// LL and LL128 the receivers poll slot lines that no sender ever writes.
+ef::Program receive_first_program(ef::Protocol protocol = ef::Protocol::kSimple) {
   ef::Program p;
   p.name = "receive_first";
   p.collective = ef::Collective::kCustom;
+  p.protocol = protocol;
   p.nranks = 2;
   p.nchunksperloop = 1;
   p.inplace = false;
@@ -668,8 +909,9 @@ struct BlockedCall {
   device::RunArgs args;
 };
 
-void start_blocked_call(std::chrono::nanoseconds timeout, BlockedCall& call) {
-  const ef::Program p = receive_first_program();
+void start_blocked_call(std::chrono::nanoseconds timeout, ef::Protocol protocol,
+                        BlockedCall& call) {
+  const ef::Program p = receive_first_program(protocol);
   const std::vector<int> devices = map_ranks(2, true);
   device::ExecutorConfig config;
   config.allow_blocking_programs = true;
@@ -677,63 +919,69 @@ void start_blocked_call(std::chrono::nanoseconds timeout, BlockedCall& call) {
   ASSERT_TRUE(executor.is_ok()) << executor.status().message();
   call.executor = std::move(executor.value());
   call.streams = std::make_unique<Streams>(call.executor->devices());
-  make_buffers(p, devices, 64, DataType::kFloat32, false, false, 3, call.bufs);
-  call.args = run_args(p, call.bufs, 64, DataType::kFloat32, RedOp::kSum, false,
-                       call.streams->get());
+  // Several 120-byte groups, so that several warps poll.
+  make_buffers(p, devices, 4096, DataType::kFloat32, false, false, 3, call.bufs);
+  call.args =
+      run_args(p, call.bufs, 4096, DataType::kFloat32, RedOp::kSum, false, call.streams->get());
   call.args.timeout = timeout;
 }
 
 TEST(DeviceExecutor, TimeoutNamesTheBlockedThreadblock) {
   SKIP_WITHOUT_GPU();
-  BlockedCall call;
-  start_blocked_call(std::chrono::milliseconds(200), call);
-  ASSERT_TRUE(call.executor);
-  const auto start = std::chrono::steady_clock::now();
-  const Status s = call.executor->run_and_wait(call.args);
-  const auto elapsed = std::chrono::steady_clock::now() - start;
-  ASSERT_FALSE(s.is_ok());
-  EXPECT_NE(s.message().find("timed out"), std::string::npos) << s.message();
-  EXPECT_NE(s.message().find("threadblock 0 op 0 (recv) iteration 0"), std::string::npos)
-      << s.message();
-  EXPECT_NE(s.message().find("data on connection"), std::string::npos) << s.message();
-  EXPECT_LT(elapsed, std::chrono::seconds(2)) << s.message();
+  for (ef::Protocol protocol : kProtocols) {
+    SCOPED_TRACE(protocol_name(protocol));
+    BlockedCall call;
+    start_blocked_call(std::chrono::milliseconds(200), protocol, call);
+    ASSERT_TRUE(call.executor);
+    const auto start = std::chrono::steady_clock::now();
+    const Status s = call.executor->run_and_wait(call.args);
+    const auto elapsed = std::chrono::steady_clock::now() - start;
+    ASSERT_FALSE(s.is_ok());
+    EXPECT_NE(s.message().find("timed out"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("threadblock 0 op 0 (recv) iteration 0"), std::string::npos)
+        << s.message();
+    EXPECT_NE(s.message().find("data on connection"), std::string::npos) << s.message();
+    EXPECT_LT(elapsed, std::chrono::seconds(2)) << s.message();
 
-  // Refused until reset; after reset it runs (and blocks) again.
-  EXPECT_FALSE(call.executor->run(call.args).is_ok());
-  ASSERT_TRUE(call.executor->reset().is_ok());
-  EXPECT_TRUE(call.executor->error_status().is_ok());
-  const Status again = call.executor->run_and_wait(call.args);
-  EXPECT_NE(again.message().find("timed out"), std::string::npos) << again.message();
+    // Refused until reset; after reset it runs (and blocks) again.
+    EXPECT_FALSE(call.executor->run(call.args).is_ok());
+    ASSERT_TRUE(call.executor->reset().is_ok());
+    EXPECT_TRUE(call.executor->error_status().is_ok());
+    const Status again = call.executor->run_and_wait(call.args);
+    EXPECT_NE(again.message().find("timed out"), std::string::npos) << again.message();
+  }
 }
 
 TEST(DeviceExecutor, AbortStopsABlockedCallPromptly) {
   SKIP_WITHOUT_GPU();
-  BlockedCall call;
-  start_blocked_call(std::chrono::seconds(60), call);
-  ASSERT_TRUE(call.executor);
-  ASSERT_TRUE(call.executor->run(call.args).is_ok());
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  const auto start = std::chrono::steady_clock::now();
-  std::thread aborter([&] { call.executor->abort(); });
-  const Status s = call.executor->wait(call.args);
-  aborter.join();
-  const auto elapsed = std::chrono::steady_clock::now() - start;
-  ASSERT_FALSE(s.is_ok());
-  EXPECT_NE(s.message().find("aborted"), std::string::npos) << s.message();
-  EXPECT_LT(elapsed, std::chrono::seconds(1)) << s.message();
-  ASSERT_TRUE(call.executor->reset().is_ok());
+  for (ef::Protocol protocol : kProtocols) {
+    SCOPED_TRACE(protocol_name(protocol));
+    BlockedCall call;
+    start_blocked_call(std::chrono::seconds(60), protocol, call);
+    ASSERT_TRUE(call.executor);
+    ASSERT_TRUE(call.executor->run(call.args).is_ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const auto start = std::chrono::steady_clock::now();
+    std::thread aborter([&] { call.executor->abort(); });
+    const Status s = call.executor->wait(call.args);
+    aborter.join();
+    const auto elapsed = std::chrono::steady_clock::now() - start;
+    ASSERT_FALSE(s.is_ok());
+    EXPECT_NE(s.message().find("aborted"), std::string::npos) << s.message();
+    EXPECT_LT(elapsed, std::chrono::seconds(1)) << s.message();
+    ASSERT_TRUE(call.executor->reset().is_ok());
 
-  // The GPUs are healthy afterwards: a good program still matches the host.
-  const ef::Program& p = program_at(example("ring_allreduce_4r_2ch.json"));
-  const auto devices = map_ranks(p.nranks, true);
-  auto executor = device::DeviceExecutor::create(p, devices);
-  ASSERT_TRUE(executor.is_ok()) << executor.status().message();
-  Streams streams((*executor)->devices());
-  const std::string failure =
-      run_and_compare(**executor, p, devices, streams, ef::count_granularity(p) * 5,
-                      DataType::kFloat32, RedOp::kSum, false, false, 9,
-                      device::ExecutorConfig{}.slot_bytes);
-  EXPECT_TRUE(failure.empty()) << failure;
+    // The GPUs are healthy afterwards: a good program still matches the host.
+    const ef::Program& p = program_as(example("ring_allreduce_4r_2ch.json"), protocol);
+    const auto devices = map_ranks(p.nranks, true);
+    auto executor = device::DeviceExecutor::create(p, devices);
+    ASSERT_TRUE(executor.is_ok()) << executor.status().message();
+    Streams streams((*executor)->devices());
+    const std::string failure = run_and_compare(
+        **executor, p, devices, streams, ef::count_granularity(p) * 5, DataType::kFloat32,
+        RedOp::kSum, false, false, 9, (*executor)->slot_bytes());
+    EXPECT_TRUE(failure.empty()) << failure;
+  }
 }
 
 }  // namespace

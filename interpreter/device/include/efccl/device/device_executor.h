@@ -8,8 +8,9 @@
 // Several ranks may share a GPU; every threadblock of every local rank is one CTA of that
 // device's launch, and the grid must be co-resident (checked before launching: a CTA spins on
 // others). Connections are FIFOs of `connection_slots` slots in the receiver's memory, filled
-// by the sender through peer access. Their counters and the dependency flags are never reset
-// between calls, so a call can be captured in a CUDA graph and replayed.
+// by the sender through peer access, in the program's protocol (Simple, LL, LL128; see
+// docs/ef-format.md §5). Their counters and the dependency flags are never reset between
+// calls, so a call can be captured in a CUDA graph and replayed.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -29,13 +30,21 @@
 
 namespace efccl::device {
 
+/// The data bytes of one connection slot when ExecutorConfig::slot_bytes is 0:
+///  * Simple 512 KiB (NCCL's Simple step): at 128 KiB a ring allreduce over 2 H200s peaked at
+///    250 GB/s busbw with 32 threadblocks, at 512 KiB at 314 GB/s (docs/performance.md);
+///  * LL128 120 KiB: 1024 lines of 128 bytes, 128 KiB of wire;
+///  * LL 32 KiB (NCCL's LL step), 64 KiB of wire: LL is for latency, and its receivers poll
+///    every line.
+std::size_t default_slot_bytes(ef::Protocol protocol);
+
 /// Fixed for the executor's lifetime (they size the device memory it allocates).
 struct ExecutorConfig {
-  /// Payload bytes of one connection slot. A unit (one tile of one chunk) has
-  /// max(1, slot_bytes / sizeof(element)) elements. Results do not depend on it (§5).
-  /// 512 KiB (NCCL's Simple step): at 128 KiB a ring allreduce over 2 H200s peaked at
-  /// 250 GB/s busbw with 32 threadblocks, at 512 KiB at 314 GB/s (docs/performance.md).
-  std::size_t slot_bytes = std::size_t{512} << 10;
+  /// Data bytes of one connection slot (0: default_slot_bytes of the program's protocol). A
+  /// unit (one tile of one chunk) has max(1, slot_bytes / sizeof(element)) elements. Results
+  /// do not depend on it (§5). LL slots take twice as many bytes of memory, LL128 slots 128
+  /// for every 120.
+  std::size_t slot_bytes = 0;
   /// Slots per connection (NCCL_STEPS); validation's capacity check uses the same number.
   int connection_slots = ef::kDefaultConnectionSlots;
   /// CTA size; halved (down to 64) for a (datatype, operator) kernel whose grid would not be
@@ -45,6 +54,9 @@ struct ExecutorConfig {
   /// `capacity`); they run into the timeout, which reports the blocked threadblock. Every other
   /// rule is always enforced, so a malformed program never reaches the GPU.
   bool allow_blocking_programs = false;
+  /// Tests only: every connection's counters (push and pop positions, head, tail) start here
+  /// instead of 0, e.g. just below where LL flags wrap (2^31) or LL slots are cleared (2^30).
+  uint64_t first_position = 0;
 };
 
 /// Multi-process executors: the program's ranks are served by several processes, each running
@@ -129,6 +141,11 @@ class DeviceExecutor {
   Status error_status() const;
   /// Thread-safe: makes every waiting CTA give up within about a millisecond.
   void abort();
+
+  /// The data bytes of one slot (ExecutorConfig::slot_bytes, or the protocol's default).
+  std::size_t slot_bytes() const;
+  /// Empty, or (LL128 programs) which connections run over LL instead and why, for the log.
+  const std::string& protocol_note() const;
   /// After a failure or abort: waits for the devices, clears every counter, flag and error,
   /// and makes the executor usable again.
   Status reset();
