@@ -752,7 +752,11 @@ ApiStatus create_real_comms(const NcclLibrary& lib, const FallbackPlan& plan,
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     if (i < plan.configs.size()) config = plan.configs[i].get();
     config.blocking = 1;
-    cudaSetDevice(plan.devices[i]);
+    if (cudaError_t e = cudaSetDevice(plan.devices[i]); e != cudaSuccess) {
+      status = ApiStatus::cuda("cudaSetDevice(" + std::to_string(plan.devices[i]) +
+                               "): " + cudaGetErrorString(e));
+      break;
+    }
     const ncclResult_t s = lib.comm_split(comms[i], 0, plan.ranks[i], &children[i], &config);
     if (s != ncclSuccess && s != ncclInProgress)
       status = real_failure(lib, "ncclCommSplit of rank " + std::to_string(plan.ranks[i]), s);
