@@ -68,4 +68,10 @@ std::string describe(const Call& c) {
   return s + ")";
 }
 
+std::string rank_list(const std::vector<int32_t>& ranks) {
+  std::string s;
+  for (int32_t r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return s;
+}
+
 }  // namespace efccl::runtime

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "efccl/ef/datatype.h"
 #include "efccl/ef/program.h"
@@ -56,5 +57,7 @@ ef::Collective collective_of(CallKind k);
 const char* api_name(CallKind k);
 /// e.g. "ncclAllReduce(count 1000, float, sum)" for mismatch messages and logs.
 std::string describe(const Call& c);
+/// "0, 2, 3": ranks for messages.
+std::string rank_list(const std::vector<int32_t>& ranks);
 
 }  // namespace efccl::runtime

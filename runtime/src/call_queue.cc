@@ -39,12 +39,6 @@ struct ThreadToken {
   uint64_t value = 0;
 };
 
-std::string rank_list(const std::vector<int32_t>& ranks) {
-  std::ostringstream m;
-  for (std::size_t i = 0; i < ranks.size(); ++i) m << (i == 0 ? "" : ", ") << ranks[i];
-  return m.str();
-}
-
 }  // namespace
 
 uint64_t this_thread_token() {

@@ -283,15 +283,6 @@ void encode_scalar(ef::DataType dtype, double v, unsigned char* out) {
   }
 }
 
-std::string rank_list(const std::vector<int32_t>& ranks) {
-  std::string s;
-  for (int32_t r : ranks) {
-    if (!s.empty()) s += ',';
-    s += std::to_string(r);
-  }
-  return s;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------

@@ -241,7 +241,7 @@ TEST(FallbackGpu, CoveredCallsRunOnEfcclTheRestOnNccl) {
   TestClique clique({0, 1});
   const RankSet c = RankSet::of(clique);
   ASSERT_TRUE(mode.logged(
-      {"EFCCL_FALLBACK=nccl: NCCL communicators of rank(s) 0,1 (of 2) created on NCCL"}));
+      {"EFCCL_FALLBACK=nccl: NCCL communicators of rank(s) 0, 1 (of 2) created on NCCL"}));
   for (const std::size_t count : {std::size_t{4096}, std::size_t{1} << 20}) {
     mode.clear();
     Buffers b(c, count);
