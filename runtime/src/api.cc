@@ -509,15 +509,10 @@ ApiStatus finish_regroup(const Regroup& g, const std::vector<std::string>& entri
 }
 
 /// ncclCommSplit / ncclCommShrink of rank `parent`: at once outside a group; inside one, left
-/// to the outermost ncclGroupEnd (group.h), for single-process parents.
+/// to the outermost ncclGroupEnd (group.h).
 ApiStatus regroup(const char* fn, ncclComm_t parent, std::vector<int> participants, int color,
                   int key, ncclComm_t* newcomm, const ncclConfig_t* config) {
   const bool grouped = efccl::runtime::in_group();
-  if (grouped && parent->bootstrap != nullptr)
-    return ApiStatus::invalid_usage(
-        std::string(fn) + " inside ncclGroupStart/ncclGroupEnd is supported for communicators "
-        "whose ranks all live in this process; this one spans processes: call it outside the "
-        "group (each rank from its own thread)");
   auto g = std::make_shared<Regroup>();
   if (ApiStatus s = start_regroup(fn, parent, std::move(participants), color, key, newcomm,
                                   config, g.get());
@@ -532,6 +527,24 @@ ApiStatus regroup(const char* fn, ncclComm_t parent, std::vector<int> participan
     return finish_regroup(*g, *entries, deadline, nullptr);
   }
   efccl::runtime::DeferredRegroup deferred;
+  if (g->bootstrap != nullptr) {
+    // A parent spanning processes exchanges colors over its bootstrap: nothing to offer
+    // first, and the group runs this exchange on a thread of its own, alongside the other
+    // grouped splits (this thread may hold several ranks of the parent, whose exchanges need
+    // each other).
+    deferred.offer = [] { return ApiStatus::ok(); };
+    deferred.concurrent = true;
+    deferred.finish = [g](std::shared_ptr<efccl::runtime::Rendezvous>* joined) {
+      const auto deadline = std::chrono::steady_clock::now() + efccl::runtime::init_timeout();
+      auto entries = gather(*g, g->tag, color_and_key(*g), deadline);
+      if (!entries)
+        return ApiStatus::system(std::string(g->fn) + ": the ranks could not exchange colors: " +
+                                 entries.status().message());
+      return finish_regroup(*g, *entries, deadline, joined);
+    };
+    efccl::runtime::defer_regroup(std::move(deferred));
+    return ApiStatus::ok();
+  }
   deferred.offer = [g] {
     efccl::runtime::offer_in_process(g->clique.get(), g->tag, g->participants, g->rank,
                                      color_and_key(*g));

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <map>
 #include <set>
+#include <cstdio>
 #include <sstream>
 #include <utility>
 
@@ -291,12 +292,12 @@ ApiStatus Clique::run_collective(std::vector<Call>& set, bool* mismatch) {
   for (int32_t r = 0; r < nranks(); ++r) all_ranks[static_cast<std::size_t>(r)] = r;
   for (const PlanPiece& piece : plan->pieces) {
     device::DeviceExecutor* executor = nullptr;
-    std::ostringstream key;
-    key << "coll:" << static_cast<const void*>(piece.program);
+    char key[48];  // not an ostringstream: this runs on every call
+    std::snprintf(key, sizeof(key), "coll:%p", static_cast<const void*>(piece.program));
     // The exchange tag names the program (and how often it was prepared), so that processes
     // that ever disagreed on one program do not disagree on every later one.
     const ef::Program* program = piece.program;
-    if (ApiStatus s = executor_for(*piece.program, key.str(), all_ranks, *capturing, piece.count,
+    if (ApiStatus s = executor_for(*piece.program, key, all_ranks, *capturing, piece.count,
                                    ref.dtype,
                                    [this, program] {
                                      const std::string& f = fingerprint(*program);

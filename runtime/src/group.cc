@@ -4,6 +4,8 @@
 #include <chrono>
 #include <set>
 #include <string>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 #include "clique.h"
@@ -100,13 +102,30 @@ ClosedGroup close_group(const char* function, const std::function<ApiStatus()>& 
     offered[i] = s.is_ok();
     if (!s && closed.status) closed.status = s;
   }
+  // Splits across processes all at once, each on its own thread (their exchanges may need
+  // each other: this thread can hold several ranks of one parent); the others here.
+  std::vector<ApiStatus> finished(regroups.size());
+  std::vector<std::shared_ptr<Rendezvous>> joins(regroups.size());
+  std::vector<std::thread> workers;
+  for (std::size_t i = 0; i < regroups.size(); ++i) {
+    if (!offered[i] || !regroups[i].concurrent) continue;
+    try {
+      workers.emplace_back([&regroups, &finished, &joins, i] {
+        finished[i] = regroups[i].finish(&joins[i]);
+      });
+    } catch (const std::system_error& e) {
+      finished[i] = ApiStatus::system(std::string("ncclGroupEnd: could not start a thread for a "
+                                                  "grouped split: ") + e.what());
+    }
+  }
+  for (std::size_t i = 0; i < regroups.size(); ++i)
+    if (offered[i] && !regroups[i].concurrent) finished[i] = regroups[i].finish(&joins[i]);
+  for (std::thread& t : workers) t.join();
   for (std::size_t i = 0; i < regroups.size(); ++i) {
     if (!offered[i]) continue;
-    std::shared_ptr<Rendezvous> joined;
-    ApiStatus s = regroups[i].finish(&joined);
-    if (!s && closed.status) closed.status = s;
-    if (joined != nullptr && std::find(inits.begin(), inits.end(), joined) == inits.end())
-      inits.push_back(std::move(joined));
+    if (!finished[i] && closed.status) closed.status = finished[i];
+    if (joins[i] != nullptr && std::find(inits.begin(), inits.end(), joins[i]) == inits.end())
+      inits.push_back(std::move(joins[i]));
   }
   if (!inits.empty()) {
     const auto timeout = init_timeout();

@@ -6,10 +6,12 @@
 // ncclCommInitRank* inside a group returns at once; the outermost ncclGroupEnd first completes
 // the group's rendezvous (init_rank.h), waiting for missing ranks (other threads) until
 // EFCCL_INIT_TIMEOUT_MS, then runs the recorded calls. A group that failed cancels them.
-// ncclCommSplit / ncclCommShrink inside a group (single-process parents) also return at once:
-// the outermost ncclGroupEnd first offers every grouped split's color, then collects the
-// others' (so one thread may split all its ranks), joins the children's rendezvous and
-// completes them with the grouped inits; *newcomm is set there, as with NCCL.
+// ncclCommSplit / ncclCommShrink inside a group also return at once: the outermost
+// ncclGroupEnd first offers every grouped split's color, then collects the others' (so one
+// thread may split all its ranks), joins the children's rendezvous and completes them with the
+// grouped inits; *newcomm is set there, as with NCCL. Splits of parents that span processes
+// exchange colors through the parent's bootstrap, each on a thread of its own (all at once),
+// each bounded by EFCCL_INIT_TIMEOUT_MS.
 //
 // Running: each clique gets its calls (Clique::submit); then the thread waits for collectives
 // still queued for ranks other threads drive (call_queue.h), clique after clique, so that no
@@ -49,9 +51,12 @@ void defer_init(std::shared_ptr<Rendezvous> rendezvous);
 /// `offer` publishes this rank's color without waiting; `finish` waits for the other ranks'
 /// and joins the new communicator's rendezvous, returned in `*joined` (null: no communicator
 /// for this rank), which the group completes with its inits.
+/// `concurrent`: `finish` talks to other processes (a parent spanning processes) and runs on a
+/// thread of its own, at the same time as the group's other concurrent finishes.
 struct DeferredRegroup {
   std::function<ApiStatus()> offer;
   std::function<ApiStatus(std::shared_ptr<Rendezvous>* joined)> finish;
+  bool concurrent = false;
 };
 /// Leaves a split/shrink to the outermost ncclGroupEnd (in a group only).
 void defer_regroup(DeferredRegroup regroup);

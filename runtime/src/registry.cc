@@ -227,6 +227,29 @@ StatusOr<const ef::Program*> Registry::builtin(const std::string& algorithm, con
 }
 
 StatusOr<Plan> Registry::select(const CallShape& call) {
+  constexpr std::size_t kMaxCachedShapes = 4096;
+  const ShapeKey key{static_cast<int>(call.collective), call.nranks, call.root, call.count,
+                     static_cast<int>(call.dtype), call.inplace};
+  {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    if (auto it = cache_.find(key); it != cache_.end()) {
+      for (const SelectionRecord& r : it->second.records) notify_selection(r);
+      return it->second.plan;
+    }
+  }
+  std::vector<SelectionRecord> records;
+  StatusOr<Plan> plan = select_uncached(call, &records);
+  for (const SelectionRecord& r : records) notify_selection(r);
+  if (plan) {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    if (cache_.size() >= kMaxCachedShapes) cache_.clear();
+    cache_[key] = CachedPlan{*plan, std::move(records)};
+  }
+  return plan;
+}
+
+StatusOr<Plan> Registry::select_uncached(const CallShape& call,
+                                         std::vector<SelectionRecord>* records) {
   const uint64_t api_bytes = call.count * ef::size_of(call.dtype);
   const std::string collective(ef::to_string(call.collective));
 
@@ -245,7 +268,7 @@ StatusOr<Plan> Registry::select(const CallShape& call) {
       EFCCL_INFO(kLogTuning, -1,
                  "skipping user program '" + p.name + "' (" + u.file + ") for " + collective +
                      " count " + std::to_string(call.count) + ": " + why_not);
-      notify_selection(record);
+      records->push_back(record);
       skipped += "; user program '" + p.name + "' (" + u.file + ") claims it but " + why_not;
       continue;
     }
@@ -254,7 +277,7 @@ StatusOr<Plan> Registry::select(const CallShape& call) {
     plan.reason = "user program '" + p.name + "' from " + u.file + " (claims " +
                   std::to_string(api_bytes) + " bytes)";
     record.reason = plan.reason;
-    notify_selection(record);
+    records->push_back(record);
     return plan;
   }
 
@@ -323,7 +346,7 @@ StatusOr<Plan> Registry::select(const CallShape& call) {
   }
   SelectionRecord record{collective, (*program)->name, "builtin", plan.reason, false, call.count,
                          call.nranks};
-  notify_selection(record);
+  records->push_back(record);
   return plan;
 }
 

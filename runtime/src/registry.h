@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -62,7 +63,9 @@ class Registry {
   Registry(std::vector<std::pair<ef::Program, std::string>> user_programs, ProtocolFilter filter,
            bool builtins = true);
 
-  /// The plan for one call, or why there is none.
+  /// The plan for one call, or why there is none. Plans are remembered per call shape (a
+  /// program loop calls the same few shapes over and over); the observer still sees every
+  /// selection, and the logs name the program of every call (Clique::run_collective).
   StatusOr<Plan> select(const CallShape& call);
   /// `preferred` (the tuning table's) when NCCL_PROTO allows it, else the first protocol it
   /// allows of Simple, LL128, LL (Simple when it allows none).
@@ -80,6 +83,14 @@ class Registry {
   StatusOr<const ef::Program*> builtin(const std::string& algorithm, const CallShape& call,
                                        int32_t instances, bool inplace_variant,
                                        ef::Protocol protocol);
+  StatusOr<Plan> select_uncached(const CallShape& call, std::vector<SelectionRecord>* records);
+  using ShapeKey = std::tuple<int, int32_t, int32_t, uint64_t, int, bool>;
+  struct CachedPlan {
+    Plan plan;
+    std::vector<SelectionRecord> records;  ///< what the observer was told, in order
+  };
+  std::mutex cache_mu_;
+  std::map<ShapeKey, CachedPlan> cache_;  ///< successful selections; cleared when it grows large
   std::vector<UserProgram> user_;
   ProtocolFilter filter_;
   bool use_builtins_ = true;

@@ -51,6 +51,7 @@ TEST(RuntimeAlgoFile, UserProgramIsPickedAndSkippedWithReasons) {
       CUDA_OK(cudaMalloc(&buf[r], 4096 * sizeof(float)));
       std::vector<float> h(4096, static_cast<float>(r + 1));
       CUDA_OK(cudaMemcpy(buf[r], h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
+      cudaStreamSynchronize(cudaStreamLegacy);  // a pageable copy's DMA may still be running
     }
     const auto run = [&](std::size_t count) {
       NCCL_OK(ncclGroupStart());

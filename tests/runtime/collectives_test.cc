@@ -86,6 +86,7 @@ void run_case(TestClique& clique, const Case& c) {
     }
     if (!host.empty()) {
       CUDA_OK(cudaMemcpy(send[r], host.data(), host.size(), cudaMemcpyHostToDevice));
+      cudaStreamSynchronize(cudaStreamLegacy);  // a pageable copy's DMA may still be running
     }
   }
 
@@ -311,6 +312,7 @@ float* filled_buffer(int device, std::size_t count, float value) {
   if (cudaMalloc(&p, count * sizeof(float)) != cudaSuccess) return nullptr;
   std::vector<float> host(count, value);
   cudaMemcpy(p, host.data(), count * sizeof(float), cudaMemcpyHostToDevice);
+  cudaStreamSynchronize(cudaStreamLegacy);  // a pageable copy's DMA may still be running
   return p;
 }
 

@@ -141,6 +141,7 @@ struct Buffers {
     EXPECT_EQ(cudaMalloc(&d, h.size() * sizeof(int32_t)), cudaSuccess);
     EXPECT_EQ(cudaMemcpy(d, h.data(), h.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
               cudaSuccess);
+    cudaStreamSynchronize(cudaStreamLegacy);  // a pageable copy's DMA may still be running
     return d;
   }
   static std::vector<int32_t> download(const int32_t* d, std::size_t n) {

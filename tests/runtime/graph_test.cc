@@ -33,6 +33,7 @@ TEST(RuntimeGraph, CapturedAllReduceReplaysThreeTimes) {
     for (int r = 0; r < n; ++r) {
       cudaSetDevice(c.devices[r]);
       ASSERT_EQ(cudaMemcpy(buf[r], ones.data(), count * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+      cudaStreamSynchronize(cudaStreamLegacy);  // a pageable copy's DMA may still be running
     }
   };
   const auto all_reduce = [&] {
@@ -126,6 +127,7 @@ TEST(RuntimeGraph, ACapturedExecutorSurvivesEvictionUntilItsGraphIsDestroyed) {
     for (int r = 0; r < n; ++r) {
       cudaSetDevice(c.devices[r]);
       ASSERT_EQ(cudaMemcpy(buf[r], ones.data(), count * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+      cudaStreamSynchronize(cudaStreamLegacy);  // a pageable copy's DMA may still be running
     }
   };
   const auto grouped = [&](const std::function<ncclResult_t(int)>& call) {
@@ -225,6 +227,7 @@ TEST(RuntimeGraph, OneThreadPerRankCapturesItsOwnStream) {
   for (int r = 0; r < 2; ++r) {
     cudaSetDevice(r);
     CUDA_OK(cudaMemcpy(buf[r], ones.data(), count * sizeof(float), cudaMemcpyHostToDevice));
+    cudaStreamSynchronize(cudaStreamLegacy);  // a pageable copy's DMA may still be running
   }
   std::vector<ncclResult_t> results(2, ncclInternalError);
   std::vector<cudaError_t> captured(2, cudaErrorUnknown);

@@ -181,6 +181,7 @@ float* make_buffer(int dev, std::size_t n, float fill) {
   EXPECT_EQ(cudaMalloc(&p, n * sizeof(float)), cudaSuccess);
   std::vector<float> h(n, fill);
   EXPECT_EQ(cudaMemcpy(p, h.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  cudaStreamSynchronize(cudaStreamLegacy);  // a pageable copy's DMA may still be running
   return p;
 }
 

@@ -29,6 +29,7 @@ void expect_allreduce_works(const std::vector<ncclComm_t>& comms, const std::vec
     CUDA_OK(cudaMalloc(&buffers[r], kCount * sizeof(float)));
     std::vector<float> host(kCount, static_cast<float>(r + 1));
     CUDA_OK(cudaMemcpy(buffers[r], host.data(), kCount * sizeof(float), cudaMemcpyHostToDevice));
+    cudaStreamSynchronize(cudaStreamLegacy);  // a pageable copy's DMA may still be running
   }
   NCCL_OK(ncclGroupStart());
   for (int r = 0; r < n; ++r)
@@ -237,8 +238,9 @@ TEST(InitRank, SplitOfASingleProcessCommunicatorFromOneThreadPerRank) {
   NCCL_OK(ncclCommCount(halves[1], &count));
   EXPECT_EQ(count, 1);
   expect_allreduce_works({halves[2], halves[0]}, {devices[2], devices[0]});
-  for (ncclComm_t c : halves)
+  for (ncclComm_t c : halves) {
     if (c != nullptr) NCCL_OK(ncclCommDestroy(c));
+  }
   for (ncclComm_t c : comms) NCCL_OK(ncclCommDestroy(c));
 }
 

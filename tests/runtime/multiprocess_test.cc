@@ -150,6 +150,7 @@ void* upload(const std::vector<T>& h) {
   void* d = nullptr;
   if (cudaMalloc(&d, std::max<std::size_t>(1, h.size()) * sizeof(T)) != cudaSuccess) return nullptr;
   cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
+  cudaStreamSynchronize(cudaStreamLegacy);  // a pageable copy's DMA may still be running
   return d;
 }
 
@@ -289,6 +290,7 @@ int collectives_body(int rank, int n, const ncclUniqueId& id, int gpus_needed) {
     for (int replay = 0; replay < 3; ++replay) {
       const float start = static_cast<float>(rank + replay);
       CHILD_CUDA(cudaMemcpy(b, std::vector<float>(e, start).data(), e * sizeof(float), cudaMemcpyHostToDevice));
+      cudaStreamSynchronize(cudaStreamLegacy);  // a pageable copy's DMA may still be running
       CHILD_CUDA(cudaGraphLaunch(exec, stream));
       CHILD_CUDA(cudaStreamSynchronize(stream));
       const auto out = download<float>(b, e);
@@ -469,6 +471,88 @@ TEST(MultiProcess, TwoRanksPerProcessInitInAGroup) {
                     b == bufs[l] ? "allreduce" : "ring receive", bad, out[bad], e);
       }
       CHILD_NCCL(ncclCommDestroy(comms[l]));
+    }
+    return 0;
+  };
+  EXPECT_JOB_PASSED(run_job(job));
+}
+
+TEST(MultiProcess, GroupedSplitOfTwoRanksPerProcess) {
+  // torch's split_group / new_group with several GPUs per process: one thread splits both of
+  // its ranks of a parent spanning two processes inside one group. Colors by local GPU give two
+  // children {0, 2} and {1, 3}, each spanning both processes; a second grouped split puts
+  // every rank in one child (keys reversed) and leaves rank 3 out (NOCOLOR).
+  Job job;
+  job.nprocs = 2;
+  job.body = [](int proc, const ncclUniqueId& id) -> int {
+    const int gpus = gpus_in_child();
+    if (gpus < 2) return kSkip;
+    ncclComm_t parent[2] = {nullptr, nullptr};
+    CHILD_NCCL(ncclGroupStart());
+    for (int l = 0; l < 2; ++l) {
+      CHILD_CUDA(cudaSetDevice(l));
+      CHILD_NCCL(ncclCommInitRank(&parent[l], 4, id, proc * 2 + l));
+    }
+    CHILD_NCCL(ncclGroupEnd());
+    ncclComm_t lane[2] = {nullptr, nullptr}, most[2] = {nullptr, nullptr};
+    CHILD_NCCL(ncclGroupStart());
+    for (int l = 0; l < 2; ++l) CHILD_NCCL(ncclCommSplit(parent[l], l, proc, &lane[l], nullptr));
+    CHILD_NCCL(ncclGroupEnd());
+    CHILD_NCCL(ncclGroupStart());
+    for (int l = 0; l < 2; ++l) {
+      const int r = proc * 2 + l;
+      CHILD_NCCL(ncclCommSplit(parent[l], r == 3 ? NCCL_SPLIT_NOCOLOR : 5, 10 - r, &most[l], nullptr));
+    }
+    CHILD_NCCL(ncclGroupEnd());
+    for (int l = 0; l < 2; ++l) {
+      const int r = proc * 2 + l;
+      int rank = -1, count = 0;
+      CHILD_CHECK(lane[l] != nullptr, "rank %d: no lane communicator", r);
+      CHILD_NCCL(ncclCommUserRank(lane[l], &rank));
+      CHILD_NCCL(ncclCommCount(lane[l], &count));
+      CHILD_CHECK(rank == proc && count == 2, "rank %d: lane rank %d of %d", r, rank, count);
+      CHILD_CHECK((most[l] == nullptr) == (r == 3), "rank %d: NOCOLOR gives no communicator", r);
+      if (most[l] != nullptr) {
+        CHILD_NCCL(ncclCommUserRank(most[l], &rank));
+        CHILD_NCCL(ncclCommCount(most[l], &count));
+        CHILD_CHECK(rank == 2 - r && count == 3, "rank %d: rank %d of %d in the 3-rank child", r,
+                    rank, count);
+      }
+    }
+    // One allreduce per child, each group driving both local ranks.
+    const std::size_t e = 4097;
+    void* buf[2][2] = {{nullptr, nullptr}, {nullptr, nullptr}};
+    cudaStream_t streams[2] = {nullptr, nullptr};
+    for (int l = 0; l < 2; ++l) {
+      CHILD_CUDA(cudaSetDevice(l));
+      CHILD_CUDA(cudaStreamCreateWithFlags(&streams[l], cudaStreamNonBlocking));
+      for (int k = 0; k < 2; ++k) buf[l][k] = upload(std::vector<int32_t>(e, proc * 2 + l + 1));
+    }
+    CHILD_NCCL(ncclGroupStart());
+    for (int l = 0; l < 2; ++l)
+      CHILD_NCCL(ncclAllReduce(buf[l][0], buf[l][0], e, ncclInt32, ncclSum, lane[l], streams[l]));
+    CHILD_NCCL(ncclGroupEnd());
+    CHILD_NCCL(ncclGroupStart());
+    for (int l = 0; l < 2; ++l)
+      if (most[l] != nullptr)
+        CHILD_NCCL(ncclAllReduce(buf[l][1], buf[l][1], e, ncclInt32, ncclSum, most[l], streams[l]));
+    CHILD_NCCL(ncclGroupEnd());
+    for (int l = 0; l < 2; ++l) {
+      const int r = proc * 2 + l;
+      CHILD_CUDA(cudaSetDevice(l));
+      CHILD_CUDA(cudaStreamSynchronize(streams[l]));
+      // Lane l holds ranks l and l + 2 (values l + 1 and l + 3); ranks 0..2 hold 1 + 2 + 3.
+      const int32_t lane_sum = 2 * l + 4, most_sum = r == 3 ? 4 : 6;
+      const auto a = download<int32_t>(buf[l][0], e);
+      const auto b = download<int32_t>(buf[l][1], e);
+      CHILD_CHECK(a[0] == lane_sum && a[e - 1] == lane_sum, "rank %d: lane allreduce %d, want %d", r,
+                  a[e - 1], lane_sum);
+      CHILD_CHECK(b[0] == most_sum && b[e - 1] == most_sum, "rank %d: 3-rank allreduce %d, want %d",
+                  r, b[e - 1], most_sum);
+      for (int k = 0; k < 2; ++k) cudaFree(buf[l][k]);
+      CHILD_NCCL(ncclCommDestroy(lane[l]));
+      if (most[l] != nullptr) CHILD_NCCL(ncclCommDestroy(most[l]));
+      CHILD_NCCL(ncclCommDestroy(parent[l]));
     }
     return 0;
   };

@@ -25,6 +25,7 @@ int* make_buffer(int dev, std::size_t n, const std::function<int(std::size_t)>& 
   std::vector<int> h(n);
   for (std::size_t i = 0; i < n; ++i) h[i] = fill(i);
   EXPECT_EQ(cudaMemcpy(p, h.data(), n * sizeof(int), cudaMemcpyHostToDevice), cudaSuccess);
+  cudaStreamSynchronize(cudaStreamLegacy);  // a pageable copy's DMA may still be running
   return p;
 }
 

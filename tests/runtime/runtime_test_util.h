@@ -164,6 +164,7 @@ inline void expect_thread_per_rank_stream_order(std::vector<ncclComm_t>& comms,
         round_start.arrive_and_wait();
         if (!ready) continue;
         cudaMemcpy(buffer, init_values.data(), kCount * sizeof(float), cudaMemcpyHostToDevice);
+        cudaStreamSynchronize(cudaStreamLegacy);  // a pageable copy's DMA may still be running
         if (r == lates[i]) std::this_thread::sleep_for(kPause);
         const auto start = Clock::now();
         results[i][r] = ncclAllReduce(buffer, buffer, kCount, ncclFloat, ncclSum, comms[r], stream);

@@ -275,7 +275,7 @@ struct LocalDevice {
   int sm_count = 0;
   std::vector<int> ranks;  ///< global ranks served by this device's launch, ascending
   uint32_t nblocks = 0;
-  DeviceBuffer threadblocks, ops, deps, flags, sends, recvs, state;
+  DeviceBuffer threadblocks, ops, deps, flags, sends, recvs, state, epochs;
   DeviceBuffer divide_segments;  ///< integer avg's result regions (DivideSegment)
   uint32_t ndivide_segments = 0;
   int64_t largest_divide_chunks = 0;
@@ -934,7 +934,7 @@ Status DeviceExecutor::Impl::build_device(LocalDevice& local,
       desc.op_begin = static_cast<uint32_t>(ops.size());
       desc.op_count = static_cast<uint32_t>(tb.ops.size());
       desc.flag_begin = static_cast<uint32_t>(flag_base[t]);
-      tbs.push_back(desc);
+      desc.dep_begin = static_cast<uint32_t>(deps.size());
       for (std::size_t o = 0; o < tb.ops.size(); ++o) {
         const ef::Op& op = tb.ops[o];
         OpDesc od{};
@@ -962,6 +962,8 @@ Status DeviceExecutor::Impl::build_device(LocalDevice& local,
           deps.push_back({static_cast<uint32_t>(flag_base[d.tb] + d.op), d.tb, d.op});
         ops.push_back(od);
       }
+      desc.dep_count = static_cast<uint32_t>(deps.size()) - desc.dep_begin;
+      tbs.push_back(desc);
     }
   }
   if (ops.size() > std::numeric_limits<uint32_t>::max() / 2 ||
@@ -1016,6 +1018,7 @@ Status DeviceExecutor::Impl::build_device(LocalDevice& local,
   if (Status s = local.recvs.upload(d, recvs); !s) return s;
   if (Status s = local.flags.allocate(d, nflags * sizeof(uint64_t)); !s) return s;
   if (Status s = local.state.allocate(d, sizeof(LaunchState)); !s) return s;
+  if (Status s = local.epochs.allocate(d, tbs.size() * sizeof(uint64_t)); !s) return s;
   return Status::ok();
 }
 
@@ -1235,6 +1238,7 @@ Status DeviceExecutor::run(const RunArgs& args) {
       params.sends = local.sends.get<SendConnection>();
       params.recvs = local.recvs.get<RecvConnection>();
       params.state = local.state.get<LaunchState>();
+      params.epochs = local.epochs.get<uint64_t>();
       params.error = m.record(di);
       params.signals = m.signals();
       params.chunk_elements = b;
@@ -1394,7 +1398,8 @@ Status DeviceExecutor::reset() {
                       "cudaDeviceSynchronize on device " + std::to_string(d));
   }
   for (LocalDevice& local : m.locals) {
-    for (DeviceBuffer* b : {&local.flags, &local.state, &local.fifo_arena, &local.counter_arena})
+    for (DeviceBuffer* b : {&local.flags, &local.state, &local.epochs, &local.fifo_arena,
+                            &local.counter_arena})
       if (Status s = b->zero(); !s) return s;
   }
   if (Status s = m.write_first_positions(); !s) return s;

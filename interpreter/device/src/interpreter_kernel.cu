@@ -358,11 +358,14 @@ __device__ __forceinline__ bool op_pushes(uint8_t code) {
 }
 
 /// Thread 0: waits until every dependency of `op` has completed iteration `site.iteration`.
+/// `deps` is the threadblock's dependency list (staged or in global memory), starting at
+/// KernelParams::deps[dep_base].
 __device__ __forceinline__ bool wait_dependencies(const KernelParams& p, const OpDesc& op,
+                                                  const DepDesc* deps, uint32_t dep_base,
                                                   uint64_t epoch, WaitSite site) {
   const uint64_t target = flag_value(epoch, site.iteration);
   for (uint32_t d = op.dep_begin; d < op.dep_begin + op.dep_count; ++d) {
-    const DepDesc dep = p.deps[d];
+    const DepDesc dep = deps[d - dep_base];
     site.wait = kWaitDependency;
     site.peer = dep.tb;
     site.channel = dep.op;
@@ -373,35 +376,77 @@ __device__ __forceinline__ bool wait_dependencies(const KernelParams& p, const O
   return true;
 }
 
+/// Ops and dependencies a CTA copies into shared memory before it starts (longer lists are
+/// read from global memory as they come): 128 ops of 40 bytes and 128 dependencies of 12.
+inline constexpr uint32_t kStagedOps = 128;
+inline constexpr uint32_t kStagedDeps = 128;
+static_assert(sizeof(OpDesc) % 8 == 0 && sizeof(SendConnection) % 8 == 0 &&
+                  sizeof(RecvConnection) % 8 == 0 && sizeof(DepDesc) % 4 == 0,
+              "staged tables are copied in whole words");
+
+/// All threads: copies `bytes` (a multiple of sizeof(W)) from global to shared memory.
+template <typename W>
+__device__ __forceinline__ void stage(void* to, const void* from, uint32_t bytes) {
+  auto* dst = static_cast<W*>(to);
+  const auto* src = static_cast<const W*>(from);
+  for (uint32_t i = threadIdx.x; i < bytes / sizeof(W); i += blockDim.x) dst[i] = src[i];
+}
+
 /// kFlagged: the program's protocol is LL or LL128 (each connection's WireFormat says which);
 /// otherwise Simple.
+///
+/// Latency (what a small message pays, so what this function avoids on its critical path):
+/// the CTA copies its op list, dependencies and connection ends into shared memory up front
+/// (one round of independent loads instead of one dependent global load per op); freeing a
+/// slot is a relaxed store (post_free_slot); an op that others depend on publishes its flag
+/// before its last unit frees or fills a slot, so the dependent threadblock does not wait for
+/// thread 0's fence behind a store to peer memory; the launch count is per CTA (no atomic and
+/// no fence at the end).
 template <typename E, Reduction R, bool kFlagged>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock, 1)
     interpreter_kernel(const __grid_constant__ KernelParams p) {
   using S = typename E::Storage;
+  __shared__ OpDesc staged_ops[kStagedOps];
+  __shared__ DepDesc staged_deps[kStagedDeps];
+  __shared__ SendConnection staged_send;
+  __shared__ RecvConnection staged_recv;
+
   const ThreadblockDesc tb = p.threadblocks[blockIdx.x];
-  const RankCallArgs& rank = p.ranks[tb.local_rank];
-  const SendConnection* send = tb.send >= 0 ? p.sends + tb.send : nullptr;
-  const RecvConnection* recv = tb.recv >= 0 ? p.recvs + tb.recv : nullptr;
-  const Scalar<E> scalar(rank);
   const bool leader = threadIdx.x == 0;
-  // Written by the previous launch (stream order makes it visible); only thread 0 uses it.
-  const uint64_t epoch = leader ? p.state->epoch : 0;
+  // Written by this CTA at the end of the previous launch (stream order makes it visible);
+  // only thread 0 uses it. Loads issued before the staging so that they overlap it.
+  const uint64_t epoch = leader ? p.epochs[blockIdx.x] : 0;
   // Every thread tracks the FIFO positions (they advance in lockstep); thread 0 persists them.
-  uint64_t send_position = send != nullptr ? *send->position : 0;
-  uint64_t recv_position = recv != nullptr ? *recv->position : 0;
+  uint64_t send_position = tb.send >= 0 ? *p.sends[tb.send].position : 0;
+  uint64_t recv_position = tb.recv >= 0 ? *p.recvs[tb.recv].position : 0;
+  const bool ops_staged = tb.op_count <= kStagedOps;
+  const bool deps_staged = tb.dep_count <= kStagedDeps;
+  if (ops_staged) stage<uint64_t>(staged_ops, p.ops + tb.op_begin, tb.op_count * sizeof(OpDesc));
+  if (deps_staged)
+    stage<uint32_t>(staged_deps, p.deps + tb.dep_begin, tb.dep_count * sizeof(DepDesc));
+  if (tb.send >= 0) stage<uint64_t>(&staged_send, p.sends + tb.send, sizeof(SendConnection));
+  if (tb.recv >= 0) stage<uint64_t>(&staged_recv, p.recvs + tb.recv, sizeof(RecvConnection));
+  __syncthreads();
+  const OpDesc* ops = ops_staged ? staged_ops : p.ops + tb.op_begin;
+  const DepDesc* deps = deps_staged ? staged_deps : p.deps + tb.dep_begin;
+  const SendConnection* send = tb.send >= 0 ? &staged_send : nullptr;
+  const RecvConnection* recv = tb.recv >= 0 ? &staged_recv : nullptr;
+  const RankCallArgs& rank = p.ranks[tb.local_rank];
+  const Scalar<E> scalar(rank);
 
   bool stopped = false;
   for (uint64_t j = 0; j < p.iterations && !stopped; ++j) {
     const uint64_t tile_begin = j * p.tile_elements;
     const uint64_t tile = min(p.tile_elements, p.chunk_elements - tile_begin);
     for (uint32_t i = 0; i < tb.op_count && !stopped; ++i) {
-      const OpDesc op = p.ops[tb.op_begin + i];
+      const OpDesc op = ops[i];
       const bool pops = op_pops(op.code);
       const bool pushes = op_pushes(op.code);
       const int pristine = p.premul != 0 ? (op.premul >> p.premul_shift) & 3 : 0;
       const WaitSite site{tb.rank, tb.tb, static_cast<int32_t>(i), j, kWaitNone, -1, -1};
       const int64_t units = op.count > 0 ? op.count : 1;  // a nop waits once, moves nothing
+      uint64_t* const flag = p.flags + tb.flag_begin + i;
+      bool published = false;
       for (int64_t u = 0; u < units; ++u) {
         // Flagged receivers wait inside the unit, line by line; a unit that waits for nothing
         // needs no barrier (the previous unit ended with one).
@@ -409,7 +454,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock, 1)
         if (!kFlagged || waits) {
           bool ready = true;
           if (leader) {
-            ready = (u != 0 || wait_dependencies(p, op, epoch, site)) &&
+            ready = (u != 0 || wait_dependencies(p, op, deps, tb.dep_begin, epoch, site)) &&
                     (kFlagged || !pops || wait_filled_slot(p, *recv, recv_position, site)) &&
                     (!pushes || wait_free_slot(p, *send, send_position, site));
           }
@@ -419,6 +464,9 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock, 1)
           }
         }
         if (op.code == kOpNop) break;
+        // Thread 0, after the unit's final barrier: the op's flag first when this is its last
+        // unit (see the latency note above), then the connection counters.
+        const bool publish_now = leader && op.publishes != 0 && u + 1 == units;
 
         const uint64_t element_bytes = sizeof(S);
         auto local = [&](uint8_t buffer, int64_t chunk) {
@@ -484,14 +532,23 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock, 1)
             break;
           }
           // Only now has every warp read the slot: zero it (rarely) before freeing it.
-          if (pops && recv->wire == kWireLL && ll_slot_clear_due(*recv, recv_position)) {
+          const bool clear = pops && recv->wire == kWireLL && ll_slot_clear_due(*recv, recv_position);
+          if (clear) {
             clear_slot(*recv, recv_position);
             __syncthreads();
           }
-          if (leader && pops) post_free_slot(*recv, recv_position);
+          if (publish_now) {
+            store_release_device(flag, flag_value(epoch, j));
+            published = true;
+          }
+          if (leader && pops) post_free_slot(*recv, recv_position, clear);
         } else {
           process_unit<E, R>(unit, tile, scalar);
           __syncthreads();
+          if (publish_now) {
+            store_release_device(flag, flag_value(epoch, j));
+            published = true;
+          }
           if (leader) {
             if (pushes) post_filled_slot(*send, send_position);
             if (pops) post_free_slot(*recv, recv_position);
@@ -500,20 +557,15 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock, 1)
         send_position += pushes ? 1 : 0;
         recv_position += pops ? 1 : 0;
       }
-      if (!stopped && leader && op.publishes != 0)
-        store_release_device(p.flags + tb.flag_begin + i, flag_value(epoch, j));
+      if (!stopped && leader && op.publishes != 0 && !published)
+        store_release_device(flag, flag_value(epoch, j));
     }
   }
 
   if (leader) {
     if (send != nullptr) *send->position = send_position;
     if (recv != nullptr) *recv->position = recv_position;
-    // The last CTA of the launch to finish opens the next epoch.
-    __threadfence();
-    if (atomicAdd(&p.state->arrived, 1u) == gridDim.x - 1) {
-      p.state->arrived = 0;
-      p.state->epoch = epoch + 1;
-    }
+    p.epochs[blockIdx.x] = epoch + 1;
   }
 }
 

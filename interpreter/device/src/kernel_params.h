@@ -70,6 +70,8 @@ struct ThreadblockDesc {
   uint32_t op_begin;   ///< first op in KernelParams::ops
   uint32_t op_count;
   uint32_t flag_begin; ///< the flag of op i is KernelParams::flags[flag_begin + i]
+  uint32_t dep_begin;  ///< this threadblock's dependencies: deps[dep_begin, dep_begin + dep_count)
+  uint32_t dep_count;  ///< (its ops' DepDesc ranges lie inside, in op order)
 };
 
 /// A dependency: the flag to wait for, plus the (tb, op) it stands for (for messages).
@@ -131,10 +133,12 @@ struct RecvConnection {
 };
 
 /// Per-device state that survives launches. Zero-initialised once; never reset between calls.
+/// The launch count that forms the high half of every dependency flag is kept per CTA
+/// (KernelParams::epochs): every CTA of a launch runs to its end once, so all of them hold the
+/// same value at the start of a launch, and each advances its own without an atomic or fence.
 struct LaunchState {
-  uint64_t epoch;        ///< launches completed on this device; the high half of every flag
-  uint32_t arrived;      ///< CTAs of the current launch that have finished
   uint32_t error_claim;  ///< 0 until a CTA of this device claims its ErrorRecord
+  uint32_t reserved;
 };
 
 /// What a CTA was waiting for when it gave up (ErrorRecord::wait).
@@ -194,6 +198,7 @@ struct KernelParams {
   const SendConnection* sends;
   const RecvConnection* recvs;
   LaunchState* state;
+  uint64_t* epochs;             ///< one per CTA: launches it has completed
   ErrorRecord* error;           ///< host-mapped, this device's record
   StopSignals* signals;         ///< host-mapped, shared by all devices
   uint64_t chunk_elements;      ///< B

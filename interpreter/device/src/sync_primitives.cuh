@@ -11,7 +11,8 @@
 // LL and LL128 connections (WireFormat) replace the tail counter by flags inside the data:
 //   producer: every thread stores its lines (data and flag in one store), nothing else
 //   consumer: every thread polls its own lines until their flags are this slot use's
-// Freeing a slot (head) stays as above: all threads read -> __syncthreads -> release-store.
+// Freeing a slot (head): all threads read -> __syncthreads -> thread 0 stores head (relaxed:
+// the reads have returned, see post_free_slot).
 //
 // Every spin has a deadline (%globaltimer, per wait without progress) and polls the host-mapped
 // stop signals; on expiry or abort the CTA posts its device's ErrorRecord (first one wins) and
@@ -40,6 +41,10 @@ __device__ __forceinline__ T load_acquire_system(T* p) {
 template <typename T>
 __device__ __forceinline__ void store_release_system(T* p, T v) {
   cuda::atomic_ref<T, cuda::thread_scope_system>(*p).store(v, cuda::memory_order_release);
+}
+template <typename T>
+__device__ __forceinline__ void store_relaxed_system(T* p, T v) {
+  cuda::atomic_ref<T, cuda::thread_scope_system>(*p).store(v, cuda::memory_order_relaxed);
 }
 template <typename T>
 __device__ __forceinline__ T load_acquire_device(T* p) {
@@ -194,9 +199,19 @@ __device__ __forceinline__ bool wait_filled_slot(const KernelParams& p, const Re
 __device__ __forceinline__ const char* slot_of(const RecvConnection& c, uint64_t position) {
   return c.slots + (position % c.nslots) * c.slot_stride;
 }
-/// After the CTA's barrier: the slot at `position` has been read and may be reused.
-__device__ __forceinline__ void post_free_slot(const RecvConnection& c, uint64_t position) {
-  store_release_system(c.head, position + 1);
+/// After the CTA's barrier: the slot at `position` has been read and may be reused. Relaxed,
+/// as NCCL frees its slots: every thread's reads of the slot returned their values before the
+/// barrier (each value was stored or reduced), so no later write of the sender can reach them.
+/// A release here would make thread 0 wait for its own earlier stores to peer memory (a
+/// round trip over the link) before the next op.
+/// `wrote_slot`: the CTA also wrote the slot (LL's periodic zeroing); those writes must land
+/// before the sender's next ones, so the store is a release then.
+__device__ __forceinline__ void post_free_slot(const RecvConnection& c, uint64_t position,
+                                               bool wrote_slot = false) {
+  if (wrote_slot)
+    store_release_system(c.head, position + 1);
+  else
+    store_relaxed_system(c.head, position + 1);
 }
 
 /// A dependency flag's value once op `i` has completed iteration `j` in launch `epoch`. Flags

@@ -273,6 +273,7 @@ void make_buffers(const ef::Program& p, const std::vector<int>& devices, uint64_
       }
     }
   }
+  cudaStreamSynchronize(cudaStreamLegacy);  // pageable copies' DMA may still be running
 }
 
 /// Rewrites the inputs on both sides (between graph replays), keeping the buffers.
@@ -295,6 +296,7 @@ void refill_inputs(const ef::Program& p, DataType dtype, uint64_t seed, CallBuff
         cudaMemcpy(b.output_ptr, h.output.data(), b.output_bytes, cudaMemcpyHostToDevice);
     }
   }
+  cudaStreamSynchronize(cudaStreamLegacy);  // pageable copies' DMA may still be running
 }
 
 /// Empty when the GPU's buffers equal the host executor's, else the first difference.

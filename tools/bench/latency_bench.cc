@@ -1,0 +1,176 @@
+// Small-message latency through the NCCL API, split into what the host pays and what the GPUs
+// pay: single process, one communicator per GPU (ncclCommInitAll), float sum.
+//
+//   latency_bench [--gpus N] [--min-bytes 8] [--max-bytes 64K] [--factor 4] [--iters 200]
+//                 [--coll allreduce|sendrecv|allgather] [--repeats 3]
+//
+// Linked against NVIDIA's libnccl: run it as is for NCCL, with LD_PRELOAD=libefccl.so for
+// efccl (the way nccl-tests is run). Per size it prints, in microseconds per call (the best of
+// --repeats rounds):
+//   issue  host time to enqueue one call on every GPU (ncclGroupStart .. ncclGroupEnd),
+//          measured over --iters back-to-back calls without waiting
+//   eager  the same loop until the streams finish, divided by --iters (nccl-tests' number)
+//   graph  --iters calls captured into one CUDA graph per GPU, replayed: GPU time only
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+[[noreturn]] void die(const std::string& message) {
+  std::fprintf(stderr, "latency_bench: %s\n", message.c_str());
+  std::exit(1);
+}
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) die(std::string(what) + ": " + cudaGetErrorString(e));
+}
+void check(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess)
+    die(std::string(what) + ": " + ncclGetErrorString(r) + " (" + ncclGetLastError(nullptr) + ")");
+}
+
+uint64_t parse_size(std::string_view s) {
+  uint64_t mult = 1;
+  if (!s.empty() && (s.back() == 'K' || s.back() == 'M' || s.back() == 'G')) {
+    mult = s.back() == 'K' ? 1024 : s.back() == 'M' ? 1024 * 1024 : 1024ull * 1024 * 1024;
+    s.remove_suffix(1);
+  }
+  char* end = nullptr;
+  const std::string text(s);
+  const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0') die("not a size: " + text);
+  return v * mult;
+}
+
+double now_us() {
+  return std::chrono::duration<double, std::micro>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int gpus = 0;
+  uint64_t min_bytes = 8, max_bytes = 64 * 1024, factor = 4;
+  int iters = 200, repeats = 3;
+  std::string coll = "allreduce";
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    auto value = [&]() -> std::string_view {
+      if (i + 1 >= argc) die("missing value after " + std::string(a));
+      return argv[++i];
+    };
+    if (a == "--gpus") gpus = static_cast<int>(parse_size(value()));
+    else if (a == "--min-bytes") min_bytes = parse_size(value());
+    else if (a == "--max-bytes") max_bytes = parse_size(value());
+    else if (a == "--factor") factor = parse_size(value());
+    else if (a == "--iters") iters = static_cast<int>(parse_size(value()));
+    else if (a == "--repeats") repeats = static_cast<int>(parse_size(value()));
+    else if (a == "--coll") coll = std::string(value());
+    else die("unknown argument " + std::string(a) + " (see the comment at the top of the source)");
+  }
+  if (coll != "allreduce" && coll != "sendrecv" && coll != "allgather")
+    die("--coll must be allreduce, sendrecv or allgather");
+  if (factor < 2 || iters < 1 || repeats < 1 || min_bytes < 4) die("bad --factor/--iters/--repeats/--min-bytes");
+  int available = 0;
+  check(cudaGetDeviceCount(&available), "cudaGetDeviceCount");
+  if (gpus == 0) gpus = available;
+  if (gpus < 1 || gpus > available) die("--gpus " + std::to_string(gpus) + " but " + std::to_string(available) + " visible");
+
+  std::vector<int> devs(gpus);
+  for (int g = 0; g < gpus; ++g) devs[g] = g;
+  std::vector<ncclComm_t> comms(gpus);
+  check(ncclCommInitAll(comms.data(), gpus, devs.data()), "ncclCommInitAll");
+  std::vector<cudaStream_t> streams(gpus);
+  std::vector<float*> send(gpus), recv(gpus);
+  const uint64_t max_elems = max_bytes / sizeof(float);
+  for (int g = 0; g < gpus; ++g) {
+    check(cudaSetDevice(g), "cudaSetDevice");
+    check(cudaStreamCreateWithFlags(&streams[g], cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cudaMalloc(&send[g], max_bytes * gpus), "cudaMalloc");
+    check(cudaMalloc(&recv[g], max_bytes * gpus), "cudaMalloc");
+    check(cudaMemset(send[g], 0, max_bytes * gpus), "cudaMemset");
+  }
+  auto one_call = [&](size_t count) {
+    check(ncclGroupStart(), "ncclGroupStart");
+    for (int g = 0; g < gpus; ++g) {
+      if (coll == "allreduce") {
+        check(ncclAllReduce(send[g], recv[g], count, ncclFloat, ncclSum, comms[g], streams[g]), "ncclAllReduce");
+      } else if (coll == "allgather") {
+        check(ncclAllGather(send[g], recv[g], count, ncclFloat, comms[g], streams[g]), "ncclAllGather");
+      } else {
+        check(ncclSend(send[g], count, ncclFloat, (g + 1) % gpus, comms[g], streams[g]), "ncclSend");
+        check(ncclRecv(recv[g], count, ncclFloat, (g + gpus - 1) % gpus, comms[g], streams[g]), "ncclRecv");
+      }
+    }
+    check(ncclGroupEnd(), "ncclGroupEnd");
+  };
+  auto sync_all = [&] {
+    for (int g = 0; g < gpus; ++g) check(cudaStreamSynchronize(streams[g]), "cudaStreamSynchronize");
+  };
+
+  std::printf("# latency_bench %s, %d GPU(s), %d calls per round, best of %d rounds (us per call)\n",
+              coll.c_str(), gpus, iters, repeats);
+  std::printf("# %10s %10s %10s %10s\n", "bytes", "issue", "eager", "graph");
+  for (uint64_t bytes = min_bytes; bytes <= max_bytes; bytes *= factor) {
+    const size_t count = std::max<uint64_t>(1, std::min(max_elems, bytes / sizeof(float)));
+    for (int w = 0; w < 20; ++w) one_call(count);
+    sync_all();
+    double best_issue = 1e30, best_eager = 1e30, best_graph = 1e30;
+    for (int r = 0; r < repeats; ++r) {
+      const double t0 = now_us();
+      for (int it = 0; it < iters; ++it) one_call(count);
+      const double t1 = now_us();
+      sync_all();
+      const double t2 = now_us();
+      best_issue = std::min(best_issue, (t1 - t0) / iters);
+      best_eager = std::min(best_eager, (t2 - t0) / iters);
+    }
+    // Graphs: one per GPU, each stream captured on its own (as nccl-tests -G does).
+    std::vector<cudaGraph_t> graphs(gpus);
+    std::vector<cudaGraphExec_t> execs(gpus);
+    for (int g = 0; g < gpus; ++g) {
+      check(cudaSetDevice(g), "cudaSetDevice");
+      check(cudaStreamBeginCapture(streams[g], cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    }
+    for (int it = 0; it < iters; ++it) one_call(count);
+    // Every capture ends before any graph is instantiated (not allowed while this thread
+    // still captures).
+    for (int g = 0; g < gpus; ++g) {
+      check(cudaSetDevice(g), "cudaSetDevice");
+      check(cudaStreamEndCapture(streams[g], &graphs[g]), "cudaStreamEndCapture");
+    }
+    for (int g = 0; g < gpus; ++g) {
+      check(cudaSetDevice(g), "cudaSetDevice");
+      check(cudaGraphInstantiate(&execs[g], graphs[g], 0), "cudaGraphInstantiate");
+    }
+    for (int r = 0; r < repeats + 1; ++r) {
+      const double t0 = now_us();
+      for (int g = 0; g < gpus; ++g) {
+        check(cudaSetDevice(g), "cudaSetDevice");
+        check(cudaGraphLaunch(execs[g], streams[g]), "cudaGraphLaunch");
+      }
+      sync_all();
+      const double t1 = now_us();
+      if (r > 0) best_graph = std::min(best_graph, (t1 - t0) / iters);  // the first one warms up
+    }
+    for (int g = 0; g < gpus; ++g) {
+      check(cudaGraphExecDestroy(execs[g]), "cudaGraphExecDestroy");
+      check(cudaGraphDestroy(graphs[g]), "cudaGraphDestroy");
+    }
+    std::printf("  %10llu %10.2f %10.2f %10.2f\n", static_cast<unsigned long long>(count * sizeof(float)),
+                best_issue, best_eager, best_graph);
+    std::fflush(stdout);
+  }
+  for (int g = 0; g < gpus; ++g) check(ncclCommDestroy(comms[g]), "ncclCommDestroy");
+  return 0;
+}
