@@ -672,14 +672,23 @@ ApiStatus Clique::executor_for(const ef::Program& program, const std::string& ke
                                const std::vector<int32_t>& ranks, bool capturing, uint64_t count,
                                ef::DataType dtype, const std::function<uint64_t()>& tag,
                                device::DeviceExecutor** out) {
-  std::vector<int> devices;
-  for (int32_t r : ranks) devices.push_back(is_local(r) ? device(r) : -1);
   std::string full_key = key + "@";
-  for (int32_t r : ranks) full_key += std::to_string(r) + ":" + std::to_string(device(r)) + ",";
+  bool every_rank = ranks.size() == static_cast<std::size_t>(nranks());
+  for (std::size_t i = 0; every_rank && i < ranks.size(); ++i) every_rank = ranks[i] == static_cast<int32_t>(i);
+  if (every_rank) {
+    // Every rank in order (collectives): the same suffix on every call, built once.
+    if (all_ranks_suffix_.empty())
+      for (int32_t r : ranks) all_ranks_suffix_ += std::to_string(r) + ":" + std::to_string(device(r)) + ",";
+    full_key += all_ranks_suffix_;
+  } else {
+    for (int32_t r : ranks) full_key += std::to_string(r) + ":" + std::to_string(device(r)) + ",";
+  }
   if (device::DeviceExecutor* cached = executors_.find(full_key); cached != nullptr) {
     *out = cached;
     return ApiStatus::ok();
   }
+  std::vector<int> devices;
+  for (int32_t r : ranks) devices.push_back(is_local(r) ? device(r) : -1);
   if (capturing)
     return ApiStatus::invalid_usage(
         "program '" + program.name + "' is used for the first time during CUDA graph capture; "

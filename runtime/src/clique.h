@@ -175,6 +175,7 @@ class Clique {
   std::mutex mu_;
   std::unique_ptr<CallQueue> queue_;  ///< collectives per rank, waiting for the others (under mu_)
   uint64_t launches_ = 0;             ///< calls run, for the logs (NCCL's opCount)
+  std::string all_ranks_suffix_;      ///< executor keys of programs over every rank (mu_)
   ExecutorCache<device::DeviceExecutor> executors_;  ///< under mu_
   std::vector<cudaEvent_t> ready_;  ///< per rank: recorded on its stream before a launch
   std::vector<cudaEvent_t> done_;   ///< per rank: recorded on the launch stream after it

@@ -27,12 +27,16 @@ struct Row {
 constexpr Row kTable[] = {
     // allreduce: one-step all-pairs for latency-bound sizes on small cliques, then the ring.
     // Instances measured on 2x H200 (docs/performance.md, 2026-11-22): one ring threadblock
-    // moves ~12 GB/s, so large messages need ~32 to approach NVLink's ceiling. LL128 below
-    // 16 KiB on 2 ranks: faster than Simple from 8 B to 8 KB in two runs (0.5-1.5 and 3 us),
-    // slower at 32 KB in two of three and at 128 KB in all (docs/performance.md); other clique
-    // sizes are not measured yet.
-    {ef::Collective::kAllReduce, "allpairs_allreduce", 2, 2, 0, 16 * KiB, 1, kLL128},
-    {ef::Collective::kAllReduce, "allpairs_allreduce", 2, 8, 0, 256 * KiB, 1},
+    // moves ~12 GB/s, so large messages need ~32 to approach NVLink's ceiling. Two ranks:
+    // all-pairs is one send + recv-reduce-copy per lane (the same bytes as the ring in one
+    // step instead of two), lanes growing with the size up to the program's 1 MiB. Simple:
+    // under CUDA graphs it matched LL128 up to 2 KB and beat it from 4 KB (and LL everywhere)
+    // once the interpreter's per-op overheads were cut (docs/performance.md, session 4).
+    {ef::Collective::kAllReduce, "allpairs_allreduce", 2, 2, 0, 16 * KiB, 1},
+    {ef::Collective::kAllReduce, "allpairs_allreduce", 2, 2, 16 * KiB, 64 * KiB, 2},
+    {ef::Collective::kAllReduce, "allpairs_allreduce", 2, 2, 64 * KiB, 256 * KiB, 4},
+    {ef::Collective::kAllReduce, "allpairs_allreduce", 2, 2, 256 * KiB, 1 * MiB, 8},
+    {ef::Collective::kAllReduce, "allpairs_allreduce", 3, 8, 0, 256 * KiB, 1},
     {ef::Collective::kAllReduce, "ring_allreduce", 1, 4096, 0, 256 * KiB, 1},
     {ef::Collective::kAllReduce, "ring_allreduce", 1, 4096, 256 * KiB, 1 * MiB, 8},
     {ef::Collective::kAllReduce, "ring_allreduce", 1, 4096, 1 * MiB, 8 * MiB, 16},
@@ -75,7 +79,10 @@ struct P2pRow {
   int32_t channels;
   ef::Protocol protocol = kSimple;
 };
-constexpr P2pRow kP2pTable[] = {{64 * MiB, 32}, {8 * MiB, 16}, {1 * MiB, 8}, {0, 1}};
+// Send/recv: LL128 below 4 KiB (0.5-0.7 us faster than Simple per round under CUDA graphs on
+// 2x H200, slower from 8 KiB; docs/performance.md, session 4).
+constexpr P2pRow kP2pTable[] = {
+    {64 * MiB, 32}, {8 * MiB, 16}, {1 * MiB, 8}, {4 * KiB, 1}, {0, 1, kLL128}};
 
 std::string describe_range(uint64_t lo, uint64_t hi) {
   const auto human = [](uint64_t b) {

@@ -239,7 +239,9 @@ TEST(InitRank, SplitOfASingleProcessCommunicatorFromOneThreadPerRank) {
   EXPECT_EQ(count, 1);
   expect_allreduce_works({halves[2], halves[0]}, {devices[2], devices[0]});
   for (ncclComm_t c : halves) {
-    if (c != nullptr) NCCL_OK(ncclCommDestroy(c));
+    if (c != nullptr) {
+      NCCL_OK(ncclCommDestroy(c));
+    }
   }
   for (ncclComm_t c : comms) NCCL_OK(ncclCommDestroy(c));
 }

@@ -224,36 +224,37 @@ TEST(RuntimePrograms, BuiltinsSwitchReadsTheEnvironment) {
 }
 
 TEST(RuntimePrograms, ProtocolsFollowTheTuningTableAndNcclProto) {
-  // The tuning table's protocols (measured on 2 H200s, docs/performance.md).
-  EXPECT_EQ(choose_builtin(ef::Collective::kAllReduce, 2, 8).protocol, ef::Protocol::kLL128);
-  EXPECT_EQ(choose_builtin(ef::Collective::kAllReduce, 2, (16 << 10) - 4).protocol,
-            ef::Protocol::kLL128);
-  EXPECT_EQ(choose_builtin(ef::Collective::kAllReduce, 2, 16 << 10).protocol,
-            ef::Protocol::kSimple);
+  // The tuning table's protocols (measured on 2 H200s, docs/performance.md): collectives run
+  // Simple; send/recv rounds below 4 KiB run LL128.
+  EXPECT_EQ(choose_builtin(ef::Collective::kAllReduce, 2, 8).protocol, ef::Protocol::kSimple);
   EXPECT_EQ(choose_builtin(ef::Collective::kAllReduce, 4, 8).protocol, ef::Protocol::kSimple);
   EXPECT_EQ(choose_builtin(ef::Collective::kAllReduce, 2, 128 << 20).protocol,
             ef::Protocol::kSimple);
-  EXPECT_EQ(p2p_protocol(8), ef::Protocol::kSimple);  // LL128 was not reliably faster
+  EXPECT_EQ(p2p_protocol(8), ef::Protocol::kLL128);
+  EXPECT_EQ(p2p_protocol((4 << 10) - 1), ef::Protocol::kLL128);
+  EXPECT_EQ(p2p_protocol(4 << 10), ef::Protocol::kSimple);
   EXPECT_EQ(p2p_protocol(1 << 30), ef::Protocol::kSimple);
+  // Two ranks: all-pairs with more lanes as messages grow, then the ring.
+  EXPECT_EQ(choose_builtin(ef::Collective::kAllReduce, 2, 8).instances, 1);
+  EXPECT_EQ(choose_builtin(ef::Collective::kAllReduce, 2, 512 << 10).algorithm, "allpairs_allreduce");
+  EXPECT_EQ(choose_builtin(ef::Collective::kAllReduce, 2, 512 << 10).instances, 8);
+  EXPECT_EQ(choose_builtin(ef::Collective::kAllReduce, 2, 1 << 20).algorithm, "ring_allreduce");
 
   // The registry generates the built-in in that protocol, unless NCCL_PROTO excludes it.
   Registry all({}, ProtocolFilter{});
   auto small = all.select(shape(ef::Collective::kAllReduce, 2, 16));
   ASSERT_TRUE(small) << small.status().message();
-  EXPECT_EQ(small->pieces.at(0).program->protocol, ef::Protocol::kLL128) << small->reason;
-  auto large = all.select(shape(ef::Collective::kAllReduce, 2, 1 << 20));
-  ASSERT_TRUE(large) << large.status().message();
-  EXPECT_EQ(large->pieces.at(0).program->protocol, ef::Protocol::kSimple) << large->reason;
+  EXPECT_EQ(small->pieces.at(0).program->protocol, ef::Protocol::kSimple) << small->reason;
+  EXPECT_EQ(all.p2p_protocol(8), ef::Protocol::kLL128);
 
   ProtocolFilter no_ll128;
   no_ll128.allowed[static_cast<int>(ef::Protocol::kLL128)] = false;
   no_ll128.spec = "^LL128";
   Registry simple_or_ll({}, no_ll128);
-  auto excluded = simple_or_ll.select(shape(ef::Collective::kAllReduce, 2, 16));
-  ASSERT_TRUE(excluded) << excluded.status().message();
-  EXPECT_EQ(excluded->pieces.at(0).program->protocol, ef::Protocol::kSimple);
-  EXPECT_NE(excluded->reason.find("NCCL_PROTO=^LL128 excludes LL128"), std::string::npos)
-      << excluded->reason;
+  EXPECT_EQ(simple_or_ll.p2p_protocol(8), ef::Protocol::kSimple);  // the first allowed
+  auto kept = simple_or_ll.select(shape(ef::Collective::kAllReduce, 2, 16));
+  ASSERT_TRUE(kept) << kept.status().message();
+  EXPECT_EQ(kept->pieces.at(0).program->protocol, ef::Protocol::kSimple);
 
   ProtocolFilter only_ll;
   only_ll.allowed[static_cast<int>(ef::Protocol::kSimple)] = false;
@@ -263,6 +264,8 @@ TEST(RuntimePrograms, ProtocolsFollowTheTuningTableAndNcclProto) {
   auto forced = ll.select(shape(ef::Collective::kAllReduce, 2, 1 << 20));
   ASSERT_TRUE(forced) << forced.status().message();
   EXPECT_EQ(forced->pieces.at(0).program->protocol, ef::Protocol::kLL);
+  EXPECT_NE(forced->reason.find("NCCL_PROTO=LL excludes Simple"), std::string::npos)
+      << forced->reason;
   EXPECT_EQ(ll.p2p_protocol(8), ef::Protocol::kLL);  // NCCL_PROTO=LL: send/recv too
   EXPECT_EQ(ll.p2p_protocol(1 << 30), ef::Protocol::kLL);
 }

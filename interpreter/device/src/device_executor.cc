@@ -1122,7 +1122,7 @@ Status DeviceExecutor::Impl::map_buffers(const LocalDevice& local, std::size_t l
   const ef::Program& p = program;
   const int r = local.ranks[local_index];
   const ef::Rank& rank = p.ranks[r];
-  const std::string who = "rank " + std::to_string(r) + ": ";
+  const auto who = [r] { return "rank " + std::to_string(r) + ": "; };  // errors only
   const uint64_t api[2] = {ef::api_input_elements(p, r, args.count),
                            ef::api_output_elements(p, r, args.count)};
   const uint64_t needed[2] = {static_cast<uint64_t>(rank.input_chunks) * chunk_elements,
@@ -1131,7 +1131,7 @@ Status DeviceExecutor::Impl::map_buffers(const LocalDevice& local, std::size_t l
                    static_cast<char*>(args.outputs[r])};
   const char* names[2] = {"input", "output"};
   for (int k = 0; k < 2; ++k)
-    if (api[k] > 0 && user[k] == nullptr) return Status::error(who + names[k] + " buffer is null");
+    if (api[k] > 0 && user[k] == nullptr) return Status::error(who() + names[k] + " buffer is null");
 
   // Executor-owned memory: scratch first, then program buffers the API does not provide.
   char* owned = local.private_memory[local_index].get();
@@ -1148,12 +1148,12 @@ Status DeviceExecutor::Impl::map_buffers(const LocalDevice& local, std::size_t l
     char* region = alias->input_inside_output ? user[1] : user[0];
     const int inner = alias->input_inside_output ? 0 : 1;
     if (user[inner] != region + alias->offset_elements * size)
-      return Status::error(who + "in-place call, but the buffers do not alias as NCCL requires (" +
+      return Status::error(who() + "in-place call, but the buffers do not alias as NCCL requires (" +
                            names[inner] + " == " + names[1 - inner] + " + " +
                            std::to_string(alias->offset_elements) + " elements)");
     for (int k = 0; k < 2; ++k) {
       if (needed[k] > shared - std::min(shared, offset[k]))
-        return Status::error(who + "the program's " + names[k] + " buffer (" +
+        return Status::error(who() + "the program's " + names[k] + " buffer (" +
                              std::to_string(needed[k]) +
                              " elements) does not fit in the in-place "
                              "region of " +
@@ -1169,7 +1169,7 @@ Status DeviceExecutor::Impl::map_buffers(const LocalDevice& local, std::size_t l
       out.buffers[k] = owned + used;  // e.g. the output of a non-root rank of reduce
       used += align_up(needed[k] * size, 256);
     } else {
-      return Status::error(who + "the program's " + names[k] + " buffer has " +
+      return Status::error(who() + "the program's " + names[k] + " buffer has " +
                            std::to_string(needed[k]) + " elements but the API's has " +
                            std::to_string(api[k]));
     }

@@ -561,6 +561,55 @@ TEST(DeviceExecutor, EveryLibraryAlgorithmUnderEveryProtocol) {
   }
 }
 
+TEST(DeviceExecutor, TwoRankAllPairsAllReduce) {
+  // allpairs_allreduce has its own 2-rank form (one send + recv-reduce-copy per lane, valid in
+  // place), which the 4-rank library sweep above does not reach: every protocol, one lane and
+  // four (2 channels x 2 instances), both ranks on one GPU and spread, every scaled op too.
+  SKIP_WITHOUT_GPU();
+  constexpr MatrixEntry kEntries[] = {
+      {DataType::kFloat32, RedOp::kSum},   {DataType::kBFloat16, RedOp::kMax},
+      {DataType::kInt32, RedOp::kProd},    {DataType::kFp8E4M3, RedOp::kSum},
+      {DataType::kFloat64, RedOp::kMin},   {DataType::kInt8, RedOp::kAvg},
+      {DataType::kFloat32, RedOp::kAvg},   {DataType::kFloat16, RedOp::kPreMulSum},
+  };
+  uint64_t seed = 1700;
+  for (ef::Protocol protocol : kProtocols) {
+    for (int lanes : {1, 2}) {
+      algorithms::AlgorithmParams params;
+      params.ranks = 2;
+      params.channels = lanes;
+      params.instances = lanes;
+      params.protocol = protocol;
+      auto generated = algorithms::generate_algorithm("allpairs_allreduce", params);
+      ASSERT_TRUE(generated.is_ok()) << generated.status().message();
+      const ef::Program& p = *generated;
+      ASSERT_TRUE(p.inplace && p.outofplace);
+      for (bool spread : {false, true}) {
+        const auto devices = map_ranks(p.nranks, spread);
+        device::ExecutorConfig config;
+        config.slot_bytes = kSmallSlotBytes;
+        auto executor = device::DeviceExecutor::create(p, devices, config);
+        ASSERT_TRUE(executor.is_ok()) << executor.status().message();
+        Streams streams((*executor)->devices());
+        const uint64_t g = ef::count_granularity(p);
+        for (bool inplace : {false, true}) {
+          for (const auto& m : kEntries) {
+            for (uint64_t count : {g, 67 * g}) {
+              const std::string failure =
+                  run_and_compare(**executor, p, devices, streams, count, m.dtype, m.op, inplace,
+                                  false, ++seed, kSmallSlotBytes);
+              ASSERT_TRUE(failure.empty())
+                  << protocol_name(protocol) << " lanes " << lanes * lanes
+                  << (spread ? " spread " : " one GPU ") << describe(m.dtype, m.op, inplace, count)
+                  << ": " << failure;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(DeviceExecutor, EveryDatatypeAndOperatorOverFlaggedProtocols) {
   // The matrix above pairs datatypes and operators; here every pair runs over LL and LL128,
   // with odd counts (tiles that end inside a 120-byte group) and unaligned buffers.
