@@ -80,9 +80,10 @@ struct P2pRow {
   ef::Protocol protocol = kSimple;
 };
 // Send/recv: LL128 below 4 KiB (0.5-0.7 us faster than Simple per round under CUDA graphs on
-// 2x H200, slower from 8 KiB; docs/performance.md, session 4).
-constexpr P2pRow kP2pTable[] = {
-    {64 * MiB, 32}, {8 * MiB, 16}, {1 * MiB, 8}, {4 * KiB, 1}, {0, 1, kLL128}};
+// 2x H200, slower from 8 KiB); one channel moved 512 KB at 16.5 GB/s (NCCL: 23.5), hence 4
+// from 256 KiB (docs/performance.md, session 4).
+constexpr P2pRow kP2pTable[] = {{64 * MiB, 32}, {8 * MiB, 16}, {1 * MiB, 8},
+                                {256 * KiB, 4}, {4 * KiB, 1},  {0, 1, kLL128}};
 
 std::string describe_range(uint64_t lo, uint64_t hi) {
   const auto human = [](uint64_t b) {
