@@ -304,7 +304,8 @@ namespace {
 /// instead, for the caller to complete.
 ApiStatus init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& id, int rank,
                     const ncclConfig_t* config, bool local_only = false,
-                    std::shared_ptr<efccl::runtime::Rendezvous>* joined = nullptr) {
+                    std::shared_ptr<efccl::runtime::Rendezvous>* joined = nullptr,
+                    uint64_t driver = 0) {
   if (newcomm == nullptr) return ApiStatus::invalid_argument("comm is NULL");
   *newcomm = nullptr;
   if (nranks < 1)
@@ -329,8 +330,9 @@ ApiStatus init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& id, int
   comm->blocking = cfg.blocking;
   comm->real_config = cfg.real;
   std::shared_ptr<efccl::runtime::Rendezvous> rendezvous;
-  if (ApiStatus s = efccl::runtime::join_rendezvous(id, nranks, rank, device, device_error, comm,
-                                                    &rendezvous, local_only);
+  if (ApiStatus s = efccl::runtime::join_rendezvous(
+          id, nranks, rank, device, device_error, comm, &rendezvous, local_only,
+          driver != 0 ? driver : efccl::runtime::this_thread_token());
       !s) {
     delete comm;
     return s;
@@ -388,6 +390,9 @@ struct Regroup {
   uint64_t seq = 0;  ///< which regroup of these participants (every participant counts alike)
   uint64_t set_hash = 0;
   uint64_t tag = 0;  ///< the exchange's tag
+  /// The thread that called ncclCommSplit/Shrink (the one that ends its group): the child's
+  /// driver, also when the split finishes on a helper thread.
+  uint64_t driver = 0;
   ncclComm_t* newcomm = nullptr;
   bool has_config = false;
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;  ///< a copy of the caller's (has_config)
@@ -417,6 +422,7 @@ ApiStatus start_regroup(const char* fn, ncclComm_t parent, std::vector<int> part
   g.color = color;
   g.key = key;
   g.newcomm = newcomm;
+  g.driver = efccl::runtime::this_thread_token();
   {
     std::lock_guard<std::mutex> lock(parent->ops_mu);
     g.seq = parent->regroups[g.participants]++;
@@ -505,7 +511,7 @@ ApiStatus finish_regroup(const Regroup& g, const std::vector<std::string>& entri
     return ApiStatus::cuda(std::string(fn) + ": cudaSetDevice(" + std::to_string(g.device) +
                            "): " + cudaGetErrorString(e));
   return init_rank(g.newcomm, static_cast<int>(group.size()), id, new_rank,
-                   g.has_config ? &g.config : &inherited, g.bootstrap == nullptr, joined);
+                   g.has_config ? &g.config : &inherited, g.bootstrap == nullptr, joined, g.driver);
 }
 
 /// ncclCommSplit / ncclCommShrink of rank `parent`: at once outside a group; inside one, left

@@ -106,21 +106,36 @@ ClosedGroup close_group(const char* function, const std::function<ApiStatus()>& 
   // each other: this thread can hold several ranks of one parent); the others here.
   std::vector<ApiStatus> finished(regroups.size());
   std::vector<std::shared_ptr<Rendezvous>> joins(regroups.size());
-  std::vector<std::thread> workers;
-  for (std::size_t i = 0; i < regroups.size(); ++i) {
-    if (!offered[i] || !regroups[i].concurrent) continue;
+  const auto finish = [&regroups, &finished, &joins](std::size_t i) {
     try {
-      workers.emplace_back([&regroups, &finished, &joins, i] {
-        finished[i] = regroups[i].finish(&joins[i]);
-      });
-    } catch (const std::system_error& e) {
-      finished[i] = ApiStatus::system(std::string("ncclGroupEnd: could not start a thread for a "
-                                                  "grouped split: ") + e.what());
+      finished[i] = regroups[i].finish(&joins[i]);
+    } catch (const std::exception& e) {
+      finished[i] = ApiStatus::system(std::string("ncclGroupEnd: a grouped split failed: ") + e.what());
     }
+  };
+  {
+    std::vector<std::thread> workers;
+    workers.reserve(regroups.size());
+    // Joined on every way out of this block (the threads use the vectors above).
+    struct JoinAll {
+      std::vector<std::thread>& threads;
+      ~JoinAll() {
+        for (std::thread& t : threads)
+          if (t.joinable()) t.join();
+      }
+    } join_all{workers};
+    for (std::size_t i = 0; i < regroups.size(); ++i) {
+      if (!offered[i] || !regroups[i].concurrent) continue;
+      try {
+        workers.emplace_back(finish, i);
+      } catch (const std::system_error& e) {
+        finished[i] = ApiStatus::system(std::string("ncclGroupEnd: could not start a thread for a "
+                                                    "grouped split: ") + e.what());
+      }
+    }
+    for (std::size_t i = 0; i < regroups.size(); ++i)
+      if (offered[i] && !regroups[i].concurrent) finish(i);
   }
-  for (std::size_t i = 0; i < regroups.size(); ++i)
-    if (offered[i] && !regroups[i].concurrent) finished[i] = regroups[i].finish(&joins[i]);
-  for (std::thread& t : workers) t.join();
   for (std::size_t i = 0; i < regroups.size(); ++i) {
     if (!offered[i]) continue;
     if (!finished[i] && closed.status) closed.status = finished[i];

@@ -452,7 +452,8 @@ ncclConfig_t RealConfig::get() const {
 
 ApiStatus join_rendezvous(const ncclUniqueId& id, int nranks, int rank, int device,
                           const std::string& device_error, ncclComm* comm,
-                          std::shared_ptr<Rendezvous>* out, bool local_only) {
+                          std::shared_ptr<Rendezvous>* out, bool local_only,
+                          uint64_t driver) {
   Rendezvous::Key key;
   std::memcpy(key.data(), id.internal, key.size());
   std::lock_guard<std::mutex> registry_lock(registry_mutex());
@@ -483,7 +484,7 @@ ApiStatus join_rendezvous(const ncclUniqueId& id, int nranks, int rank, int devi
   m.device = device;
   m.device_error = device_error;
   m.comm = comm;
-  m.thread = this_thread_token();
+  m.thread = driver != 0 ? driver : this_thread_token();
   // Announce this rank to the root (does not wait for the others: a group may start several
   // ranks from one thread before waiting).
   if (!local_only) {

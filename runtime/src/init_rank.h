@@ -68,10 +68,14 @@ std::chrono::milliseconds init_timeout();
 /// thread had no CUDA device (`device_error` says why; the clique build reports it).
 /// A rank that already joined, or an nranks unlike the others', is ncclInvalidArgument.
 /// `local_only`: every rank of `id` joins in this process (a split of a single-process
-/// communicator, whose id no root serves); no bootstrap is used.
+/// communicator, whose id no root serves); no bootstrap is used. `driver`: the thread that
+/// will drive the rank (this_thread_token() of the thread that called ncclCommInitRank*, or
+/// ncclCommSplit/Shrink: a grouped split across processes joins on a helper thread); 0: this
+/// thread.
 ApiStatus join_rendezvous(const ncclUniqueId& id, int nranks, int rank, int device,
                           const std::string& device_error, ncclComm* comm,
-                          std::shared_ptr<Rendezvous>* out, bool local_only = false);
+                          std::shared_ptr<Rendezvous>* out, bool local_only = false,
+                          uint64_t driver = 0);
 
 /// ncclCommSplit/Shrink of a communicator whose ranks all live in this process: rank `rank` of
 /// `participants` (ascending ranks of the parent) contributes `mine` to meeting `seq` of

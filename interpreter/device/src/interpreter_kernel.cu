@@ -377,7 +377,7 @@ __device__ __forceinline__ bool wait_dependencies(const KernelParams& p, const O
 }
 
 /// Ops and dependencies a CTA copies into shared memory before it starts (longer lists are
-/// read from global memory as they come): 128 ops of 40 bytes and 128 dependencies of 12.
+/// read from global memory as they come): 128 ops of 48 bytes and 128 dependencies of 12.
 inline constexpr uint32_t kStagedOps = 128;
 inline constexpr uint32_t kStagedDeps = 128;
 static_assert(sizeof(OpDesc) % 8 == 0 && sizeof(SendConnection) % 8 == 0 &&
