@@ -514,6 +514,20 @@ ApiStatus finish_regroup(const Regroup& g, const std::vector<std::string>& entri
                    g.has_config ? &g.config : &inherited, g.bootstrap == nullptr, joined, g.driver);
 }
 
+/// Every participant's color (collected after offer_in_process when `offered`, else exchanged
+/// now), then the new communicator, within EFCCL_INIT_TIMEOUT_MS.
+ApiStatus exchange_and_finish(const Regroup& g, bool offered,
+                              std::shared_ptr<efccl::runtime::Rendezvous>* joined) {
+  const auto deadline = std::chrono::steady_clock::now() + efccl::runtime::init_timeout();
+  auto entries =
+      offered ? efccl::runtime::collect_in_process(g.clique.get(), g.tag, g.participants, deadline)
+              : gather(g, g.tag, color_and_key(g), deadline);
+  if (!entries)
+    return ApiStatus::system(std::string(g.fn) + ": the ranks could not exchange colors: " +
+                             entries.status().message());
+  return finish_regroup(g, *entries, deadline, joined);
+}
+
 /// ncclCommSplit / ncclCommShrink of rank `parent`: at once outside a group; inside one, left
 /// to the outermost ncclGroupEnd (group.h).
 ApiStatus regroup(const char* fn, ncclComm_t parent, std::vector<int> participants, int color,
@@ -524,46 +538,22 @@ ApiStatus regroup(const char* fn, ncclComm_t parent, std::vector<int> participan
                                   config, g.get());
       !s)
     return s;
-  if (!grouped) {
-    const auto deadline = std::chrono::steady_clock::now() + efccl::runtime::init_timeout();
-    auto entries = gather(*g, g->tag, color_and_key(*g), deadline);
-    if (!entries)
-      return ApiStatus::system(std::string(fn) + ": the ranks could not exchange colors: " +
-                               entries.status().message());
-    return finish_regroup(*g, *entries, deadline, nullptr);
-  }
+  if (!grouped) return exchange_and_finish(*g, false, nullptr);
+  // Grouped: finished at the outermost ncclGroupEnd. An in-process parent offers its color
+  // first and collects the others' there; a parent spanning processes exchanges colors over
+  // its bootstrap, on a thread of its own alongside the other grouped splits (this thread may
+  // hold several ranks of the parent, whose exchanges need each other).
+  const bool across = g->bootstrap != nullptr;
   efccl::runtime::DeferredRegroup deferred;
-  if (g->bootstrap != nullptr) {
-    // A parent spanning processes exchanges colors over its bootstrap: nothing to offer
-    // first, and the group runs this exchange on a thread of its own, alongside the other
-    // grouped splits (this thread may hold several ranks of the parent, whose exchanges need
-    // each other).
-    deferred.offer = [] { return ApiStatus::ok(); };
-    deferred.concurrent = true;
-    deferred.finish = [g](std::shared_ptr<efccl::runtime::Rendezvous>* joined) {
-      const auto deadline = std::chrono::steady_clock::now() + efccl::runtime::init_timeout();
-      auto entries = gather(*g, g->tag, color_and_key(*g), deadline);
-      if (!entries)
-        return ApiStatus::system(std::string(g->fn) + ": the ranks could not exchange colors: " +
-                                 entries.status().message());
-      return finish_regroup(*g, *entries, deadline, joined);
-    };
-    efccl::runtime::defer_regroup(std::move(deferred));
-    return ApiStatus::ok();
-  }
-  deferred.offer = [g] {
-    efccl::runtime::offer_in_process(g->clique.get(), g->tag, g->participants, g->rank,
-                                     color_and_key(*g));
+  deferred.concurrent = across;
+  deferred.offer = [g, across] {
+    if (!across)
+      efccl::runtime::offer_in_process(g->clique.get(), g->tag, g->participants, g->rank,
+                                       color_and_key(*g));
     return ApiStatus::ok();
   };
-  deferred.finish = [g](std::shared_ptr<efccl::runtime::Rendezvous>* joined) {
-    const auto deadline = std::chrono::steady_clock::now() + efccl::runtime::init_timeout();
-    auto entries =
-        efccl::runtime::collect_in_process(g->clique.get(), g->tag, g->participants, deadline);
-    if (!entries)
-      return ApiStatus::system(std::string(g->fn) + ": the ranks could not exchange colors: " +
-                               entries.status().message());
-    return finish_regroup(*g, *entries, deadline, joined);
+  deferred.finish = [g, across](std::shared_ptr<efccl::runtime::Rendezvous>* joined) {
+    return exchange_and_finish(*g, !across, joined);
   };
   efccl::runtime::defer_regroup(std::move(deferred));
   return ApiStatus::ok();

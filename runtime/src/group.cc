@@ -114,16 +114,8 @@ ClosedGroup close_group(const char* function, const std::function<ApiStatus()>& 
     }
   };
   {
-    std::vector<std::thread> workers;
+    std::vector<std::jthread> workers;  // joined on every way out of this block
     workers.reserve(regroups.size());
-    // Joined on every way out of this block (the threads use the vectors above).
-    struct JoinAll {
-      std::vector<std::thread>& threads;
-      ~JoinAll() {
-        for (std::thread& t : threads)
-          if (t.joinable()) t.join();
-      }
-    } join_all{workers};
     for (std::size_t i = 0; i < regroups.size(); ++i) {
       if (!offered[i] || !regroups[i].concurrent) continue;
       try {

@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "bench_args.h"
 #include "efccl/algorithms/registry.h"
 #include "efccl/device/device_executor.h"
 #include "efccl/ef/load.h"
@@ -37,15 +38,9 @@ void check(cudaError_t e, const char* what) {
 }
 
 uint64_t parse_size(std::string_view s) {
-  uint64_t mult = 1;
-  if (!s.empty() && (s.back() == 'K' || s.back() == 'M' || s.back() == 'G')) {
-    mult = s.back() == 'K' ? 1ull << 10 : s.back() == 'M' ? 1ull << 20 : 1ull << 30;
-    s.remove_suffix(1);
-  }
-  uint64_t v = 0;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc() || p != s.data() + s.size()) die("bad size '" + std::string(s) + "'");
-  return v * mult;
+  const auto v = efccl::bench::parse_size(s);
+  if (!v) die("bad size '" + std::string(s) + "'");
+  return *v;
 }
 
 ef::Protocol parse_protocol_option(std::string_view s) {

@@ -23,6 +23,8 @@
 #include <string_view>
 #include <vector>
 
+#include "bench_args.h"
+
 namespace {
 
 [[noreturn]] void die(const std::string& message) {
@@ -38,16 +40,9 @@ void check(ncclResult_t r, const char* what) {
 }
 
 uint64_t parse_size(std::string_view s) {
-  uint64_t mult = 1;
-  if (!s.empty() && (s.back() == 'K' || s.back() == 'M' || s.back() == 'G')) {
-    mult = s.back() == 'K' ? 1024 : s.back() == 'M' ? 1024 * 1024 : 1024ull * 1024 * 1024;
-    s.remove_suffix(1);
-  }
-  char* end = nullptr;
-  const std::string text(s);
-  const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0') die("not a size: " + text);
-  return v * mult;
+  const auto v = efccl::bench::parse_size(s);
+  if (!v) die("not a size: " + std::string(s));
+  return *v;
 }
 
 double now_us() {

@@ -403,6 +403,14 @@ constexpr MatrixEntry kMatrix[] = {
 /// Small slots so that counts of a few hundred elements per chunk take several tiles.
 constexpr std::size_t kSmallSlotBytes = 256;
 
+/// An executor for `p` on `devices` with small slots, so that a few KB span many tiles.
+StatusOr<std::unique_ptr<device::DeviceExecutor>> small_slot_executor(
+    const ef::Program& p, const std::vector<int>& devices, std::size_t slot_bytes = kSmallSlotBytes) {
+  device::ExecutorConfig config;
+  config.slot_bytes = slot_bytes;
+  return device::DeviceExecutor::create(p, devices, config);
+}
+
 /// Runs one call on the GPU and on the host and compares; returns a failure description.
 std::string run_and_compare(device::DeviceExecutor& executor, const ef::Program& p,
                             const std::vector<int>& devices, const Streams& streams,
@@ -445,9 +453,7 @@ TEST_P(ProgramOnGpus, MatchesHostExecutorBitwise) {
   const ef::Program& p = program_as(GetParam().path, GetParam().protocol);
   ASSERT_GT(p.nranks, 0);
   const auto devices = map_ranks(p.nranks, GetParam().spread);
-  device::ExecutorConfig config;
-  config.slot_bytes = kSmallSlotBytes;
-  auto executor = device::DeviceExecutor::create(p, devices, config);
+  auto executor = small_slot_executor(p, devices);
   ASSERT_TRUE(executor.is_ok()) << executor.status().message();
   Streams streams((*executor)->devices());
 
@@ -470,9 +476,7 @@ TEST_P(ProgramOnGpus, UnalignedUserBuffers) {
   if (GetParam().spread && visible_gpus(nullptr) < 2) GTEST_SKIP() << "needs 2 or more GPUs";
   const ef::Program& p = program_as(GetParam().path, GetParam().protocol);
   const auto devices = map_ranks(p.nranks, GetParam().spread);
-  device::ExecutorConfig config;
-  config.slot_bytes = kSmallSlotBytes;
-  auto executor = device::DeviceExecutor::create(p, devices, config);
+  auto executor = small_slot_executor(p, devices);
   ASSERT_TRUE(executor.is_ok()) << executor.status().message();
   Streams streams((*executor)->devices());
   const uint64_t count = 257 * ef::count_granularity(p);
@@ -538,9 +542,7 @@ TEST(DeviceExecutor, EveryLibraryAlgorithmUnderEveryProtocol) {
       ASSERT_TRUE(generated.is_ok()) << info.name << ": " << generated.status().message();
       const ef::Program& p = *generated;
       const auto devices = map_ranks(p.nranks, true);
-      device::ExecutorConfig config;
-      config.slot_bytes = kSmallSlotBytes;
-      auto executor = device::DeviceExecutor::create(p, devices, config);
+      auto executor = small_slot_executor(p, devices);
       ASSERT_TRUE(executor.is_ok()) << info.name << ": " << executor.status().message();
       Streams streams((*executor)->devices());
       const uint64_t g = ef::count_granularity(p);
@@ -586,9 +588,7 @@ TEST(DeviceExecutor, TwoRankAllPairsAllReduce) {
       ASSERT_TRUE(p.inplace && p.outofplace);
       for (bool spread : {false, true}) {
         const auto devices = map_ranks(p.nranks, spread);
-        device::ExecutorConfig config;
-        config.slot_bytes = kSmallSlotBytes;
-        auto executor = device::DeviceExecutor::create(p, devices, config);
+        auto executor = small_slot_executor(p, devices);
         ASSERT_TRUE(executor.is_ok()) << executor.status().message();
         Streams streams((*executor)->devices());
         const uint64_t g = ef::count_granularity(p);
@@ -617,9 +617,7 @@ TEST(DeviceExecutor, EveryDatatypeAndOperatorOverFlaggedProtocols) {
   for (ef::Protocol protocol : kFlaggedProtocols) {
     const ef::Program& p = program_as(example("ring_allreduce_4r_2ch.json"), protocol);
     const auto devices = map_ranks(p.nranks, true);
-    device::ExecutorConfig config;
-    config.slot_bytes = kSmallSlotBytes;
-    auto executor = device::DeviceExecutor::create(p, devices, config);
+    auto executor = small_slot_executor(p, devices);
     ASSERT_TRUE(executor.is_ok()) << executor.status().message();
     Streams streams((*executor)->devices());
     const uint64_t g = ef::count_granularity(p);
@@ -652,9 +650,7 @@ TEST(DeviceExecutor, OneElementTiles) {
     for (ef::Protocol protocol : kProtocols) {
       const ef::Program& p = program_as(path, protocol);
       const auto devices = map_ranks(p.nranks, true);
-      device::ExecutorConfig config;
-      config.slot_bytes = 1;
-      auto executor = device::DeviceExecutor::create(p, devices, config);
+      auto executor = small_slot_executor(p, devices, 1);
       ASSERT_TRUE(executor.is_ok()) << executor.status().message();
       Streams streams((*executor)->devices());
       for (const auto& m : {MatrixEntry{DataType::kFloat64, RedOp::kSum},
@@ -740,9 +736,7 @@ TEST(DeviceExecutor, RepeatedCallsReuseEpochsAndFifoPositions) {
     for (ef::Protocol protocol : kProtocols) {
       const ef::Program& p = program_as(path, protocol);
       const auto devices = map_ranks(p.nranks, true);
-      device::ExecutorConfig config;
-      config.slot_bytes = kSmallSlotBytes;
-      auto executor = device::DeviceExecutor::create(p, devices, config);
+      auto executor = small_slot_executor(p, devices);
       ASSERT_TRUE(executor.is_ok()) << executor.status().message();
       Streams streams((*executor)->devices());
       const uint64_t g = ef::count_granularity(p);
@@ -820,9 +814,7 @@ TEST(DeviceExecutor, CudaGraphReplaysComputeFreshResults) {
   for (ef::Protocol protocol : kProtocols) {
     const ef::Program& p = program_as(example("ring_allreduce_4r_2ch.json"), protocol);
     const auto devices = map_ranks(p.nranks, true);
-    device::ExecutorConfig config;
-    config.slot_bytes = kSmallSlotBytes;
-    auto executor = device::DeviceExecutor::create(p, devices, config);
+    auto executor = small_slot_executor(p, devices);
     ASSERT_TRUE(executor.is_ok()) << executor.status().message();
     device::DeviceExecutor& ex = **executor;
     Streams streams(ex.devices());
@@ -884,9 +876,7 @@ TEST(DeviceExecutor, CallsOnDifferentStreamsAreSerialised) {
   for (ef::Protocol protocol : kProtocols) {
     const ef::Program& p = program_as(example("ring_allreduce_4r_2ch.json"), protocol);
     const auto devices = map_ranks(p.nranks, true);
-    device::ExecutorConfig config;
-    config.slot_bytes = kSmallSlotBytes;
-    auto executor = device::DeviceExecutor::create(p, devices, config);
+    auto executor = small_slot_executor(p, devices);
     ASSERT_TRUE(executor.is_ok()) << executor.status().message();
     device::DeviceExecutor& ex = **executor;
     Streams first(ex.devices()), second(ex.devices());
