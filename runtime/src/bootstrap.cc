@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
@@ -1144,7 +1145,10 @@ class BootstrapTransport : public std::enable_shared_from_this<BootstrapTranspor
     h.length = data.size();
     std::size_t written = 0;
     Status s = write_frame(c.fd.get(), h, data, deadline, abort, &written);
-    if (s) return s;
+    if (s) {
+      peers_[static_cast<std::size_t>(peer)].sent.fetch_add(1);
+      return s;
+    }
     if (written > 0) {
       // Half a frame is on the wire: the stream cannot be used again.
       c.write_broken = true;
@@ -1222,9 +1226,17 @@ class BootstrapTransport : public std::enable_shared_from_this<BootstrapTranspor
   using MailKey = std::tuple<uint64_t, int, uint64_t>;  // space, peer, tag
   struct PeerState {
     std::mutex connect_mu;                           ///< one connection attempt at a time
+    std::atomic<uint64_t> sent{0};                   ///< data frames written to the peer
     std::shared_ptr<BootstrapConnection> send_conn;  // below: under mu_
     bool failed = false;
+    /// The peer closed its bootstrap and every data frame it sent here has been delivered:
+    /// two ranks may each have connected to the other, and a goodbye read on one connection
+    /// can overtake data still unread on the other, so a goodbye announces how many frames
+    /// the peer sent in all (`announced`) and counts only once `received` reaches it.
     bool left = false;
+    bool goodbye = false;
+    uint64_t announced = 0;
+    uint64_t received = 0;
     std::string why;
   };
   struct HandlerEntry {
@@ -1556,15 +1568,26 @@ class BootstrapTransport : public std::enable_shared_from_this<BootstrapTranspor
       return true;
     }
     if (h.type == kData) {
-      deliver(h.space, c.peer, h.tag, std::move(payload));
+      {
+        // The message and the count together: a receiver that sees `left` finds it queued.
+        std::lock_guard<std::mutex> lock(mu_);
+        mail_[MailKey{h.space, c.peer, h.tag}].push_back(std::move(payload));
+        PeerState& p = peers_[static_cast<std::size_t>(c.peer)];
+        ++p.received;
+        if (p.goodbye && !p.failed && p.received >= p.announced) p.left = true;
+      }
+      cv_.notify_all();
       return true;
     }
-    // kGoodbye: the peer leaves in order; nothing it does from now on is a failure.
+    // kGoodbye: the peer leaves in order; nothing it does from now on is a failure. Its tag
+    // field carries the number of data frames it sent here (PeerState::left).
     c.goodbye = true;
     {
       std::lock_guard<std::mutex> lock(mu_);
       PeerState& p = peers_[static_cast<std::size_t>(c.peer)];
-      if (!p.failed) p.left = true;
+      p.goodbye = true;
+      p.announced = std::max(p.announced, h.tag);
+      if (!p.failed && p.received >= p.announced) p.left = true;
     }
     cv_.notify_all();
     ::shutdown(c.fd.get(), SHUT_WR);  // acknowledges: the peer's close() sees our end of stream
@@ -1687,6 +1710,7 @@ class BootstrapTransport : public std::enable_shared_from_this<BootstrapTranspor
         FrameHeader h;
         h.magic = magic_;
         h.type = kGoodbye;
+        h.tag = peers_[static_cast<std::size_t>(c->peer)].sent.load();
         std::size_t written = 0;
         if (write_frame(c->fd.get(), h, {}, std::min(deadline, Clock::now() + milliseconds(200)),
                         nullptr, &written))
