@@ -175,7 +175,7 @@ void CallQueue::drop_all(const ApiStatus& status, bool tell_everyone) {
 }
 
 ApiStatus CallQueue::submit(std::vector<Call> calls, bool whole_clique, const RunSet& run,
-                            std::shared_ptr<Submission>* unfinished) {
+                            std::shared_ptr<Submission>* unfinished, const Finish& finish) {
   unfinished->reset();
   expire();
   for (std::size_t r = 0; r < gone_.size(); ++r)
@@ -196,6 +196,9 @@ ApiStatus CallQueue::submit(std::vector<Call> calls, bool whole_clique, const Ru
     ++sub->queued;
   }
 
+  // The sets' calls learn how they went only after `finish` (which may launch them).
+  std::vector<std::pair<std::vector<Entry>, ApiStatus>> ran;
+  bool mismatch = false;
   while (all_ready()) {
     std::vector<Entry> entries;
     std::vector<Call> set;  // the local ranks' calls, by rank
@@ -205,14 +208,14 @@ ApiStatus CallQueue::submit(std::vector<Call> calls, bool whole_clique, const Ru
       entries.push_back(std::move(q.front()));
       q.pop_front();
     }
-    bool mismatch = false;
     const ApiStatus s = run(set, &mismatch);
-    for (Entry& e : entries) deliver(e, s);
-    if (mismatch) {
-      drop_all(s, false);
-      break;
-    }
+    ran.emplace_back(std::move(entries), s);
+    if (mismatch) break;
   }
+  const ApiStatus finished = finish ? finish() : ApiStatus::ok();
+  for (auto& [entries, s] : ran)
+    for (Entry& e : entries) deliver(e, s ? finished : s);
+  if (mismatch) drop_all(ran.back().second, false);
   if (whole_clique &&
       std::any_of(queues_.begin(), queues_.end(), [](const auto& q) { return !q.empty(); })) {
     std::ostringstream m;

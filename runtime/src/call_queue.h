@@ -66,13 +66,17 @@ class CallQueue {
 
   /// Rank `rank` is driven by the thread `thread` (this_thread_token() of its initialising thread).
   void set_driver(int32_t rank, uint64_t thread);
+  /// Called once per submit() after the complete sets ran (even when none did): the owner may
+  /// defer the sets' launches to it (one fused launch); its failure becomes the failure of
+  /// every set that ran without one.
+  using Finish = std::function<ApiStatus()>;
   /// Queues `calls` (collectives of ranks of this process, in call order) for the calling
-  /// thread, runs every set that is complete with `run`, and returns the first failure among
-  /// the submission's calls so far. When some of them are still queued, `*unfinished`
-  /// receives the submission (pass it to wait()). `whole_clique`: the calls cover every local
-  /// rank, so nothing may stay queued (an unmatched call is a mismatch).
+  /// thread, runs every set that is complete with `run`, then `finish`, and returns the first
+  /// failure among the submission's calls so far. When some of them are still queued,
+  /// `*unfinished` receives the submission (pass it to wait()). `whole_clique`: the calls cover
+  /// every local rank, so nothing may stay queued (an unmatched call is a mismatch).
   ApiStatus submit(std::vector<Call> calls, bool whole_clique, const RunSet& run,
-                   std::shared_ptr<Submission>* unfinished);
+                   std::shared_ptr<Submission>* unfinished, const Finish& finish = nullptr);
   /// Waits until the submission's queued calls ran or were dropped, unless a rank they wait
   /// for is driven by the calling thread (then it returns at once; see above). Returns the
   /// first failure among the submission's calls.

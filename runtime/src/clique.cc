@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <set>
 #include <cstdio>
@@ -61,6 +62,16 @@ std::chrono::nanoseconds timeout_from_environment() {
 }
 
 
+/// EFCCL_GROUP_FUSION: 1 (default) enqueues the launches of one group together (fused where
+/// the kernels allow); 0 launches every program run on its own, as before fusion existed.
+bool group_fusion_from_environment() {
+  const char* v = std::getenv("EFCCL_GROUP_FUSION");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "1") == 0) return true;
+  if (std::strcmp(v, "0") == 0) return false;
+  EFCCL_WARN(-1, "EFCCL_GROUP_FUSION=" + std::string(v) + " is neither 0 nor 1; using 1");
+  return true;
+}
+
 ApiStatus cuda_status(cudaError_t e, const std::string& what) {
   if (e == cudaSuccess) return ApiStatus::ok();
   return ApiStatus::cuda(what + ": " + cudaGetErrorString(e));
@@ -99,8 +110,10 @@ constexpr uint64_t kCollectiveExchangeTag = uint64_t{1} << 62;
 constexpr uint64_t kPairExchangeTag = uint64_t{2} << 62;
 
 ncclResult_t kernel_failure_code(const std::string& message) {
-  return message.rfind("timed out", 0) == 0 || message.rfind("aborted", 0) == 0 ? ncclSystemError
-                                                                              : ncclInternalError;
+  return message.rfind("timed out", 0) == 0 || message.rfind("aborted", 0) == 0 ||
+                 message.rfind("skipped", 0) == 0
+             ? ncclSystemError
+             : ncclInternalError;
 }
 
 }  // namespace
@@ -110,6 +123,7 @@ Clique::Clique(std::vector<int> rank_devices, std::unique_ptr<Registry> registry
       registry_(std::move(registry)),
       nlocal_(static_cast<int32_t>(rank_devices_.size())),
       timeout_(timeout_from_environment()),
+      fusion_(group_fusion_from_environment()),
       executors_(executor_cache_from_environment()),
       ready_(rank_devices_.size(), nullptr),
       done_(rank_devices_.size(), nullptr) {}
@@ -193,17 +207,31 @@ ApiStatus Clique::submit(std::vector<Call> calls, bool whole_clique,
 
   std::vector<Call> collectives, p2p;
   for (Call& c : calls) (is_p2p(c.kind) ? p2p : collectives).push_back(std::move(c));
+  // The submission's launches (its collectives that are complete, then its send/receive
+  // rounds) are enqueued together at the end: one fused launch per device and stream where
+  // the kernels allow (DeviceExecutor::run_batch).
+  batching_ = fusion_;
+  batch_failure_ = ApiStatus::ok();
+  batch_uses_.clear();
+  ApiStatus p2p_status;
+  const auto finish = [&]() -> ApiStatus {
+    if (!p2p.empty()) p2p_status = processes_ != nullptr ? run_p2p_pairs(p2p) : run_p2p(p2p);
+    flush_batch();
+    batching_ = false;
+    batch_uses_.clear();
+    return batch_failure_;
+  };
   ApiStatus first;
   if (!collectives.empty())
     first = queue_->submit(std::move(collectives), whole_clique,
                            [this](std::vector<Call>& set, bool* mismatch) {
                              return run_collective(set, mismatch);
                            },
-                           unfinished);
-  if (!p2p.empty()) {
-    ApiStatus s = processes_ != nullptr ? run_p2p_pairs(p2p) : run_p2p(p2p);
-    if (!s && first) first = s;
-  }
+                           unfinished, finish);
+  else
+    first = finish();
+  if (!p2p_status && first) first = p2p_status;
+  if (!p2p.empty() && !batch_failure_ && first) first = batch_failure_;
   return first;
 }
 
@@ -266,7 +294,10 @@ ApiStatus Clique::run_collective(std::vector<Call>& set, bool* mismatch) {
   shape.dtype = ref.dtype;
   shape.inplace = inplace;
   StatusOr<Plan> plan = registry_->select(shape);
-  if (!plan && fallback_ != nullptr) return fallback_->run(set, plan.status().message(), timeout_);
+  if (!plan && fallback_ != nullptr) {
+    flush_batch();  // the calls before this one are enqueued before it
+    return fallback_->run(set, plan.status().message(), timeout_);
+  }
   if (!plan) return ApiStatus::internal(std::string(api_name(ref.kind)) + ": " + plan.status().message());
 
   std::vector<cudaStream_t> streams;
@@ -292,8 +323,11 @@ ApiStatus Clique::run_collective(std::vector<Call>& set, bool* mismatch) {
   for (int32_t r = 0; r < nranks(); ++r) all_ranks[static_cast<std::size_t>(r)] = r;
   for (const PlanPiece& piece : plan->pieces) {
     device::DeviceExecutor* executor = nullptr;
-    char key[48];  // not an ostringstream: this runs on every call
+    char key[64];  // not an ostringstream: this runs on every call
     std::snprintf(key, sizeof(key), "coll:%p", static_cast<const void*>(piece.program));
+    if (const int instance = batch_instance(*piece.program, key, *capturing); instance > 0)
+      std::snprintf(key, sizeof(key), "coll:%p#%d", static_cast<const void*>(piece.program),
+                    instance);
     // The exchange tag names the program (and how often it was prepared), so that processes
     // that ever disagreed on one program do not disagree on every later one.
     const ef::Program* program = piece.program;
@@ -687,6 +721,9 @@ ApiStatus Clique::executor_for(const ef::Program& program, const std::string& ke
     *out = cached;
     return ApiStatus::ok();
   }
+  // Creating an executor may evict one that a launch of the batch uses, and across processes
+  // it waits for the others: enqueue what is pending first.
+  flush_batch();
   std::vector<int> devices;
   for (int32_t r : ranks) devices.push_back(is_local(r) ? device(r) : -1);
   if (capturing)
@@ -786,7 +823,7 @@ ApiStatus Clique::pin_to_captures(const device::DeviceExecutor* executor,
   return ApiStatus::ok();
 }
 
-ApiStatus Clique::launch(Launch& l) {
+ApiStatus Clique::prepare_launch(Launch& l) {
   if (Status s = l.executor->error_status(); !s)
     return ApiStatus(kernel_failure_code(s.message()),
                      "an earlier launch of this program failed: " + s.message());
@@ -795,23 +832,24 @@ ApiStatus Clique::launch(Launch& l) {
   if (l.capturing)
     if (ApiStatus s = pin_to_captures(l.executor, l.rank_streams); !s) return s;
   const std::vector<int>& devices = l.executor->devices();
-  // Per device: the launch stream is the stream of its lowest program rank.
-  std::vector<std::size_t> launch_rank(devices.size(), SIZE_MAX);
-  std::vector<std::size_t> device_index(l.ranks.size());
+  // Per device: the launch stream is the stream of its lowest clique rank, the same for every
+  // program run on the device (runs on one stream can share a fused launch).
+  l.launch_rank.assign(devices.size(), SIZE_MAX);
+  l.device_index.assign(l.ranks.size(), 0);
   l.args.streams.assign(devices.size(), nullptr);
   for (std::size_t i = 0; i < l.ranks.size(); ++i) {
     const int d = device(l.ranks[i]);
     const auto di = static_cast<std::size_t>(std::lower_bound(devices.begin(), devices.end(), d) -
                                              devices.begin());
-    device_index[i] = di;
-    if (launch_rank[di] == SIZE_MAX) {
-      launch_rank[di] = i;
+    l.device_index[i] = di;
+    if (l.launch_rank[di] == SIZE_MAX || l.ranks[i] < l.ranks[l.launch_rank[di]]) {
+      l.launch_rank[di] = i;
       l.args.streams[di] = l.rank_streams[i];
     }
   }
   // Other ranks' streams on the same device: the launch waits for them, and they for it.
   for (std::size_t i = 0; i < l.ranks.size(); ++i) {
-    cudaStream_t launch_stream = l.args.streams[device_index[i]];
+    cudaStream_t launch_stream = l.args.streams[l.device_index[i]];
     if (l.rank_streams[i] == launch_stream) continue;
     const auto r = static_cast<std::size_t>(l.ranks[i]);
     cudaSetDevice(device(l.ranks[i]));
@@ -822,15 +860,16 @@ ApiStatus Clique::launch(Launch& l) {
         !s)
       return s;
   }
-  if (Status s = l.executor->run(l.args); !s) {
-    const bool capture = s.message().find("capture") != std::string::npos;
-    return ApiStatus(capture ? ncclInvalidUsage : ncclInternalError, s.message());
-  }
+  return ApiStatus::ok();
+}
+
+ApiStatus Clique::join_after_launch(const Launch& l) {
+  const std::vector<int>& devices = l.executor->devices();
   for (std::size_t di = 0; di < devices.size(); ++di) {
-    const std::size_t i0 = launch_rank[di];
+    const std::size_t i0 = l.launch_rank[di];
     bool joined = false;
     for (std::size_t i = 0; i < l.ranks.size(); ++i) {
-      if (device_index[i] != di || l.rank_streams[i] == l.args.streams[di]) continue;
+      if (l.device_index[i] != di || l.rank_streams[i] == l.args.streams[di]) continue;
       const auto r0 = static_cast<std::size_t>(l.ranks[i0]);
       cudaSetDevice(devices[di]);
       if (!joined) {
@@ -846,6 +885,76 @@ ApiStatus Clique::launch(Launch& l) {
     }
   }
   return ApiStatus::ok();
+}
+
+namespace {
+ApiStatus run_failure(const Status& s) {
+  const bool capture = s.message().find("capture") != std::string::npos;
+  return ApiStatus(capture ? ncclInvalidUsage : ncclInternalError, s.message());
+}
+}  // namespace
+
+ApiStatus Clique::launch(Launch& l) {
+  if (ApiStatus s = prepare_launch(l); !s) return s;
+  if (batching_) {
+    batch_.push_back(std::move(l));
+    return ApiStatus::ok();
+  }
+  if (Status s = l.executor->run(l.args); !s) return run_failure(s);
+  return join_after_launch(l);
+}
+
+int Clique::batch_instance(const ef::Program& program, const char* key, bool capturing) {
+  if (!batching_ || processes_ != nullptr) return 0;
+  int& uses = batch_uses_[&program];
+  const int k = uses++;
+  if (k == 0) return 0;
+  // The first use's executor is cached (it is in this batch): its connection memory says how
+  // many copies the budget allows.
+  std::string full_key = std::string(key) + "@";
+  if (all_ranks_suffix_.empty())
+    for (int32_t r = 0; r < nranks(); ++r)
+      all_ranks_suffix_ += std::to_string(r) + ":" + std::to_string(device(r)) + ",";
+  full_key += all_ranks_suffix_;
+  const device::DeviceExecutor* first = executors_.find(full_key);
+  if (first == nullptr) return 0;
+  const std::size_t bytes = std::max<std::size_t>(first->connection_bytes(), 1);
+  const auto copies = static_cast<int>(
+      std::min<std::size_t>(kMaxBatchInstances, std::max<std::size_t>(1, kBatchInstanceBytes / bytes)));
+  const int instance = k % copies;
+  if (capturing && instance > 0) {
+    // Executors are not created during capture: a copy that does not exist yet is replaced by
+    // the first (its runs then take turns with the first's on the same CTAs).
+    char copy_key[64];
+    std::snprintf(copy_key, sizeof(copy_key), "%s#%d@", key, instance);
+    if (executors_.find(copy_key + all_ranks_suffix_) == nullptr) return 0;
+  }
+  return instance;
+}
+
+void Clique::flush_batch() {
+  if (batch_.empty()) return;
+  std::deque<Launch> launches;
+  launches.swap(batch_);
+  std::vector<device::BatchCall> calls;
+  calls.reserve(launches.size());
+  for (Launch& l : launches) calls.push_back({l.executor, &l.args});
+  device::BatchReport report;
+  ApiStatus status;
+  const Status s = calls.size() == 1 ? launches.front().executor->run(launches.front().args)
+                                     : device::DeviceExecutor::run_batch(calls, &report);
+  if (!s) {
+    status = run_failure(s);
+  } else {
+    for (const Launch& l : launches)
+      if (ApiStatus j = join_after_launch(l); !j && status) status = j;
+  }
+  if (calls.size() > 1)
+    EFCCL_INFO(kLogColl, device(launches.front().ranks.front()),
+               "group: " + std::to_string(calls.size()) + " program runs enqueued in " +
+                   std::to_string(report.launches) + " launch(es) (" +
+                   std::to_string(report.fused_calls) + " device part(s) fused)");
+  if (!status && batch_failure_) batch_failure_ = status;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <list>
 #include <map>
@@ -127,6 +128,9 @@ class Clique {
     std::vector<int32_t> ranks;
     std::vector<cudaStream_t> rank_streams;
     bool capturing = false;  ///< a stream is being captured: the graph pins the executor
+    /// Set by prepare_launch: per program rank, the index of its device in the executor's
+    /// devices(); per device, the program rank whose stream the launch uses.
+    std::vector<std::size_t> device_index, launch_rank;
   };
 
   ApiStatus run_collective(std::vector<Call>& set, bool* mismatch);
@@ -137,7 +141,16 @@ class Clique {
   /// are all local. `key` identifies the program; `tag` the exchange (equal in every process).
   std::unique_ptr<device::PeerProcesses> peers_for(const std::vector<int32_t>& ranks,
                                                    const std::string& key, uint64_t tag);
+  /// Runs `l`, or (while a submission is being run) adds it to batch_.
   ApiStatus launch(Launch& l);
+  /// Before a launch: checks the executor, pins it to captures, picks each device's launch
+  /// stream and makes it wait for the other ranks' streams on that device.
+  ApiStatus prepare_launch(Launch& l);
+  /// After a launch: the other ranks' streams wait for it.
+  ApiStatus join_after_launch(const Launch& l);
+  /// Enqueues batch_ (DeviceExecutor::run_batch: one fused launch per device and stream
+  /// where possible) and empties it; remembers the first failure in batch_failure_.
+  void flush_batch();
   /// Pins `executor` to every CUDA graph that `streams` are being captured into.
   ApiStatus pin_to_captures(const device::DeviceExecutor* executor,
                             const std::vector<cudaStream_t>& streams);
@@ -174,6 +187,25 @@ class Clique {
 
   std::mutex mu_;
   std::unique_ptr<CallQueue> queue_;  ///< collectives per rank, waiting for the others (under mu_)
+  /// While submit() runs (under mu_): the launches of the submission's calls, enqueued together
+  /// at its end (before a call runs through the fallback, and before an executor is created,
+  /// which may evict one of them, the batch so far is enqueued first).
+  bool batching_ = false;
+  /// Per program: its runs in the batch so far. Runs of one executor in one fused launch take
+  /// turns on the same CTAs; batch_instance() gives later runs of a program other executors
+  /// (copies with their own connections), so that up to kMaxBatchInstances of them overlap,
+  /// within kBatchInstanceBytes of connection memory per program and device. Single process
+  /// only (processes create executors in lockstep, and their batches may differ).
+  std::map<const ef::Program*, int> batch_uses_;
+  static constexpr int kMaxBatchInstances = 8;
+  static constexpr std::size_t kBatchInstanceBytes = std::size_t{64} << 20;
+  /// Which copy of `program`'s executor (key `key`) the batch's next run of it uses: 0 for
+  /// the first (and outside batches), then 1, 2, ... round robin within the budget.
+  /// While `capturing`, only copies that already exist are used.
+  int batch_instance(const ef::Program& program, const char* key, bool capturing);
+  bool fusion_ = true;  ///< EFCCL_GROUP_FUSION
+  std::deque<Launch> batch_;
+  ApiStatus batch_failure_;
   uint64_t launches_ = 0;             ///< calls run, for the logs (NCCL's opCount)
   std::string all_ranks_suffix_;      ///< executor keys of programs over every rank (mu_)
   ExecutorCache<device::DeviceExecutor> executors_;  ///< under mu_

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "efccl/device/device_executor.h"
 #include "runtime_test_util.h"
 
 namespace efccl::runtime::testing {
@@ -321,6 +322,218 @@ float first_element(int device, const float* p) {
   float v = -1;
   cudaMemcpy(&v, p, sizeof(float), cudaMemcpyDeviceToHost);
   return v;
+}
+
+/// One group of many collectives and send/receive pairs on every rank of `c`: float
+/// allreduces and a reduce-scatter (one kernel), then bfloat16 allgathers and a ring of sends
+/// (data movement: bytes, a second kernel). Returns the interpreter launches it took; every
+/// result is checked exactly.
+void run_mixed_group(TestClique& c, std::size_t* launches, bool capture = false) {
+  const int n = c.n();
+  constexpr int kAllReduces = 9;
+  constexpr int kAllGathers = 3;
+  struct Buffers {
+    std::vector<float*> allreduce;
+    float* rs_in = nullptr;
+    float* rs_out = nullptr;
+    std::vector<uint16_t*> ag_in, ag_out;
+    int32_t* send = nullptr;
+    int32_t* recv = nullptr;
+  };
+  const auto ar_count = [](int k) { return static_cast<std::size_t>(1000 + 3571 * k); };
+  constexpr std::size_t kRsCount = 4099, kAgCount = 777, kP2pCount = 12345;
+  std::vector<Buffers> b(n);
+  for (int r = 0; r < n; ++r) {
+    cudaSetDevice(c.devices[r]);
+    for (int k = 0; k < kAllReduces; ++k) {
+      float* p = nullptr;
+      CUDA_OK(cudaMalloc(&p, ar_count(k) * sizeof(float)));
+      b[r].allreduce.push_back(p);
+    }
+    CUDA_OK(cudaMalloc(&b[r].rs_in, kRsCount * n * sizeof(float)));
+    CUDA_OK(cudaMalloc(&b[r].rs_out, kRsCount * sizeof(float)));
+    for (int k = 0; k < kAllGathers; ++k) {
+      uint16_t *in = nullptr, *out = nullptr;
+      CUDA_OK(cudaMalloc(&in, kAgCount * sizeof(uint16_t)));
+      CUDA_OK(cudaMalloc(&out, kAgCount * n * sizeof(uint16_t)));
+      b[r].ag_in.push_back(in);
+      b[r].ag_out.push_back(out);
+    }
+    CUDA_OK(cudaMalloc(&b[r].send, kP2pCount * sizeof(int32_t)));
+    CUDA_OK(cudaMalloc(&b[r].recv, kP2pCount * sizeof(int32_t)));
+  }
+  // Inputs: small integers, exact in float and as bfloat16 bit patterns.
+  const auto fill = [&](int round) {
+    for (int r = 0; r < n; ++r) {
+      cudaSetDevice(c.devices[r]);
+      for (int k = 0; k < kAllReduces; ++k) {
+        std::vector<float> v(ar_count(k));
+        for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>((i + r + k + round) % 7);
+        CUDA_OK(cudaMemcpy(b[r].allreduce[k], v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
+      }
+      std::vector<float> rs(kRsCount * n);
+      for (std::size_t i = 0; i < rs.size(); ++i) rs[i] = static_cast<float>((i * 3 + r + round) % 5);
+      CUDA_OK(cudaMemcpy(b[r].rs_in, rs.data(), rs.size() * sizeof(float), cudaMemcpyHostToDevice));
+      for (int k = 0; k < kAllGathers; ++k) {
+        std::vector<uint16_t> v(kAgCount);
+        for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<uint16_t>(i * 31 + r * 7 + k + round);
+        CUDA_OK(cudaMemcpy(b[r].ag_in[k], v.data(), v.size() * 2, cudaMemcpyHostToDevice));
+      }
+      std::vector<int32_t> v(kP2pCount);
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<int32_t>(i * 13 + r * 100003 + round);
+      CUDA_OK(cudaMemcpy(b[r].send, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    }
+    CUDA_OK(cudaStreamSynchronize(cudaStreamLegacy));  // pageable copies' DMA
+  };
+  const auto enqueue = [&]() {
+    NCCL_OK(ncclGroupStart());
+    for (int k = 0; k < kAllReduces; ++k)
+      for (int r = 0; r < n; ++r)
+        NCCL_OK(ncclAllReduce(b[r].allreduce[k], b[r].allreduce[k], ar_count(k), ncclFloat, ncclSum,
+                              c.comms[r], c.streams[r]));
+    for (int r = 0; r < n; ++r)
+      NCCL_OK(ncclReduceScatter(b[r].rs_in, b[r].rs_out, kRsCount, ncclFloat, ncclSum, c.comms[r],
+                                c.streams[r]));
+    for (int k = 0; k < kAllGathers; ++k)
+      for (int r = 0; r < n; ++r)
+        NCCL_OK(ncclAllGather(b[r].ag_in[k], b[r].ag_out[k], kAgCount, ncclBfloat16, c.comms[r],
+                              c.streams[r]));
+    for (int r = 0; r < n; ++r) {
+      NCCL_OK(ncclSend(b[r].send, kP2pCount, ncclInt32, (r + 1) % n, c.comms[r], c.streams[r]));
+      NCCL_OK(ncclRecv(b[r].recv, kP2pCount, ncclInt32, (r + n - 1) % n, c.comms[r], c.streams[r]));
+    }
+    NCCL_OK(ncclGroupEnd());
+  };
+  const auto check = [&](int round) {
+    c.sync();
+    for (int r = 0; r < n; ++r) {
+      cudaSetDevice(c.devices[r]);
+      for (int k = 0; k < kAllReduces; ++k) {
+        std::vector<float> got(ar_count(k));
+        CUDA_OK(cudaMemcpy(got.data(), b[r].allreduce[k], got.size() * 4, cudaMemcpyDeviceToHost));
+        for (std::size_t i = 0; i < got.size(); ++i) {
+          float want = 0;
+          for (int q = 0; q < n; ++q) want += static_cast<float>((i + q + k + round) % 7);
+          ASSERT_EQ(got[i], want) << "round " << round << " rank " << r << " allreduce " << k
+                                  << " element " << i;
+        }
+      }
+      std::vector<float> rs(kRsCount);
+      CUDA_OK(cudaMemcpy(rs.data(), b[r].rs_out, rs.size() * 4, cudaMemcpyDeviceToHost));
+      for (std::size_t i = 0; i < rs.size(); ++i) {
+        float want = 0;
+        for (int q = 0; q < n; ++q) want += static_cast<float>(((r * kRsCount + i) * 3 + q + round) % 5);
+        ASSERT_EQ(rs[i], want) << "round " << round << " rank " << r << " reducescatter element " << i;
+      }
+      for (int k = 0; k < kAllGathers; ++k) {
+        std::vector<uint16_t> got(kAgCount * n);
+        CUDA_OK(cudaMemcpy(got.data(), b[r].ag_out[k], got.size() * 2, cudaMemcpyDeviceToHost));
+        for (int q = 0; q < n; ++q)
+          for (std::size_t i = 0; i < kAgCount; ++i)
+            ASSERT_EQ(got[q * kAgCount + i], static_cast<uint16_t>(i * 31 + q * 7 + k + round))
+                << "round " << round << " rank " << r << " allgather " << k << " block " << q;
+      }
+      std::vector<int32_t> got(kP2pCount);
+      CUDA_OK(cudaMemcpy(got.data(), b[r].recv, got.size() * 4, cudaMemcpyDeviceToHost));
+      const int from = (r + n - 1) % n;
+      for (std::size_t i = 0; i < got.size(); ++i)
+        ASSERT_EQ(got[i], static_cast<int32_t>(i * 13 + from * 100003 + round))
+            << "round " << round << " rank " << r << " recv element " << i;
+    }
+  };
+
+  // Round 0 prepares every program (executors are created outside capture).
+  fill(0);
+  enqueue();
+  check(0);
+  if (!capture) {
+    const uint64_t before = device::interpreter_launch_count();
+    fill(1);
+    enqueue();
+    *launches = device::interpreter_launch_count() - before;
+    check(1);
+  } else {
+    // One graph for every rank's stream: the others fork from rank 0's capture and join it
+    // again (ranks sharing a GPU are joined by events, which a capture follows).
+    std::vector<cudaEvent_t> fork(n), join(n);
+    for (int r = 0; r < n; ++r) {
+      cudaSetDevice(c.devices[r]);
+      CUDA_OK(cudaEventCreateWithFlags(&fork[r], cudaEventDisableTiming));
+      CUDA_OK(cudaEventCreateWithFlags(&join[r], cudaEventDisableTiming));
+    }
+    cudaSetDevice(c.devices[0]);
+    CUDA_OK(cudaStreamBeginCapture(c.streams[0], cudaStreamCaptureModeRelaxed));
+    CUDA_OK(cudaEventRecord(fork[0], c.streams[0]));
+    for (int r = 1; r < n; ++r) {
+      cudaSetDevice(c.devices[r]);
+      CUDA_OK(cudaStreamWaitEvent(c.streams[r], fork[0], 0));
+    }
+    const uint64_t before = device::interpreter_launch_count();
+    enqueue();
+    *launches = device::interpreter_launch_count() - before;
+    for (int r = 1; r < n; ++r) {
+      cudaSetDevice(c.devices[r]);
+      CUDA_OK(cudaEventRecord(join[r], c.streams[r]));
+      cudaSetDevice(c.devices[0]);
+      CUDA_OK(cudaStreamWaitEvent(c.streams[0], join[r], 0));
+    }
+    cudaSetDevice(c.devices[0]);
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    CUDA_OK(cudaStreamEndCapture(c.streams[0], &graph));
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int round = 2; round < 5; ++round) {
+      fill(round);
+      cudaSetDevice(c.devices[0]);
+      CUDA_OK(cudaGraphLaunch(exec, c.streams[0]));
+      check(round);
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    for (int r = 0; r < n; ++r) {
+      cudaEventDestroy(fork[r]);
+      cudaEventDestroy(join[r]);
+    }
+  }
+  for (int r = 0; r < n; ++r) {
+    cudaSetDevice(c.devices[r]);
+    for (float* p : b[r].allreduce) cudaFree(p);
+    for (uint16_t* p : b[r].ag_in) cudaFree(p);
+    for (uint16_t* p : b[r].ag_out) cudaFree(p);
+    cudaFree(b[r].rs_in);
+    cudaFree(b[r].rs_out);
+    cudaFree(b[r].send);
+    cudaFree(b[r].recv);
+  }
+}
+
+TEST(RuntimeGroups, ManyCollectivesOfAGroupRunInTwoLaunchesPerDevice) {
+  // 10 reducing float calls fuse into one launch per GPU; 3 allgathers and the send/receive
+  // ring (bytes) into a second. One rank per GPU, then two ranks per GPU.
+  EFCCL_REQUIRE_GPUS(1);
+  for (int per_gpu : {1, 2}) {
+    SCOPED_TRACE(std::to_string(per_gpu) + " rank(s) per GPU");
+    std::vector<int> devices;
+    for (int g = 0; g < std::min(visible_gpus(), 2); ++g)
+      for (int k = 0; k < per_gpu; ++k) devices.push_back(g);
+    if (devices.size() < 2) devices.push_back(0);
+    TestClique c(devices);
+    std::size_t launches = 0;
+    run_mixed_group(c, &launches);
+    std::vector<int> gpus = devices;
+    gpus.erase(std::unique(gpus.begin(), gpus.end()), gpus.end());
+    EXPECT_EQ(launches, 2 * gpus.size());
+  }
+}
+
+TEST(RuntimeGroups, AFusedGroupReplaysFromAGraph) {
+  EFCCL_REQUIRE_GPUS(1);
+  TestClique c(spread_ranks(2));
+  std::size_t launches = 0;
+  run_mixed_group(c, &launches, /*capture=*/true);
+  std::vector<int> gpus = c.devices;
+  gpus.erase(std::unique(gpus.begin(), gpus.end()), gpus.end());
+  EXPECT_EQ(launches, 2 * gpus.size());
 }
 
 TEST(RuntimeThreads, ThreadPerRankCallsReturnWithTheirWorkOnTheStream) {

@@ -2,7 +2,7 @@
 // pay: single process, one communicator per GPU (ncclCommInitAll), float sum.
 //
 //   latency_bench [--gpus N] [--min-bytes 8] [--max-bytes 64K] [--factor 4] [--iters 200]
-//                 [--coll allreduce|sendrecv|allgather] [--repeats 3]
+//                 [--coll allreduce|sendrecv|allgather] [--repeats 3] [--group 1]
 //
 // Linked against NVIDIA's libnccl: run it as is for NCCL, with LD_PRELOAD=libefccl.so for
 // efccl (the way nccl-tests is run). Per size it prints, in microseconds per call (the best of
@@ -11,6 +11,9 @@
 //          measured over --iters back-to-back calls without waiting
 //   eager  the same loop until the streams finish, divided by --iters (nccl-tests' number)
 //   graph  --iters calls captured into one CUDA graph per GPU, replayed: GPU time only
+// --group N: each ncclGroupStart/End holds N calls per GPU on separate buffers (PyTorch's
+// coalesced collectives, nccl-tests -m N); times are still per call. The warm-up groups run
+// before anything is timed or captured.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -56,7 +59,7 @@ double now_us() {
 int main(int argc, char** argv) {
   int gpus = 0;
   uint64_t min_bytes = 8, max_bytes = 64 * 1024, factor = 4;
-  int iters = 200, repeats = 3;
+  int iters = 200, repeats = 3, group = 1;
   std::string coll = "allreduce";
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
@@ -71,11 +74,13 @@ int main(int argc, char** argv) {
     else if (a == "--iters") iters = static_cast<int>(parse_size(value()));
     else if (a == "--repeats") repeats = static_cast<int>(parse_size(value()));
     else if (a == "--coll") coll = std::string(value());
+    else if (a == "--group") group = static_cast<int>(parse_size(value()));
     else die("unknown argument " + std::string(a) + " (see the comment at the top of the source)");
   }
   if (coll != "allreduce" && coll != "sendrecv" && coll != "allgather")
     die("--coll must be allreduce, sendrecv or allgather");
-  if (factor < 2 || iters < 1 || repeats < 1 || min_bytes < 4) die("bad --factor/--iters/--repeats/--min-bytes");
+  if (factor < 2 || iters < 1 || repeats < 1 || min_bytes < 4 || group < 1 || group > 256)
+    die("bad --factor/--iters/--repeats/--min-bytes/--group");
   int available = 0;
   check(cudaGetDeviceCount(&available), "cudaGetDeviceCount");
   if (gpus == 0) gpus = available;
@@ -91,20 +96,25 @@ int main(int argc, char** argv) {
   for (int g = 0; g < gpus; ++g) {
     check(cudaSetDevice(g), "cudaSetDevice");
     check(cudaStreamCreateWithFlags(&streams[g], cudaStreamNonBlocking), "cudaStreamCreate");
-    check(cudaMalloc(&send[g], max_bytes * gpus), "cudaMalloc");
-    check(cudaMalloc(&recv[g], max_bytes * gpus), "cudaMalloc");
-    check(cudaMemset(send[g], 0, max_bytes * gpus), "cudaMemset");
+    check(cudaMalloc(&send[g], max_bytes * gpus * group), "cudaMalloc");
+    check(cudaMalloc(&recv[g], max_bytes * gpus * group), "cudaMalloc");
+    check(cudaMemset(send[g], 0, max_bytes * gpus * group), "cudaMemset");
   }
   auto one_call = [&](size_t count) {
     check(ncclGroupStart(), "ncclGroupStart");
-    for (int g = 0; g < gpus; ++g) {
-      if (coll == "allreduce") {
-        check(ncclAllReduce(send[g], recv[g], count, ncclFloat, ncclSum, comms[g], streams[g]), "ncclAllReduce");
-      } else if (coll == "allgather") {
-        check(ncclAllGather(send[g], recv[g], count, ncclFloat, comms[g], streams[g]), "ncclAllGather");
-      } else {
-        check(ncclSend(send[g], count, ncclFloat, (g + 1) % gpus, comms[g], streams[g]), "ncclSend");
-        check(ncclRecv(recv[g], count, ncclFloat, (g + gpus - 1) % gpus, comms[g], streams[g]), "ncclRecv");
+    for (int k = 0; k < group; ++k) {
+      const size_t at = static_cast<size_t>(k) * max_elems * gpus;  // this call's buffers
+      for (int g = 0; g < gpus; ++g) {
+        float* s = send[g] + at;
+        float* r = recv[g] + at;
+        if (coll == "allreduce") {
+          check(ncclAllReduce(s, r, count, ncclFloat, ncclSum, comms[g], streams[g]), "ncclAllReduce");
+        } else if (coll == "allgather") {
+          check(ncclAllGather(s, r, count, ncclFloat, comms[g], streams[g]), "ncclAllGather");
+        } else {
+          check(ncclSend(s, count, ncclFloat, (g + 1) % gpus, comms[g], streams[g]), "ncclSend");
+          check(ncclRecv(r, count, ncclFloat, (g + gpus - 1) % gpus, comms[g], streams[g]), "ncclRecv");
+        }
       }
     }
     check(ncclGroupEnd(), "ncclGroupEnd");
@@ -113,8 +123,9 @@ int main(int argc, char** argv) {
     for (int g = 0; g < gpus; ++g) check(cudaStreamSynchronize(streams[g]), "cudaStreamSynchronize");
   };
 
-  std::printf("# latency_bench %s, %d GPU(s), %d calls per round, best of %d rounds (us per call)\n",
-              coll.c_str(), gpus, iters, repeats);
+  std::printf("# latency_bench %s, %d GPU(s), %d group(s) of %d call(s) per round, best of %d rounds "
+              "(us per call)\n",
+              coll.c_str(), gpus, iters, group, repeats);
   std::printf("# %10s %10s %10s %10s\n", "bytes", "issue", "eager", "graph");
   for (uint64_t bytes = min_bytes; bytes <= max_bytes; bytes *= factor) {
     const size_t count = std::max<uint64_t>(1, std::min(max_elems, bytes / sizeof(float)));
@@ -127,8 +138,8 @@ int main(int argc, char** argv) {
       const double t1 = now_us();
       sync_all();
       const double t2 = now_us();
-      best_issue = std::min(best_issue, (t1 - t0) / iters);
-      best_eager = std::min(best_eager, (t2 - t0) / iters);
+      best_issue = std::min(best_issue, (t1 - t0) / iters / group);
+      best_eager = std::min(best_eager, (t2 - t0) / iters / group);
     }
     // Graphs: one per GPU, each stream captured on its own (as nccl-tests -G does).
     std::vector<cudaGraph_t> graphs(gpus);
@@ -156,7 +167,7 @@ int main(int argc, char** argv) {
       }
       sync_all();
       const double t1 = now_us();
-      if (r > 0) best_graph = std::min(best_graph, (t1 - t0) / iters);  // the first one warms up
+      if (r > 0) best_graph = std::min(best_graph, (t1 - t0) / iters / group);  // the first warms up
     }
     for (int g = 0; g < gpus; ++g) {
       check(cudaGraphExecDestroy(execs[g]), "cudaGraphExecDestroy");

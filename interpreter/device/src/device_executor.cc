@@ -294,6 +294,9 @@ struct LocalDevice {
   bool launched_before = false;
 };
 
+struct PreparedCall;
+struct PreparedPart;
+
 struct DeviceExecutor::Impl {
   ef::Program program;
   std::vector<int> rank_devices;
@@ -349,13 +352,39 @@ struct DeviceExecutor::Impl {
                       const std::map<int64_t, std::size_t>& counter_size);
   Status build_device(LocalDevice& local, const std::vector<ConnectionPlan>& connections,
                       const ef::PremulMap* outofplace, const ef::PremulMap* inplace);
+  /// Grows every local rank's executor-owned memory to what calls of `chunk_elements` need,
+  /// and to at least `at_least` bytes (a batch's several uses of the executor).
   Status ensure_private_memory(uint64_t chunk_elements, std::size_t element_size,
-                               const std::vector<cudaStream_t>* streams);
+                               const std::vector<cudaStream_t>* streams, std::size_t at_least = 0);
   std::size_t private_bytes(int rank, uint64_t chunk_elements, uint64_t count,
                             std::size_t element_size) const;
   Status choose_threads(LocalDevice& local, int dtype, int reduction, int* threads);
+  /// `private_offset`: where this call's share of the executor-owned memory starts.
   Status map_buffers(const LocalDevice& local, std::size_t local_index, const RunArgs& args,
-                     uint64_t chunk_elements, std::size_t element_size, RankCallArgs& out) const;
+                     uint64_t chunk_elements, std::size_t element_size, std::size_t private_offset,
+                     RankCallArgs& out) const;
+  /// Which share of the executor-owned memory a call uses: a batch that runs the executor
+  /// several times gives each use its own (calls of one batch may overlap on the GPU).
+  struct PrivateUse {
+    std::size_t instances = 1;  ///< uses in the batch
+    std::size_t stride = 0;     ///< bytes per use (the largest use's need)
+    std::size_t offset = 0;     ///< this use's share
+  };
+  /// The most executor-owned bytes a local rank needs for `args`.
+  std::size_t largest_private_bytes(const RunArgs& args) const;
+  Status prepare(DeviceExecutor* self, const RunArgs& args, const PrivateUse& use,
+                 PreparedCall* out);
+  /// Eager launches: the launch on part.stream waits for this executor's previous launch on the
+  /// device when that was on another stream.
+  Status order_after_last_launch(PreparedPart& part);
+  /// After the part's launch: integer avg's division, and the record of this launch.
+  Status after_launch(PreparedPart& part, int dtype);
+  /// The one-call kernel for one device of a prepared call.
+  Status launch_part(PreparedPart& part, int dtype, int reduction);
+  static Status launch_fused_parts(int device, int sm_count, cudaStream_t stream, int dtype,
+                                   int reduction,
+                                   const std::vector<std::pair<PreparedCall*, PreparedPart*>>& parts,
+                                   uint32_t max_ctas, BatchReport* report);
   std::string describe(std::size_t device_index, const ErrorRecord& e) const;
 };
 
@@ -1043,7 +1072,8 @@ std::size_t DeviceExecutor::Impl::private_bytes(int r, uint64_t chunk_elements, 
 
 Status DeviceExecutor::Impl::ensure_private_memory(uint64_t chunk_elements,
                                                    std::size_t element_size,
-                                                   const std::vector<cudaStream_t>* streams) {
+                                                   const std::vector<cudaStream_t>* streams,
+                                                   std::size_t at_least) {
   const uint64_t count_total = chunk_elements * static_cast<uint64_t>(program.nchunksperloop);
   const uint64_t count = ef::count_is_per_block(program.collective)
                              ? count_total / static_cast<uint64_t>(program.nranks)
@@ -1051,7 +1081,8 @@ Status DeviceExecutor::Impl::ensure_private_memory(uint64_t chunk_elements,
   for (std::size_t i = 0; i < locals.size(); ++i) {
     LocalDevice& local = locals[i];
     for (std::size_t li = 0; li < local.ranks.size(); ++li) {
-      const std::size_t need = private_bytes(local.ranks[li], chunk_elements, count, element_size);
+      const std::size_t need = std::max(
+          at_least, private_bytes(local.ranks[li], chunk_elements, count, element_size));
       if (need <= local.private_memory[li].bytes()) continue;
       if (streams != nullptr) {
         for (cudaStream_t s : *streams) {
@@ -1118,7 +1149,8 @@ Status DeviceExecutor::Impl::choose_threads(LocalDevice& local, int dtype, int r
 /// program buffer is the API buffer, or executor-owned memory where the API has none.
 Status DeviceExecutor::Impl::map_buffers(const LocalDevice& local, std::size_t local_index,
                                          const RunArgs& args, uint64_t chunk_elements,
-                                         std::size_t size, RankCallArgs& out) const {
+                                         std::size_t size, std::size_t private_offset,
+                                         RankCallArgs& out) const {
   const ef::Program& p = program;
   const int r = local.ranks[local_index];
   const ef::Rank& rank = p.ranks[r];
@@ -1134,7 +1166,7 @@ Status DeviceExecutor::Impl::map_buffers(const LocalDevice& local, std::size_t l
     if (api[k] > 0 && user[k] == nullptr) return Status::error(who() + names[k] + " buffer is null");
 
   // Executor-owned memory: scratch first, then program buffers the API does not provide.
-  char* owned = local.private_memory[local_index].get();
+  char* owned = local.private_memory[local_index].get() + private_offset;
   out.buffers[kBufferScratch] = owned;
   std::size_t used =
       align_up(static_cast<uint64_t>(rank.scratch_chunks) * chunk_elements * size, 256);
@@ -1177,13 +1209,50 @@ Status DeviceExecutor::Impl::map_buffers(const LocalDevice& local, std::size_t l
   return Status::ok();
 }
 
-Status DeviceExecutor::run(const RunArgs& args) {
-  Impl& m = *impl_;
-  const ef::Program& p = m.program;
-  const int n = p.nranks;
-  if (Status s = error_status(); !s)
-    return Status::error("executor stopped by an earlier failure (call reset()): " + s.message());
+namespace {
+std::atomic<uint64_t> g_interpreter_launches{0};
+}  // namespace
 
+uint64_t interpreter_launch_count() {
+  return g_interpreter_launches.load(std::memory_order_relaxed);
+}
+
+/// One device's launch of one prepared call.
+struct PreparedPart {
+  std::size_t device_index = 0;  ///< into Impl::locals
+  cudaStream_t stream = nullptr;
+  bool eager = true;             ///< the stream is not being captured
+  int threads = 0;               ///< the one-call kernel's CTA size (choose_threads)
+  CallParams call{};
+  std::vector<RankCallArgs> ranks;  ///< per local rank of the device
+  DivideParams divide{};
+  bool integer_avg = false;
+};
+
+/// A call checked and turned into per-device kernel parameters, ready to launch.
+struct PreparedCall {
+  DeviceExecutor* executor = nullptr;
+  int dtype = 0;
+  int reduction = kReduceSum;
+  std::vector<PreparedPart> parts;  ///< empty: nothing to run (a zero-element chunk)
+};
+
+std::size_t DeviceExecutor::Impl::largest_private_bytes(const RunArgs& args) const {
+  const auto chunk = ef::chunk_elements(program, args.count);
+  if (!chunk) return 0;  // check_call reports it
+  std::size_t largest = 0;
+  for (const LocalDevice& local : locals)
+    for (int r : local.ranks)
+      largest = std::max(largest, private_bytes(r, *chunk, args.count, ef::size_of(args.dtype)));
+  return largest;
+}
+
+Status DeviceExecutor::Impl::prepare(DeviceExecutor* self, const RunArgs& args,
+                                     const PrivateUse& use, PreparedCall* out) {
+  const ef::Program& p = program;
+  const int n = p.nranks;
+  out->executor = self;
+  out->parts.clear();
   if (Status s = ef::check_call(p, args.count, args.dtype, args.op, args.inplace,
                                args.premul_scalars.size());
       !s)
@@ -1193,115 +1262,364 @@ Status DeviceExecutor::run(const RunArgs& args) {
   if (args.inputs.size() != static_cast<std::size_t>(n) ||
       args.outputs.size() != static_cast<std::size_t>(n))
     return Status::error("inputs and outputs need one entry per rank (" + std::to_string(n) + ")");
-  if (args.streams.size() != m.devices.size())
+  if (args.streams.size() != devices.size())
     return Status::error("streams needs one entry per device of devices() (" +
-                         std::to_string(m.devices.size()) + ")");
+                         std::to_string(devices.size()) + ")");
   const auto chunk = ef::chunk_elements(p, args.count);
   const uint64_t b = *chunk;
   if (b == 0) return Status::ok();  // nothing runs (§5)
   const std::size_t size = ef::size_of(args.dtype);
   if (b > std::numeric_limits<uint64_t>::max() / size / static_cast<uint64_t>(p.nchunksperloop) / 2)
     return Status::error("count " + std::to_string(args.count) + " overflows the buffer size");
-  const uint64_t tile = std::max<uint64_t>(1, m.slot_bytes / size);
+  const uint64_t tile = std::max<uint64_t>(1, slot_bytes / size);
   const uint64_t iterations = (b + tile - 1) / tile;
   if (iterations >= std::numeric_limits<uint32_t>::max())
     return Status::error("too many tiles per chunk (" + std::to_string(iterations) + ")");
 
-  if (Status s = m.ensure_private_memory(b, size, &args.streams); !s) return s;
+  if (Status s = ensure_private_memory(b, size, &args.streams, use.instances * use.stride); !s)
+    return s;
 
   // Collectives that only move data ignore the operator (as the host executor does).
   const bool reduces = ef::collective_reduces(p.collective);
   const bool integer_avg = reduces && args.op == ef::RedOp::kAvg && is_integer(args.dtype);
   const bool premul = reduces && (args.op == ef::RedOp::kPreMulSum ||
                                   (args.op == ef::RedOp::kAvg && !is_integer(args.dtype)));
-  if (premul && !m.premul_mixed[args.inplace ? 1 : 0].empty())
-    return Status::error(m.premul_mixed[args.inplace ? 1 : 0]);
+  if (premul && !premul_mixed[args.inplace ? 1 : 0].empty())
+    return Status::error(premul_mixed[args.inplace ? 1 : 0]);
   int reduction = kReduceSum;
   if (args.op == ef::RedOp::kProd) reduction = kReduceProd;
   if (args.op == ef::RedOp::kMin) reduction = kReduceMin;
   if (args.op == ef::RedOp::kMax) reduction = kReduceMax;
+  out->dtype = dtype;
+  out->reduction = reduction;
 
+  out->parts.resize(locals.size());
+  for (std::size_t di = 0; di < locals.size(); ++di) {
+    LocalDevice& local = locals[di];
+    PreparedPart& part = out->parts[di];
+    part.device_index = di;
+    part.stream = args.streams[di];
+    if (Status s = choose_threads(local, dtype, reduction, &part.threads); !s) return s;
+    {
+      DeviceScope scope(local.device);
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      EFCCL_CUDA_RETURN(cudaStreamIsCapturing(part.stream, &capture), "cudaStreamIsCapturing");
+      part.eager = capture == cudaStreamCaptureStatusNone;
+    }
+
+    CallParams& params = part.call;
+    params.threadblocks = local.threadblocks.get<ThreadblockDesc>();
+    params.ops = local.ops.get<OpDesc>();
+    params.deps = local.deps.get<DepDesc>();
+    params.flags = local.flags.get<uint64_t>();
+    params.sends = local.sends.get<SendConnection>();
+    params.recvs = local.recvs.get<RecvConnection>();
+    params.state = local.state.get<LaunchState>();
+    params.epochs = local.epochs.get<uint64_t>();
+    params.error = record(di);
+    params.signals = signals();
+    params.chunk_elements = b;
+    params.tile_elements = tile;
+    params.iterations = iterations;
+    params.timeout_ns = static_cast<uint64_t>(args.timeout.count());
+    params.premul_shift = args.inplace ? kPremulShiftInPlace : kPremulShiftOutOfPlace;
+    params.premul = premul ? 1 : 0;
+
+    DivideParams& divide = part.divide;
+    divide.segments = local.divide_segments.get<DivideSegment>();
+    divide.nsegments = local.ndivide_segments;
+    divide.chunk_elements = b;
+    divide.largest_segment_elements = static_cast<uint64_t>(local.largest_divide_chunks) * b;
+    divide.divisor = static_cast<uint64_t>(n);
+    part.integer_avg = integer_avg;
+    part.ranks.assign(local.ranks.size(), RankCallArgs{});
+    for (std::size_t li = 0; li < local.ranks.size(); ++li) {
+      const int r = local.ranks[li];
+      RankCallArgs& ra = part.ranks[li];
+      if (Status st = map_buffers(local, li, args, b, size, use.offset, ra); !st) return st;
+
+      double scalar = 1.0;
+      if (args.op == ef::RedOp::kPreMulSum && !args.premul_scalars.empty())
+        scalar = args.premul_scalars[r];
+      if (args.op == ef::RedOp::kAvg) scalar = 1.0 / static_cast<double>(n);
+      ra.scalar_f64 = scalar;
+      ra.scalar_f32 = static_cast<float>(scalar);
+      ra.scalar_i64 = integer_scalar(scalar);
+
+      divide.outputs[li] = static_cast<char*>(args.outputs[r]);
+    }
+  }
+  return Status::ok();
+}
+
+Status DeviceExecutor::Impl::order_after_last_launch(PreparedPart& part) {
+  LocalDevice& local = locals[part.device_index];
+  // Graph captures are ordered by whoever replays them; eager launches are ordered here: two
+  // launches of one executor share FIFOs, flags and launch counts.
+  if (part.eager && local.launched_before && local.last_stream != part.stream) {
+    auto event = local.last_launch.get(local.device);
+    if (!event) return event.status();
+    EFCCL_CUDA_RETURN(cudaStreamWaitEvent(part.stream, *event, 0), "cudaStreamWaitEvent");
+  }
+  return Status::ok();
+}
+
+Status DeviceExecutor::Impl::after_launch(PreparedPart& part, int dtype) {
+  LocalDevice& local = locals[part.device_index];
+  if (part.integer_avg)
+    EFCCL_CUDA_RETURN(launch_divide(part.divide, dtype, part.stream),
+                      "launching avg's division on device " + std::to_string(local.device));
+  if (part.eager) {
+    auto event = local.last_launch.get(local.device);
+    if (!event) return event.status();
+    EFCCL_CUDA_RETURN(cudaEventRecord(*event, part.stream), "cudaEventRecord");
+    local.last_stream = part.stream;
+    local.launched_before = true;
+  }
+  return Status::ok();
+}
+
+Status DeviceExecutor::Impl::launch_part(PreparedPart& part, int dtype, int reduction) {
+  LocalDevice& local = locals[part.device_index];
+  KernelParams params{};
+  static_cast<CallParams&>(params) = part.call;
+  std::copy(part.ranks.begin(), part.ranks.end(), params.ranks);
+  DeviceScope scope(local.device);
+  if (Status s = order_after_last_launch(part); !s) return s;
+  EFCCL_CUDA_RETURN(launch_interpreter(params, dtype, reduction, flagged,
+                                       static_cast<int>(local.nblocks), part.threads, part.stream),
+                    "launching the interpreter on device " + std::to_string(local.device));
+  g_interpreter_launches.fetch_add(1, std::memory_order_relaxed);
+  return after_launch(part, dtype);
+}
+
+Status DeviceExecutor::run(const RunArgs& args) {
+  Impl& m = *impl_;
+  if (Status s = error_status(); !s)
+    return Status::error("executor stopped by an earlier failure (call reset()): " + s.message());
+  PreparedCall call;
+  if (Status s = m.prepare(this, args, Impl::PrivateUse{}, &call); !s) return s;
   // A device whose launch fails after others started would leave those spinning until the
   // timeout: stop them at once instead.
   std::size_t launched = 0;
-  for (std::size_t di = 0; di < m.locals.size(); ++di) {
-    LocalDevice& local = m.locals[di];
-    Status launched_here = [&]() -> Status {
-      int threads = 0;
-      if (Status s = m.choose_threads(local, dtype, reduction, &threads); !s) return s;
-
-      KernelParams params{};
-      params.threadblocks = local.threadblocks.get<ThreadblockDesc>();
-      params.ops = local.ops.get<OpDesc>();
-      params.deps = local.deps.get<DepDesc>();
-      params.flags = local.flags.get<uint64_t>();
-      params.sends = local.sends.get<SendConnection>();
-      params.recvs = local.recvs.get<RecvConnection>();
-      params.state = local.state.get<LaunchState>();
-      params.epochs = local.epochs.get<uint64_t>();
-      params.error = m.record(di);
-      params.signals = m.signals();
-      params.chunk_elements = b;
-      params.tile_elements = tile;
-      params.iterations = iterations;
-      params.timeout_ns = static_cast<uint64_t>(args.timeout.count());
-      params.premul_shift = args.inplace ? kPremulShiftInPlace : kPremulShiftOutOfPlace;
-      params.premul = premul ? 1 : 0;
-
-      DivideParams divide{};
-      divide.segments = local.divide_segments.get<DivideSegment>();
-      divide.nsegments = local.ndivide_segments;
-      divide.chunk_elements = b;
-      divide.largest_segment_elements = static_cast<uint64_t>(local.largest_divide_chunks) * b;
-      divide.divisor = static_cast<uint64_t>(n);
-      for (std::size_t li = 0; li < local.ranks.size(); ++li) {
-        const int r = local.ranks[li];
-        RankCallArgs& ra = params.ranks[li];
-        if (Status st = m.map_buffers(local, li, args, b, size, ra); !st) return st;
-
-        double scalar = 1.0;
-        if (args.op == ef::RedOp::kPreMulSum && !args.premul_scalars.empty())
-          scalar = args.premul_scalars[r];
-        if (args.op == ef::RedOp::kAvg) scalar = 1.0 / static_cast<double>(n);
-        ra.scalar_f64 = scalar;
-        ra.scalar_f32 = static_cast<float>(scalar);
-        ra.scalar_i64 = integer_scalar(scalar);
-
-        divide.outputs[li] = static_cast<char*>(args.outputs[r]);
-      }
-
-      DeviceScope scope(local.device);
-      const cudaStream_t stream = args.streams[di];
-      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-      EFCCL_CUDA_RETURN(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
-      // Graph captures are ordered by whoever replays them; eager launches are ordered here.
-      const bool eager = capture == cudaStreamCaptureStatusNone;
-      if (eager && local.launched_before && local.last_stream != stream) {
-        auto event = local.last_launch.get(local.device);
-        if (!event) return event.status();
-        EFCCL_CUDA_RETURN(cudaStreamWaitEvent(stream, *event, 0), "cudaStreamWaitEvent");
-      }
-      EFCCL_CUDA_RETURN(
-          launch_interpreter(params, dtype, reduction, m.flagged, static_cast<int>(local.nblocks),
-                             threads, args.streams[di]),
-          "launching the interpreter on device " + std::to_string(local.device));
-      if (integer_avg)
-        EFCCL_CUDA_RETURN(launch_divide(divide, dtype, args.streams[di]),
-                          "launching avg's division on device " + std::to_string(local.device));
-      if (eager) {
-        auto event = local.last_launch.get(local.device);
-        if (!event) return event.status();
-        EFCCL_CUDA_RETURN(cudaEventRecord(*event, stream), "cudaEventRecord");
-        local.last_stream = stream;
-        local.launched_before = true;
-      }
-      return Status::ok();
-    }();
-    if (!launched_here) {
+  for (PreparedPart& part : call.parts) {
+    if (Status s = m.launch_part(part, call.dtype, call.reduction); !s) {
       if (launched > 0) abort();
-      return launched_here;
+      return s;
     }
     ++launched;
+  }
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batches
+
+namespace {
+
+/// Occupancy of the fused kernel per (device, dtype, reduction, threads), queried once.
+StatusOr<int> fused_capacity(int device, int sm_count, int dtype, int reduction, int threads) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, int, int>, int> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(device, dtype, reduction, threads);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  int per_sm = 0;
+  DeviceScope scope(device);
+  EFCCL_CUDA_RETURN(fused_blocks_per_sm(dtype, reduction, threads, &per_sm),
+                    "cudaOccupancyMaxActiveBlocksPerMultiprocessor (fused kernel)");
+  return cache[key] = per_sm * sm_count;
+}
+
+/// Calls waiting to be launched on one (device, stream): consecutive parts of one kernel.
+struct PendingLaunch {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  int dtype = 0, reduction = 0;
+  std::size_t ranks = 0;
+  std::vector<std::pair<PreparedCall*, PreparedPart*>> parts;
+};
+
+}  // namespace
+
+Status DeviceExecutor::Impl::launch_fused_parts(
+    int device, int sm_count, cudaStream_t stream, int dtype, int reduction,
+    const std::vector<std::pair<PreparedCall*, PreparedPart*>>& parts, uint32_t max_ctas,
+    BatchReport* report) {
+  int threads = kMaxThreadsPerBlock;
+  uint32_t widest = 0;
+  for (const auto& [call, part] : parts) {
+    threads = std::min(threads, part->threads);
+    widest = std::max(widest, call->executor->impl_->locals[part->device_index].nblocks);
+  }
+  int capacity = 0;
+  for (; threads >= 64; threads /= 2) {
+    auto c = fused_capacity(device, sm_count, dtype, reduction, threads);
+    if (!c) return c.status();
+    capacity = *c;
+    if (static_cast<uint32_t>(capacity) >= widest) break;
+  }
+  if (threads < 64 || static_cast<uint32_t>(capacity) < widest) {
+    // The fused kernel's grid cannot hold the widest call: launch them one by one.
+    for (const auto& [call, part] : parts) {
+      if (Status s = call->executor->impl_->launch_part(*part, dtype, reduction); !s) return s;
+      ++report->launches;
+    }
+    return Status::ok();
+  }
+
+  if (max_ctas >= widest) capacity = std::min(capacity, static_cast<int>(max_ctas));
+  // Placement: calls side by side while they fit, then again from CTA 0; every use of an
+  // executor on the CTAs of its first (fused_kernel.cu).
+  FusedParams params{};
+  std::map<const Impl*, uint32_t> placed;
+  uint32_t offset = 0, grid = 0;
+  for (const auto& [call, part] : parts) {
+    Impl& m = *call->executor->impl_;
+    const uint32_t ntb = m.locals[part->device_index].nblocks;
+    uint32_t begin = 0;
+    if (auto it = placed.find(&m); it != placed.end()) {
+      begin = it->second;
+    } else {
+      if (offset + ntb > static_cast<uint32_t>(capacity)) offset = 0;
+      begin = offset;
+      offset += ntb;
+      placed.emplace(&m, begin);
+    }
+    FusedCall& fc = params.calls[params.ncalls];
+    static_cast<CallParams&>(fc) = part->call;
+    fc.cta_begin = begin;
+    fc.nthreadblocks = ntb;
+    fc.rank_begin = 0;
+    fc.flagged = m.flagged ? 1 : 0;
+    grid = std::max(grid, begin + ntb);
+    ++params.ncalls;
+  }
+  uint32_t rank_cursor = 0;
+  for (uint32_t i = 0; i < params.ncalls; ++i) {
+    const PreparedPart& part = *parts[i].second;
+    params.calls[i].rank_begin = rank_cursor;
+    std::copy(part.ranks.begin(), part.ranks.end(), params.ranks + rank_cursor);
+    rank_cursor += static_cast<uint32_t>(part.ranks.size());
+  }
+
+  DeviceScope scope(device);
+  for (const auto& [call, part] : parts)
+    if (Status s = call->executor->impl_->order_after_last_launch(*part); !s) return s;
+  EFCCL_CUDA_RETURN(launch_fused(params, dtype, reduction, static_cast<int>(grid), threads, stream),
+                    "launching the fused interpreter (" + std::to_string(parts.size()) +
+                        " calls) on device " + std::to_string(device));
+  g_interpreter_launches.fetch_add(1, std::memory_order_relaxed);
+  ++report->launches;
+  report->fused_calls += parts.size();
+  for (const auto& [call, part] : parts)
+    if (Status s = call->executor->impl_->after_launch(*part, call->dtype); !s) return s;
+  return Status::ok();
+}
+
+Status DeviceExecutor::run_batch(const std::vector<BatchCall>& calls, BatchReport* report,
+                                 const BatchOptions& options) {
+  BatchReport local_report;
+  if (report == nullptr) report = &local_report;
+  *report = BatchReport{};
+  // Data-movement collectives run as bytes, so that they share one kernel whatever their type.
+  std::vector<RunArgs> byte_args(calls.size());
+  std::vector<const RunArgs*> args(calls.size());
+  std::map<Impl*, Impl::PrivateUse> uses;  // per executor: how many uses, the largest need
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    const BatchCall& c = calls[i];
+    if (c.executor == nullptr || c.args == nullptr)
+      return Status::error("batch call " + std::to_string(i) + " has no executor or arguments");
+    if (Status s = c.executor->error_status(); !s)
+      return Status::error("executor of batch call " + std::to_string(i) +
+                           " stopped by an earlier failure (call reset()): " + s.message());
+    args[i] = c.args;
+    const ef::Program& p = c.executor->impl_->program;
+    if (!ef::collective_reduces(p.collective) && c.args->dtype != ef::DataType::kInt8 &&
+        ef::check_call(p, c.args->count, c.args->dtype, c.args->op, c.args->inplace,
+                       c.args->premul_scalars.size())) {
+      byte_args[i] = *c.args;
+      byte_args[i].count = c.args->count * ef::size_of(c.args->dtype);
+      byte_args[i].dtype = ef::DataType::kInt8;
+      byte_args[i].op = ef::RedOp::kSum;
+      args[i] = &byte_args[i];
+    }
+    Impl::PrivateUse& use = uses[c.executor->impl_.get()];
+    ++use.instances;
+    use.stride = std::max(use.stride, align_up(c.executor->impl_->largest_private_bytes(*args[i]), 256));
+  }
+
+  std::vector<PreparedCall> prepared(calls.size());
+  std::map<Impl*, uint32_t> next_instance;
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    Impl* m = calls[i].executor->impl_.get();
+    Impl::PrivateUse use = uses[m];
+    use.offset = next_instance[m]++ * use.stride;
+    if (Status s = m->prepare(calls[i].executor, *args[i], use, &prepared[i]); !s)
+      return Status::error("batch call " + std::to_string(i) + " (program '" + m->program.name +
+                           "'): " + s.message());
+  }
+
+  // Per (device, stream): consecutive parts of one kernel are fused (in call order, at most
+  // kMaxFusedCalls calls and kMaxFusedRanks ranks per launch); a part of another kernel
+  // launches what is pending first, so every device runs the calls in the batch's order.
+  std::map<std::pair<int, cudaStream_t>, PendingLaunch> pending;
+  std::map<std::pair<const Impl*, std::size_t>, std::pair<int, cudaStream_t>> waiting_in;
+  std::vector<DeviceExecutor*> started;
+  const auto flush = [&](PendingLaunch& l) -> Status {
+    if (l.parts.empty()) return Status::ok();
+    for (const auto& [call, part] : l.parts) {
+      waiting_in.erase({call->executor->impl_.get(), part->device_index});
+      started.push_back(call->executor);
+    }
+    Status s = Status::ok();
+    if (l.parts.size() == 1) {
+      auto [call, part] = l.parts.front();
+      s = call->executor->impl_->launch_part(*part, call->dtype, call->reduction);
+      if (s) ++report->launches;
+    } else {
+      const Impl& first = *l.parts.front().first->executor->impl_;
+      const int sm_count = first.locals[l.parts.front().second->device_index].sm_count;
+      s = Impl::launch_fused_parts(l.device, sm_count, l.stream, l.dtype, l.reduction, l.parts,
+                                   options.max_ctas, report);
+    }
+    l.parts.clear();
+    l.ranks = 0;
+    return s;
+  };
+  Status failure = Status::ok();
+  for (PreparedCall& call : prepared) {
+    for (PreparedPart& part : call.parts) {
+      Impl& m = *call.executor->impl_;
+      const int device = m.locals[part.device_index].device;
+      const std::pair<int, cudaStream_t> key{device, part.stream};
+      // The executor's previous use on this device waits on another stream: launch it first
+      // (launches of one executor on different streams are ordered by events).
+      if (auto it = waiting_in.find({&m, part.device_index});
+          it != waiting_in.end() && it->second != key)
+        if (failure = flush(pending[it->second]); !failure) break;
+      PendingLaunch& l = pending[key];
+      const bool fits = l.parts.size() < static_cast<std::size_t>(kMaxFusedCalls) &&
+                        l.ranks + part.ranks.size() <= static_cast<std::size_t>(kMaxFusedRanks);
+      if (!l.parts.empty() && (l.dtype != call.dtype || l.reduction != call.reduction || !fits))
+        if (failure = flush(l); !failure) break;
+      l.device = device;
+      l.stream = part.stream;
+      l.dtype = call.dtype;
+      l.reduction = call.reduction;
+      l.ranks += part.ranks.size();
+      l.parts.emplace_back(&call, &part);
+      waiting_in[{&m, part.device_index}] = key;
+    }
+    if (!failure) break;
+  }
+  if (failure)
+    for (auto& [key, l] : pending)
+      if (failure = flush(l); !failure) break;
+  if (!failure) {
+    // Launches already enqueued would wait for the failed one's peers until their deadline.
+    for (DeviceExecutor* e : started) e->abort();
+    return failure;
   }
   return Status::ok();
 }
@@ -1342,6 +1660,12 @@ std::string DeviceExecutor::Impl::describe(std::size_t device_index, const Error
         static_cast<std::size_t>(e.op) < tbs[e.tb].ops.size())
       op_name = std::string(ef::to_string(tbs[e.tb].ops[e.op].code));
   }
+  if (e.kind == kErrorSkipped) {
+    o << "skipped: rank " << e.rank << " threadblock " << e.tb << " on device "
+      << devices[device_index]
+      << " did not run, because an earlier call of the same fused launch failed on its CTA";
+    return o.str();
+  }
   o << (e.kind == kErrorAborted ? "aborted" : "timed out") << ": rank " << e.rank << " threadblock "
     << e.tb << " op " << e.op << " (" << op_name << ") iteration " << e.iteration << " on device "
     << devices[device_index] << " waited " << e.waited_ns / 1000000 << " ms for ";
@@ -1380,6 +1704,12 @@ Status DeviceExecutor::error_status() const {
 }
 
 std::size_t DeviceExecutor::slot_bytes() const { return impl_->slot_bytes; }
+std::size_t DeviceExecutor::connection_bytes() const {
+  std::size_t most = 0;
+  for (const LocalDevice& local : impl_->locals)
+    most = std::max(most, local.fifo_arena.bytes() + local.counter_arena.bytes());
+  return most;
+}
 const std::string& DeviceExecutor::protocol_note() const { return impl_->protocol_note; }
 
 void DeviceExecutor::abort() {

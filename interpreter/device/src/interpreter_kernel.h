@@ -19,6 +19,14 @@ cudaError_t launch_interpreter(const KernelParams& params, int dtype, int reduct
 cudaError_t interpreter_blocks_per_sm(int dtype, int reduction, bool flagged, int threads,
                                       int* blocks);
 
+/// Enqueues one fused launch (kernel_params.h, FusedParams): `nblocks` CTAs run the
+/// threadblocks of params.ncalls calls of one (dtype, reduction), Simple and flagged alike.
+cudaError_t launch_fused(const FusedParams& params, int dtype, int reduction, int nblocks,
+                         int threads, cudaStream_t stream);
+
+/// How many CTAs of `threads` threads of the fused (dtype, reduction) kernel fit on one SM.
+cudaError_t fused_blocks_per_sm(int dtype, int reduction, int threads, int* blocks);
+
 /// Integer avg's final pass (dtype must be an integer type): divides the result regions of the
 /// local ranks' API outputs by params.divisor, after the interpreter launch on the same stream.
 cudaError_t launch_divide(const DivideParams& params, int dtype, cudaStream_t stream);

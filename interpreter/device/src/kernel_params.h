@@ -154,6 +154,7 @@ enum ErrorKind : uint32_t {
   kErrorNone = 0,
   kErrorTimeout = 1,
   kErrorAborted = 2,
+  kErrorSkipped = 3,  ///< not run: an earlier call of the same fused launch failed on its CTA
 };
 
 /// The first failure on one device, in host-mapped memory so the host can read it while the
@@ -189,16 +190,16 @@ struct RankCallArgs {
   int32_t reserved;
 };
 
-/// The kernel's one parameter (passed as __grid_constant__; about 3.3 KiB).
-struct KernelParams {
-  const ThreadblockDesc* threadblocks;  ///< one per CTA
+/// One call's tables and sizes: everything a CTA needs except the ranks' buffers.
+struct CallParams {
+  const ThreadblockDesc* threadblocks;  ///< one per threadblock of the device's ranks
   const OpDesc* ops;
   const DepDesc* deps;
   uint64_t* flags;
   const SendConnection* sends;
   const RecvConnection* recvs;
   LaunchState* state;
-  uint64_t* epochs;             ///< one per CTA: launches it has completed
+  uint64_t* epochs;             ///< one per threadblock: launches it has completed
   ErrorRecord* error;           ///< host-mapped, this device's record
   StopSignals* signals;         ///< host-mapped, shared by all devices
   uint64_t chunk_elements;      ///< B
@@ -207,7 +208,35 @@ struct KernelParams {
   uint64_t timeout_ns;          ///< per wait without progress; > 0
   int32_t premul_shift;         ///< kPremulShift{OutOfPlace,InPlace}
   int32_t premul;               ///< 1: scale pristine reads (premulsum, avg on floats)
+};
+
+/// The kernel's one parameter for one call (passed as __grid_constant__; about 3.2 KiB): CTA i
+/// runs threadblock i.
+struct KernelParams : CallParams {
   RankCallArgs ranks[kMaxLocalRanks];
+};
+
+/// Fused launches (several calls of one group in one launch per device and stream).
+inline constexpr int kMaxFusedCalls = 32;
+inline constexpr int kMaxFusedRanks = 64;
+
+/// One call of a fused launch: its threadblock t runs on CTA cta_begin + t.
+struct FusedCall : CallParams {
+  uint32_t cta_begin;
+  uint32_t nthreadblocks;
+  uint32_t rank_begin;  ///< its local ranks' RankCallArgs: FusedParams::ranks[rank_begin ...]
+  uint32_t flagged;     ///< 1: the LL/LL128 instantiation of the walk, 0: Simple
+};
+
+/// The fused kernel's parameter (about 7.3 KiB; kernel parameters may be up to 32 KiB since CUDA
+/// 12.1 on compute capability 7.0 and later). Each CTA runs, in call order, the threadblocks
+/// that fall on it: at most one per call, so that a call's threadblocks are co-resident once
+/// the calls before them on their CTAs have finished, and every device orders the calls alike.
+struct FusedParams {
+  uint32_t ncalls;
+  uint32_t reserved;
+  FusedCall calls[kMaxFusedCalls];
+  RankCallArgs ranks[kMaxFusedRanks];
 };
 
 /// Integer avg's final pass divides these output regions by nranks (the host executor's

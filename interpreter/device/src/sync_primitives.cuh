@@ -67,7 +67,7 @@ struct WaitSite {
 };
 
 /// Posts this device's first error (later ones are dropped) and tells every CTA to stop.
-__device__ inline void post_error(const KernelParams& p, ErrorKind kind, const WaitSite& site,
+__device__ inline void post_error(const CallParams& p, ErrorKind kind, const WaitSite& site,
                                   uint64_t now, uint64_t waited) {
   if (atomicCAS(&p.state->error_claim, 0u, 1u) == 0u) {
     ErrorRecord* e = p.error;
@@ -89,7 +89,7 @@ __device__ inline void post_error(const KernelParams& p, ErrorKind kind, const W
 
 /// One check of a waiting thread: true when it must stop (abort or timeout, posted here, or
 /// another CTA's failure). `start` is when the wait began.
-__device__ inline bool must_stop(const KernelParams& p, const WaitSite& site, uint64_t start) {
+__device__ inline bool must_stop(const CallParams& p, const WaitSite& site, uint64_t start) {
   const uint64_t now = global_timer_ns();
   const uint64_t word =
       cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(*reinterpret_cast<uint64_t*>(p.signals))
@@ -111,7 +111,7 @@ __device__ inline bool must_stop(const KernelParams& p, const WaitSite& site, ui
 /// Spins (thread 0 only) until `ready()`; false when the call must stop instead: a timeout
 /// (posted here), an abort (posted here), or another CTA's failure.
 template <typename Ready>
-__device__ __forceinline__ bool spin_until(const KernelParams& p, const WaitSite& site,
+__device__ __forceinline__ bool spin_until(const CallParams& p, const WaitSite& site,
                                            Ready ready) {
   if (ready()) return true;
   const uint64_t start = global_timer_ns();
@@ -134,7 +134,7 @@ inline constexpr uint32_t kWarpPollInterval = 1024;
 /// Called by all 32 lanes of a warp after `spins` (warp-uniform) polls: lane 0 checks the
 /// deadline and the stop signals every kWarpPollInterval spins and tells the warp. `start` is
 /// lane 0's clock at the first check (0 before it).
-__device__ __forceinline__ bool warp_must_stop(const KernelParams& p, const WaitSite& site,
+__device__ __forceinline__ bool warp_must_stop(const CallParams& p, const WaitSite& site,
                                                uint32_t spins, uint64_t& start) {
   if (spins % kWarpPollInterval != 0) return false;
   int stop = 0;
@@ -173,7 +173,7 @@ __device__ __forceinline__ void store_wire(char* p, uint64_t a, uint64_t b) {
 
 /// Pushing side of a connection, as thread 0 drives it. `position` is the push count, kept in
 /// a register by every thread during the launch and persisted at its end.
-__device__ __forceinline__ bool wait_free_slot(const KernelParams& p, const SendConnection& c,
+__device__ __forceinline__ bool wait_free_slot(const CallParams& p, const SendConnection& c,
                                                uint64_t position, WaitSite site) {
   site.wait = kWaitSlot;
   site.peer = c.peer;
@@ -189,7 +189,7 @@ __device__ __forceinline__ void post_filled_slot(const SendConnection& c, uint64
 }
 
 /// Popping side of a connection.
-__device__ __forceinline__ bool wait_filled_slot(const KernelParams& p, const RecvConnection& c,
+__device__ __forceinline__ bool wait_filled_slot(const CallParams& p, const RecvConnection& c,
                                                  uint64_t position, WaitSite site) {
   site.wait = kWaitData;
   site.peer = c.peer;

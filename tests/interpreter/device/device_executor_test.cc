@@ -1025,5 +1025,270 @@ TEST(DeviceExecutor, AbortStopsABlockedCallPromptly) {
   }
 }
 
+// ---- Batches: several calls in one fused launch per device ----
+
+/// One call of a batch test: its program, executor, buffers and arguments.
+struct BatchEntry {
+  const ef::Program* program = nullptr;
+  device::DeviceExecutor* executor = nullptr;
+  DataType dtype = DataType::kFloat32;
+  RedOp op = RedOp::kSum;
+  bool inplace = false;
+  uint64_t count = 0;
+  CallBuffers bufs;
+  device::RunArgs args;
+};
+
+/// Fresh buffers and inputs for every entry (not during a capture: it copies synchronously).
+void make_batch_buffers(std::vector<BatchEntry>& entries, const Streams& streams, uint64_t seed) {
+  for (BatchEntry& e : entries) {
+    make_buffers(*e.program, map_ranks(e.program->nranks, true), e.count, e.dtype, e.inplace, false,
+                 ++seed, e.bufs);
+    e.args = run_args(*e.program, e.bufs, e.count, e.dtype, e.op, e.inplace, streams.get());
+  }
+}
+
+Status run_batch_only(std::vector<BatchEntry>& entries, device::BatchReport* report,
+                      const device::BatchOptions& options = {}) {
+  std::vector<device::BatchCall> calls;
+  for (BatchEntry& e : entries) calls.push_back({e.executor, &e.args});
+  return device::DeviceExecutor::run_batch(calls, report, options);
+}
+
+/// Fresh inputs for every entry, then one run_batch.
+Status run_batch_of(std::vector<BatchEntry>& entries, const Streams& streams, uint64_t seed,
+                    device::BatchReport* report, const device::BatchOptions& options = {}) {
+  make_batch_buffers(entries, streams, seed);
+  return run_batch_only(entries, report, options);
+}
+
+/// Empty when every entry's GPU result equals the host executor's.
+std::string compare_batch(std::vector<BatchEntry>& entries) {
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    BatchEntry& e = entries[i];
+    auto result =
+        host::execute(*e.program, host_options(e.args, e.executor->slot_bytes()), e.bufs.host);
+    if (!result.status) return "call " + std::to_string(i) + ": host: " + result.status.message();
+    if (std::string d = compare(*e.program, e.dtype, e.bufs); !d.empty())
+      return "call " + std::to_string(i) + " ('" + e.program->name + "', " +
+             describe(e.dtype, e.op, e.inplace, e.count) + "): " + d;
+  }
+  return {};
+}
+
+TEST(DeviceExecutor, BatchRunsInOneFusedLaunchPerDevice) {
+  // Simple, LL and LL128 programs, a program with scratch used twice (each use gets its own),
+  // in place and out of place: one launch per device; then a data-movement collective in
+  // float and in int8, which both run as bytes: a second launch. Results bitwise the host
+  // executor's, batch after batch and under graph replay.
+  SKIP_WITHOUT_GPU();
+  const ef::Program& ring = program_as(example("ring_allreduce_4r_2ch.json"), ef::Protocol::kSimple);
+  const ef::Program& ring128 =
+      program_as(example("ring_allreduce_4r_2ch.json"), ef::Protocol::kLL128);
+  const ef::Program& allpairs =
+      program_as(example("allpairs_allreduce_3r.json"), ef::Protocol::kSimple);
+  const ef::Program& allgather = program_as(example("ring_allgather_4r.json"), ef::Protocol::kSimple);
+  const ef::Program& reduce = program_as(example("chain_reduce_4r.json"), ef::Protocol::kLL);
+  std::vector<std::unique_ptr<device::DeviceExecutor>> executors;
+  for (const ef::Program* p : {&ring, &ring128, &allpairs, &allgather, &reduce}) {
+    auto e = small_slot_executor(*p, map_ranks(p->nranks, true));
+    ASSERT_TRUE(e.is_ok()) << p->name << ": " << e.status().message();
+    executors.push_back(std::move(e.value()));
+  }
+  ASSERT_GT(allpairs.ranks[0].scratch_chunks, 0) << "the test needs a program with scratch";
+  const std::vector<int> devices = executors[0]->devices();
+  for (const auto& e : executors) ASSERT_EQ(e->devices(), devices);
+  Streams streams(devices);
+
+  std::vector<BatchEntry> entries(8);
+  const auto set = [&](std::size_t i, std::size_t executor, const ef::Program& p, bool inplace,
+                       uint64_t granules) {
+    entries[i].program = &p;
+    entries[i].executor = executors[executor].get();
+    entries[i].inplace = inplace;
+    entries[i].count = ef::count_granularity(p) * granules;
+  };
+  set(0, 0, ring, false, 300);
+  set(1, 2, allpairs, false, 211);
+  set(2, 1, ring128, false, 97);
+  set(3, 2, allpairs, false, 500);  // the same executor again, a larger call
+  set(4, 4, reduce, false, 123);
+  set(5, 0, ring, true, 64);  // ring's executor again, in place
+  set(6, 3, allgather, false, 333);
+  set(7, 3, allgather, true, 91);
+  entries[7].dtype = DataType::kInt8;
+
+  for (int round = 0; round < 3; ++round) {
+    const uint64_t before = device::interpreter_launch_count();
+    device::BatchReport report;
+    const Status s = run_batch_of(entries, streams, 100 * round, &report);
+    ASSERT_TRUE(s.is_ok()) << s.message();
+    for (BatchEntry& e : entries) {
+      const Status w = e.executor->wait(e.args);
+      ASSERT_TRUE(w.is_ok()) << w.message();
+    }
+    EXPECT_EQ(report.launches, 2 * devices.size());
+    EXPECT_EQ(report.fused_calls, entries.size() * devices.size());
+    EXPECT_EQ(device::interpreter_launch_count() - before, 2 * devices.size());
+    const std::string failure = compare_batch(entries);
+    ASSERT_TRUE(failure.empty()) << "round " << round << ": " << failure;
+  }
+
+  // The same batch captured once (one stream per device, as NCCL users capture) and replayed.
+  std::vector<cudaGraph_t> graphs(devices.size());
+  std::vector<cudaGraphExec_t> execs(devices.size());
+  make_batch_buffers(entries, streams, 7000);
+  device::BatchReport report;
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    cudaSetDevice(devices[i]);
+    ASSERT_CUDA(cudaStreamBeginCapture(streams.get()[i], cudaStreamCaptureModeThreadLocal));
+  }
+  const Status captured = run_batch_only(entries, &report);
+  // Every capture ends before any graph is instantiated (refused while one is capturing).
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    cudaSetDevice(devices[i]);
+    ASSERT_CUDA(cudaStreamEndCapture(streams.get()[i], &graphs[i]));
+  }
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    cudaSetDevice(devices[i]);
+    ASSERT_CUDA(cudaGraphInstantiate(&execs[i], graphs[i], 0));
+  }
+  ASSERT_TRUE(captured.is_ok()) << captured.message();
+  for (int replay = 0; replay < 5; ++replay) {
+    for (BatchEntry& e : entries) refill_inputs(*e.program, e.dtype, 9000 + replay, e.bufs);
+    for (std::size_t i = 0; i < devices.size(); ++i) {
+      cudaSetDevice(devices[i]);
+      ASSERT_CUDA(cudaGraphLaunch(execs[i], streams.get()[i]));
+    }
+    for (BatchEntry& e : entries) {
+      const Status w = e.executor->wait(e.args);
+      ASSERT_TRUE(w.is_ok()) << w.message();
+    }
+    const std::string failure = compare_batch(entries);
+    ASSERT_TRUE(failure.empty()) << "replay " << replay << ": " << failure;
+  }
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    cudaGraphExecDestroy(execs[i]);
+    cudaGraphDestroy(graphs[i]);
+  }
+}
+
+TEST(DeviceExecutor, BatchLaunchesPerKernelInCallOrder) {
+  // float sum, then int32 max on the same executor, then float sum again: three kernels in
+  // a row on every device (consecutive calls of one kernel fuse, others keep their order).
+  // Sharing a few CTAs (max_ctas) puts the calls one after the other on them.
+  SKIP_WITHOUT_GPU();
+  const ef::Program& ring = program_as(example("ring_allreduce_4r_2ch.json"), ef::Protocol::kSimple);
+  const ef::Program& ll = program_as(example("ring_allreduce_4r_2ch.json"), ef::Protocol::kLL);
+  auto a = small_slot_executor(ring, map_ranks(4, true));
+  auto b = small_slot_executor(ll, map_ranks(4, true));
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  const std::vector<int> devices = (*a)->devices();
+  Streams streams(devices);
+  std::vector<BatchEntry> entries(4);
+  const DataType types[] = {DataType::kFloat32, DataType::kInt32, DataType::kFloat32,
+                            DataType::kFloat32};
+  const RedOp ops[] = {RedOp::kSum, RedOp::kMax, RedOp::kSum, RedOp::kSum};
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    entries[i].program = i == 3 ? &ll : &ring;
+    entries[i].executor = i == 3 ? b->get() : a->get();
+    entries[i].dtype = types[i];
+    entries[i].op = ops[i];
+    entries[i].count = ef::count_granularity(ring) * (50 + 40 * i);
+  }
+  // One device: at most 8 threadblocks per launch (4 ranks x 2); two: 4.
+  const uint32_t widest = static_cast<uint32_t>(8 / devices.size());
+  for (uint32_t max_ctas : {0u, widest}) {
+    device::BatchReport report;
+    const Status s = run_batch_of(entries, streams, max_ctas, &report, {max_ctas});
+    ASSERT_TRUE(s.is_ok()) << s.message();
+    for (BatchEntry& e : entries) ASSERT_TRUE(e.executor->wait(e.args).is_ok());
+    EXPECT_EQ(report.launches, 3 * devices.size());  // [float, int32 max, float + float]
+    EXPECT_EQ(report.fused_calls, 2 * devices.size());
+    const std::string failure = compare_batch(entries);
+    ASSERT_TRUE(failure.empty()) << "max_ctas " << max_ctas << ": " << failure;
+  }
+}
+
+/// Two ranks that send first, then receive: a healthy exchange of one chunk, one threadblock
+/// per rank.
+ef::Program send_first_program() {
+  ef::Program p = receive_first_program();
+  p.name = "send_first";
+  for (ef::Rank& rank : p.ranks) std::swap(rank.threadblocks[0].ops[0], rank.threadblocks[0].ops[1]);
+  return p;
+}
+
+TEST(DeviceExecutor, BatchSkipsCallsAfterAFailedOneOnTheSameCta) {
+  // A blocked call and a healthy one on the same CTA (max_ctas 1): the blocked one times out,
+  // the healthy one is skipped and says why, at once rather than at its own deadline.
+  SKIP_WITHOUT_GPU();
+  for (ef::Protocol protocol : kProtocols) {
+    SCOPED_TRACE(protocol_name(protocol));
+    BlockedCall blocked;
+    start_blocked_call(std::chrono::milliseconds(300), protocol, blocked);
+    ASSERT_TRUE(blocked.executor);
+    ef::Program healthy_program = send_first_program();
+    healthy_program.protocol = protocol;
+    const std::vector<int> devices = map_ranks(2, true);
+    auto healthy = device::DeviceExecutor::create(healthy_program, devices);
+    ASSERT_TRUE(healthy.is_ok()) << healthy.status().message();
+    CallBuffers bufs;
+    make_buffers(healthy_program, devices, 4096, DataType::kFloat32, false, false, 8, bufs);
+    device::RunArgs args = run_args(healthy_program, bufs, 4096, DataType::kFloat32, RedOp::kSum,
+                                    false, blocked.streams->get());
+    args.timeout = std::chrono::seconds(20);
+
+    const auto start = std::chrono::steady_clock::now();
+    // Both programs have one threadblock per rank: as many CTAs as ranks per device.
+    const auto ctas = static_cast<uint32_t>(2 / (*healthy)->devices().size());
+    const Status s = device::DeviceExecutor::run_batch(
+        {{blocked.executor.get(), &blocked.args}, {healthy->get(), &args}}, nullptr, {ctas});
+    ASSERT_TRUE(s.is_ok()) << s.message();
+    const Status first = blocked.executor->wait(blocked.args);
+    const Status second = (*healthy)->wait(args);
+    const auto elapsed = std::chrono::steady_clock::now() - start;
+    EXPECT_NE(first.message().find("timed out"), std::string::npos) << first.message();
+    EXPECT_EQ(second.message().rfind("skipped: rank ", 0), 0u) << second.message();
+    EXPECT_NE(second.message().find("earlier call of the same fused launch failed"),
+              std::string::npos)
+        << second.message();
+    EXPECT_LT(elapsed, std::chrono::seconds(5));
+
+    // After reset the healthy executor runs alone and computes the exchange.
+    ASSERT_TRUE((*healthy)->reset().is_ok());
+    make_buffers(healthy_program, devices, 4096, DataType::kFloat32, false, false, 9, bufs);
+    args = run_args(healthy_program, bufs, 4096, DataType::kFloat32, RedOp::kSum, false,
+                    blocked.streams->get());
+    const Status again = (*healthy)->run_and_wait(args);
+    ASSERT_TRUE(again.is_ok()) << again.message();
+    auto result = host::execute(healthy_program, host_options(args, (*healthy)->slot_bytes()),
+                                bufs.host);
+    ASSERT_TRUE(result.status.is_ok()) << result.status.message();
+    EXPECT_EQ(compare(healthy_program, DataType::kFloat32, bufs), "");
+  }
+}
+
+TEST(DeviceExecutor, BatchWithBadArgumentsLaunchesNothing) {
+  SKIP_WITHOUT_GPU();
+  const ef::Program& ring = program_as(example("ring_allreduce_4r_2ch.json"), ef::Protocol::kSimple);
+  auto a = small_slot_executor(ring, map_ranks(4, true));
+  ASSERT_TRUE(a.is_ok());
+  Streams streams((*a)->devices());
+  std::vector<BatchEntry> entries(2);
+  for (BatchEntry& e : entries) {
+    e.program = &ring;
+    e.executor = a->get();
+    e.count = ef::count_granularity(ring) * 10;
+  }
+  entries[1].count += 1;  // not a multiple of the program's granularity
+  const uint64_t before = device::interpreter_launch_count();
+  const Status s = run_batch_of(entries, streams, 1, nullptr);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("batch call 1"), std::string::npos) << s.message();
+  EXPECT_EQ(device::interpreter_launch_count(), before);
+  EXPECT_FALSE(device::DeviceExecutor::run_batch({{nullptr, nullptr}}).is_ok());
+}
+
 }  // namespace
 }  // namespace efccl

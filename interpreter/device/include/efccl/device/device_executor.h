@@ -101,6 +101,30 @@ struct RunArgs {
   std::chrono::nanoseconds timeout = std::chrono::seconds(10);
 };
 
+class DeviceExecutor;
+
+/// One call of DeviceExecutor::run_batch.
+struct BatchCall {
+  DeviceExecutor* executor = nullptr;
+  const RunArgs* args = nullptr;
+};
+
+/// What run_batch enqueued (logs and tests).
+struct BatchReport {
+  std::size_t launches = 0;     ///< interpreter launches, fused or not
+  std::size_t fused_calls = 0;  ///< device parts of calls that ran inside a fused launch
+};
+
+/// Tests only: how run_batch places calls.
+struct BatchOptions {
+  /// Place each fused launch's calls on at most this many CTAs (0: as many as are co-resident),
+  /// so that calls share CTAs, one after the other.
+  uint32_t max_ctas = 0;
+};
+
+/// Interpreter launches (one-call and fused) this process has enqueued so far (tests).
+uint64_t interpreter_launch_count();
+
 /// Owns everything one program needs on its GPUs: uploaded op tables, connection FIFOs,
 /// dependency flags, scratch. Calls on one executor must be ordered on the same streams.
 class DeviceExecutor {
@@ -136,12 +160,28 @@ class DeviceExecutor {
   Status wait(const RunArgs& args);
   Status run_and_wait(const RunArgs& args);
 
+  /// Enqueues several calls, of one or more executors, in as few launches as possible: per
+  /// (device, stream), consecutive calls of one (datatype, operator) kernel become one fused
+  /// launch (up to kMaxFusedCalls calls and kMaxFusedRanks ranks each; Simple, LL and LL128
+  /// programs together; collectives that only move data count as bytes, whatever their type).
+  /// Each device runs the calls in the order given, so every device and process running a
+  /// batch's calls must give them in the same relative order (NCCL's rule for grouped calls).
+  /// As in an NCCL group, the calls may overlap on the GPU, also two calls of one executor
+  /// (each gets its own executor-owned memory): no call may read what another call writes.
+  /// Nothing is launched when a call's arguments are bad. A failed launch aborts the
+  /// executors of the launches already enqueued.
+  static Status run_batch(const std::vector<BatchCall>& calls, BatchReport* report = nullptr,
+                          const BatchOptions& options = {});
+
   /// Non-blocking: the first failure posted by a kernel (timeout, abort), naming the rank,
   /// threadblock, op, iteration and what it waited for; ok when there is none.
   Status error_status() const;
   /// Thread-safe: makes every waiting CTA give up within about a millisecond.
   void abort();
 
+  /// Device memory of the connections (FIFO slots and counters) on the device that holds the
+  /// most of it.
+  std::size_t connection_bytes() const;
   /// The data bytes of one slot (ExecutorConfig::slot_bytes, or the protocol's default).
   std::size_t slot_bytes() const;
   /// Empty, or (LL128 programs) which connections run over LL instead and why, for the log.
