@@ -214,7 +214,9 @@ ApiStatus Clique::submit(std::vector<Call> calls, bool whole_clique,
   batch_failure_ = ApiStatus::ok();
   batch_uses_.clear();
   ApiStatus p2p_status;
+  bool finished = false;
   const auto finish = [&]() -> ApiStatus {
+    finished = true;
     if (!p2p.empty()) p2p_status = processes_ != nullptr ? run_p2p_pairs(p2p) : run_p2p(p2p);
     flush_batch();
     batching_ = false;
@@ -228,8 +230,10 @@ ApiStatus Clique::submit(std::vector<Call> calls, bool whole_clique,
                              return run_collective(set, mismatch);
                            },
                            unfinished, finish);
-  else
-    first = finish();
+  if (!finished) {  // the queue refused the collectives before running anything
+    const ApiStatus s = finish();
+    if (!s && first) first = s;
+  }
   if (!p2p_status && first) first = p2p_status;
   if (!p2p.empty() && !batch_failure_ && first) first = batch_failure_;
   return first;

@@ -1433,6 +1433,7 @@ StatusOr<int> fused_capacity(int device, int sm_count, int dtype, int reduction,
 
 /// Calls waiting to be launched on one (device, stream): consecutive parts of one kernel.
 struct PendingLaunch {
+  std::size_t first_call = 0;  ///< batch index of its first call (launches go out in call order)
   int device = 0;
   cudaStream_t stream = nullptr;
   int dtype = 0, reduction = 0;
@@ -1536,6 +1537,7 @@ Status DeviceExecutor::run_batch(const std::vector<BatchCall>& calls, BatchRepor
     args[i] = c.args;
     const ef::Program& p = c.executor->impl_->program;
     if (!ef::collective_reduces(p.collective) && c.args->dtype != ef::DataType::kInt8 &&
+        c.args->count <= std::numeric_limits<uint64_t>::max() / ef::size_of(c.args->dtype) &&
         ef::check_call(p, c.args->count, c.args->dtype, c.args->op, c.args->inplace,
                        c.args->premul_scalars.size())) {
       byte_args[i] = *c.args;
@@ -1544,7 +1546,8 @@ Status DeviceExecutor::run_batch(const std::vector<BatchCall>& calls, BatchRepor
       byte_args[i].op = ef::RedOp::kSum;
       args[i] = &byte_args[i];
     }
-    Impl::PrivateUse& use = uses[c.executor->impl_.get()];
+    Impl::PrivateUse& use =
+        uses.try_emplace(c.executor->impl_.get(), Impl::PrivateUse{0, 0, 0}).first->second;
     ++use.instances;
     use.stride = std::max(use.stride, align_up(c.executor->impl_->largest_private_bytes(*args[i]), 256));
   }
@@ -1588,7 +1591,8 @@ Status DeviceExecutor::run_batch(const std::vector<BatchCall>& calls, BatchRepor
     return s;
   };
   Status failure = Status::ok();
-  for (PreparedCall& call : prepared) {
+  for (std::size_t ci = 0; ci < prepared.size(); ++ci) {
+    PreparedCall& call = prepared[ci];
     for (PreparedPart& part : call.parts) {
       Impl& m = *call.executor->impl_;
       const int device = m.locals[part.device_index].device;
@@ -1603,6 +1607,7 @@ Status DeviceExecutor::run_batch(const std::vector<BatchCall>& calls, BatchRepor
                         l.ranks + part.ranks.size() <= static_cast<std::size_t>(kMaxFusedRanks);
       if (!l.parts.empty() && (l.dtype != call.dtype || l.reduction != call.reduction || !fits))
         if (failure = flush(l); !failure) break;
+      if (l.parts.empty()) l.first_call = ci;
       l.device = device;
       l.stream = part.stream;
       l.dtype = call.dtype;
@@ -1613,9 +1618,17 @@ Status DeviceExecutor::run_batch(const std::vector<BatchCall>& calls, BatchRepor
     }
     if (!failure) break;
   }
-  if (failure)
+  if (failure) {
+    // What is left, in call order: a later call's launch must not take the GPU before an
+    // earlier call's (a fused grid may fill it).
+    std::vector<PendingLaunch*> left;
     for (auto& [key, l] : pending)
-      if (failure = flush(l); !failure) break;
+      if (!l.parts.empty()) left.push_back(&l);
+    std::sort(left.begin(), left.end(),
+              [](const PendingLaunch* a, const PendingLaunch* b) { return a->first_call < b->first_call; });
+    for (PendingLaunch* l : left)
+      if (failure = flush(*l); !failure) break;
+  }
   if (!failure) {
     // Launches already enqueued would wait for the failed one's peers until their deadline.
     for (DeviceExecutor* e : started) e->abort();
