@@ -714,10 +714,7 @@ ApiStatus Clique::executor_for(const ef::Program& program, const std::string& ke
   bool every_rank = ranks.size() == static_cast<std::size_t>(nranks());
   for (std::size_t i = 0; every_rank && i < ranks.size(); ++i) every_rank = ranks[i] == static_cast<int32_t>(i);
   if (every_rank) {
-    // Every rank in order (collectives): the same suffix on every call, built once.
-    if (all_ranks_suffix_.empty())
-      for (int32_t r : ranks) all_ranks_suffix_ += std::to_string(r) + ":" + std::to_string(device(r)) + ",";
-    full_key += all_ranks_suffix_;
+    full_key += all_ranks_suffix();
   } else {
     for (int32_t r : ranks) full_key += std::to_string(r) + ":" + std::to_string(device(r)) + ",";
   }
@@ -908,6 +905,14 @@ ApiStatus Clique::launch(Launch& l) {
   return join_after_launch(l);
 }
 
+const std::string& Clique::all_ranks_suffix() {
+  // Every rank in order (collectives): the same suffix on every call, built once.
+  if (all_ranks_suffix_.empty())
+    for (int32_t r = 0; r < nranks(); ++r)
+      all_ranks_suffix_ += std::to_string(r) + ":" + std::to_string(device(r)) + ",";
+  return all_ranks_suffix_;
+}
+
 int Clique::batch_instance(const ef::Program& program, const char* key, bool capturing) {
   if (!batching_ || processes_ != nullptr) return 0;
   int& uses = batch_uses_[&program];
@@ -915,12 +920,7 @@ int Clique::batch_instance(const ef::Program& program, const char* key, bool cap
   if (k == 0) return 0;
   // The first use's executor is cached (it is in this batch): its connection memory says how
   // many copies the budget allows.
-  std::string full_key = std::string(key) + "@";
-  if (all_ranks_suffix_.empty())
-    for (int32_t r = 0; r < nranks(); ++r)
-      all_ranks_suffix_ += std::to_string(r) + ":" + std::to_string(device(r)) + ",";
-  full_key += all_ranks_suffix_;
-  const device::DeviceExecutor* first = executors_.find(full_key);
+  const device::DeviceExecutor* first = executors_.find(std::string(key) + "@" + all_ranks_suffix());
   if (first == nullptr) return 0;
   const std::size_t bytes = std::max<std::size_t>(first->connection_bytes(), 1);
   const auto copies = static_cast<int>(
@@ -931,7 +931,7 @@ int Clique::batch_instance(const ef::Program& program, const char* key, bool cap
     // the first (its runs then take turns with the first's on the same CTAs).
     char copy_key[64];
     std::snprintf(copy_key, sizeof(copy_key), "%s#%d@", key, instance);
-    if (executors_.find(copy_key + all_ranks_suffix_) == nullptr) return 0;
+    if (executors_.find(copy_key + all_ranks_suffix()) == nullptr) return 0;
   }
   return instance;
 }

@@ -208,6 +208,8 @@ class Clique {
   ApiStatus batch_failure_;
   uint64_t launches_ = 0;             ///< calls run, for the logs (NCCL's opCount)
   std::string all_ranks_suffix_;      ///< executor keys of programs over every rank (mu_)
+  /// all_ranks_suffix_, built on first use.
+  const std::string& all_ranks_suffix();
   ExecutorCache<device::DeviceExecutor> executors_;  ///< under mu_
   std::vector<cudaEvent_t> ready_;  ///< per rank: recorded on its stream before a launch
   std::vector<cudaEvent_t> done_;   ///< per rank: recorded on the launch stream after it
