@@ -329,7 +329,7 @@ ApiStatus Clique::run_collective(std::vector<Call>& set, bool* mismatch) {
     device::DeviceExecutor* executor = nullptr;
     char key[64];  // not an ostringstream: this runs on every call
     std::snprintf(key, sizeof(key), "coll:%p", static_cast<const void*>(piece.program));
-    if (const int instance = batch_instance(*piece.program, key, *capturing); instance > 0)
+    if (const int instance = batch_instance(*piece.program, key); instance > 0)
       std::snprintf(key, sizeof(key), "coll:%p#%d", static_cast<const void*>(piece.program),
                     instance);
     // The exchange tag names the program (and how often it was prepared), so that processes
@@ -723,20 +723,18 @@ ApiStatus Clique::executor_for(const ef::Program& program, const std::string& ke
     return ApiStatus::ok();
   }
   // Creating an executor may evict one that a launch of the batch uses, and across processes
-  // it waits for the others: enqueue what is pending first.
-  flush_batch();
+  // it waits for the others: enqueue what is pending first. A single-process capture evicts
+  // nothing (below), so its batch keeps growing.
+  if (processes_ != nullptr || !capturing) flush_batch();
   std::vector<int> devices;
   for (int32_t r : ranks) devices.push_back(is_local(r) ? device(r) : -1);
-  if (capturing)
-    return ApiStatus::invalid_usage(
-        "program '" + program.name + "' is used for the first time during CUDA graph capture; "
-        "efccl uploads programs and sizes buffers outside capture: run the same call once "
-        "before capturing it");
 
   // Multi-process executors are never evicted: every process must create each one at the
-  // same call, which holds only while their caches agree.
+  // same call, which holds only while their caches agree. Nor is anything evicted during a
+  // capture: destroying an executor synchronises its devices, which a capture forbids; the
+  // cache stays one over its capacity until a later eager call evicts.
   const bool shared = processes_ != nullptr;
-  while (!shared) {
+  while (!shared && !capturing) {
     std::unique_ptr<device::DeviceExecutor> victim = executors_.evict_one();
     if (victim == nullptr) break;
     std::lock_guard<std::mutex> lock(exec_list_mu_);
@@ -745,8 +743,11 @@ ApiStatus Clique::executor_for(const ef::Program& program, const std::string& ke
   }  // each victim waits for its launches as it goes
   if (!shared && executors_.size() >= executors_.capacity())
     EFCCL_INFO(kLogAlloc, device(ranks.front()),
-               "executor cache: all " + std::to_string(executors_.size()) + " cached executors "
-               "are pinned by captured CUDA graphs; keeping one more (EFCCL_EXECUTOR_CACHE " +
+               "executor cache: " +
+                   std::string(capturing ? "no eviction during a CUDA graph capture"
+                                         : "all " + std::to_string(executors_.size()) +
+                                               " cached executors are pinned by captured CUDA graphs") +
+                   "; keeping one more (EFCCL_EXECUTOR_CACHE " +
                    std::to_string(executors_.capacity()) + ")");
 
   std::unique_ptr<device::PeerProcesses> peers;
@@ -913,7 +914,7 @@ const std::string& Clique::all_ranks_suffix() {
   return all_ranks_suffix_;
 }
 
-int Clique::batch_instance(const ef::Program& program, const char* key, bool capturing) {
+int Clique::batch_instance(const ef::Program& program, const char* key) {
   if (!batching_ || processes_ != nullptr) return 0;
   int& uses = batch_uses_[&program];
   const int k = uses++;
@@ -925,15 +926,7 @@ int Clique::batch_instance(const ef::Program& program, const char* key, bool cap
   const std::size_t bytes = std::max<std::size_t>(first->connection_bytes(), 1);
   const auto copies = static_cast<int>(
       std::min<std::size_t>(kMaxBatchInstances, std::max<std::size_t>(1, kBatchInstanceBytes / bytes)));
-  const int instance = k % copies;
-  if (capturing && instance > 0) {
-    // Executors are not created during capture: a copy that does not exist yet is replaced by
-    // the first (its runs then take turns with the first's on the same CTAs).
-    char copy_key[64];
-    std::snprintf(copy_key, sizeof(copy_key), "%s#%d@", key, instance);
-    if (executors_.find(copy_key + all_ranks_suffix()) == nullptr) return 0;
-  }
-  return instance;
+  return k % copies;
 }
 
 void Clique::flush_batch() {

@@ -155,7 +155,8 @@ class Clique {
   ApiStatus pin_to_captures(const device::DeviceExecutor* executor,
                             const std::vector<cudaStream_t>& streams);
   /// `ranks`: program rank -> clique rank. `tag`: multi-process exchange tag, used only when
-  /// the executor is created.
+  /// the executor is created. Creation may happen during a capture (`capturing`: then nothing
+  /// is evicted).
   ApiStatus executor_for(const ef::Program& program, const std::string& key,
                          const std::vector<int32_t>& ranks, bool capturing, uint64_t count,
                          ef::DataType dtype, const std::function<uint64_t()>& tag,
@@ -188,8 +189,9 @@ class Clique {
   std::mutex mu_;
   std::unique_ptr<CallQueue> queue_;  ///< collectives per rank, waiting for the others (under mu_)
   /// While submit() runs (under mu_): the launches of the submission's calls, enqueued together
-  /// at its end (before a call runs through the fallback, and before an executor is created,
-  /// which may evict one of them, the batch so far is enqueued first).
+  /// at its end (before a call runs through the fallback, and before an executor is created
+  /// outside a single-process capture, which may evict one of them, the batch so far is
+  /// enqueued first).
   bool batching_ = false;
   /// Per program: its runs in the batch so far. Runs of one executor in one fused launch take
   /// turns on the same CTAs; batch_instance() gives later runs of a program other executors
@@ -201,8 +203,7 @@ class Clique {
   static constexpr std::size_t kBatchInstanceBytes = std::size_t{64} << 20;
   /// Which copy of `program`'s executor (key `key`) the batch's next run of it uses: 0 for
   /// the first (and outside batches), then 1, 2, ... round robin within the budget.
-  /// While `capturing`, only copies that already exist are used.
-  int batch_instance(const ef::Program& program, const char* key, bool capturing);
+  int batch_instance(const ef::Program& program, const char* key);
   bool fusion_ = true;  ///< EFCCL_GROUP_FUSION
   std::deque<Launch> batch_;
   ApiStatus batch_failure_;

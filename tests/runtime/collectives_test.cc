@@ -306,17 +306,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-/// A device buffer of `count` floats equal to `value`.
-float* filled_buffer(int device, std::size_t count, float value) {
-  cudaSetDevice(device);
-  float* p = nullptr;
-  if (cudaMalloc(&p, count * sizeof(float)) != cudaSuccess) return nullptr;
-  std::vector<float> host(count, value);
-  cudaMemcpy(p, host.data(), count * sizeof(float), cudaMemcpyHostToDevice);
-  cudaStreamSynchronize(cudaStreamLegacy);  // a pageable copy's DMA may still be running
-  return p;
-}
-
 float first_element(int device, const float* p) {
   cudaSetDevice(device);
   float v = -1;
@@ -328,7 +317,14 @@ float first_element(int device, const float* p) {
 /// allreduces and a reduce-scatter (one kernel), then bfloat16 allgathers and a ring of sends
 /// (data movement: bytes, a second kernel). Returns the interpreter launches it took; every
 /// result is checked exactly.
-void run_mixed_group(TestClique& c, std::size_t* launches, bool capture = false) {
+enum class GroupRun {
+  kEager,              ///< round 0 prepares the programs, round 1 is measured
+  kCapturedAfterWarmUp,  ///< round 0 eager, then captured (relaxed mode) and replayed 3 times
+  kCapturedCold,       ///< captured in global mode without ever running eagerly, replayed
+};
+
+void run_mixed_group(TestClique& c, std::size_t* launches, GroupRun how = GroupRun::kEager) {
+  const bool capture = how != GroupRun::kEager;
   const int n = c.n();
   constexpr int kAllReduces = 9;
   constexpr int kAllGathers = 3;
@@ -442,10 +438,13 @@ void run_mixed_group(TestClique& c, std::size_t* launches, bool capture = false)
     }
   };
 
-  // Round 0 prepares every program (executors are created outside capture).
-  fill(0);
-  enqueue();
-  check(0);
+  // Round 0 prepares every program, except for a cold capture: then the executors (and the
+  // copies of the repeated allreduce programs) are created during the capture.
+  if (how != GroupRun::kCapturedCold) {
+    fill(0);
+    enqueue();
+    check(0);
+  }
   if (!capture) {
     const uint64_t before = device::interpreter_launch_count();
     fill(1);
@@ -462,7 +461,11 @@ void run_mixed_group(TestClique& c, std::size_t* launches, bool capture = false)
       CUDA_OK(cudaEventCreateWithFlags(&join[r], cudaEventDisableTiming));
     }
     cudaSetDevice(c.devices[0]);
-    CUDA_OK(cudaStreamBeginCapture(c.streams[0], cudaStreamCaptureModeRelaxed));
+    // Global mode (PyTorch's default) is the strictest: any unsafe call from any thread during
+    // the capture would invalidate it.
+    CUDA_OK(cudaStreamBeginCapture(c.streams[0], how == GroupRun::kCapturedCold
+                                                     ? cudaStreamCaptureModeGlobal
+                                                     : cudaStreamCaptureModeRelaxed));
     CUDA_OK(cudaEventRecord(fork[0], c.streams[0]));
     for (int r = 1; r < n; ++r) {
       cudaSetDevice(c.devices[r]);
@@ -530,10 +533,30 @@ TEST(RuntimeGroups, AFusedGroupReplaysFromAGraph) {
   EFCCL_REQUIRE_GPUS(1);
   TestClique c(spread_ranks(2));
   std::size_t launches = 0;
-  run_mixed_group(c, &launches, /*capture=*/true);
+  run_mixed_group(c, &launches, GroupRun::kCapturedAfterWarmUp);
   std::vector<int> gpus = c.devices;
   gpus.erase(std::unique(gpus.begin(), gpus.end()), gpus.end());
   EXPECT_EQ(launches, 2 * gpus.size());
+}
+
+TEST(RuntimeGroups, AGroupCapturedBeforeItEverRanReplays) {
+  // Every executor, and the copies the repeated allreduce programs get, is created inside a
+  // global-mode capture; the group still fuses into two launches per GPU. One rank per GPU,
+  // then two ranks per GPU (fresh communicators, so nothing is cached).
+  EFCCL_REQUIRE_GPUS(1);
+  for (int per_gpu : {1, 2}) {
+    SCOPED_TRACE(std::to_string(per_gpu) + " rank(s) per GPU");
+    std::vector<int> devices;
+    for (int g = 0; g < std::min(visible_gpus(), 2); ++g)
+      for (int k = 0; k < per_gpu; ++k) devices.push_back(g);
+    if (devices.size() < 2) devices.push_back(0);
+    TestClique c(devices);
+    std::size_t launches = 0;
+    run_mixed_group(c, &launches, GroupRun::kCapturedCold);
+    std::vector<int> gpus = devices;
+    gpus.erase(std::unique(gpus.begin(), gpus.end()), gpus.end());
+    EXPECT_EQ(launches, 2 * gpus.size());
+  }
 }
 
 TEST(RuntimeThreads, ThreadPerRankCallsReturnWithTheirWorkOnTheStream) {

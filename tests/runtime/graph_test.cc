@@ -1,5 +1,6 @@
 // CUDA graphs: a call warmed up once is captured (one capture per stream, as nccl-tests does)
-// and replayed; a first use during capture fails cleanly instead of breaking the capture. A
+// and replayed; a first use during capture (in any capture mode) creates what it needs without
+// breaking the capture, and memory grown during a capture leaves earlier graphs intact. A
 // captured graph pins the executors it replays against cache eviction until it is destroyed;
 // one thread per rank may capture its own stream.
 #include <chrono>
@@ -86,20 +87,184 @@ TEST(RuntimeGraph, CapturedAllReduceReplaysThreeTimes) {
   }
 }
 
-TEST(RuntimeGraph, FirstUseDuringCaptureIsInvalidUsage) {
-  EFCCL_REQUIRE_GPUS(1);
-  TestClique c({0});
-  cudaSetDevice(0);
-  float* buf = nullptr;
-  CUDA_OK(cudaMalloc(&buf, 4096));
-  CUDA_OK(cudaStreamBeginCapture(c.streams[0], cudaStreamCaptureModeThreadLocal));
-  EXPECT_EQ(ncclAllReduce(buf, buf, 1024, ncclFloat, ncclSum, c.comms[0], c.streams[0]), ncclInvalidUsage);
-  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("before capturing"), std::string::npos)
-      << ncclGetLastError(nullptr);
+/// Captures `enqueue` into one graph for every stream of `c` (the others fork from rank 0's
+/// capture and join it again) in `mode`.
+cudaGraphExec_t capture_all(TestClique& c, cudaStreamCaptureMode mode, const std::function<void()>& enqueue) {
+  const int n = c.n();
+  std::vector<cudaEvent_t> fork(n), join(n);
+  for (int r = 0; r < n; ++r) {
+    cudaSetDevice(c.devices[r]);
+    EXPECT_EQ(cudaEventCreateWithFlags(&fork[r], cudaEventDisableTiming), cudaSuccess);
+    EXPECT_EQ(cudaEventCreateWithFlags(&join[r], cudaEventDisableTiming), cudaSuccess);
+  }
+  cudaSetDevice(c.devices[0]);
+  EXPECT_EQ(cudaStreamBeginCapture(c.streams[0], mode), cudaSuccess);
+  EXPECT_EQ(cudaEventRecord(fork[0], c.streams[0]), cudaSuccess);
+  for (int r = 1; r < n; ++r) {
+    cudaSetDevice(c.devices[r]);
+    EXPECT_EQ(cudaStreamWaitEvent(c.streams[r], fork[0], 0), cudaSuccess);
+  }
+  enqueue();
+  for (int r = 1; r < n; ++r) {
+    cudaSetDevice(c.devices[r]);
+    EXPECT_EQ(cudaEventRecord(join[r], c.streams[r]), cudaSuccess);
+    cudaSetDevice(c.devices[0]);
+    EXPECT_EQ(cudaStreamWaitEvent(c.streams[0], join[r], 0), cudaSuccess);
+  }
+  cudaSetDevice(c.devices[0]);
   cudaGraph_t graph = nullptr;
-  EXPECT_EQ(cudaStreamEndCapture(c.streams[0], &graph), cudaSuccess);  // capture not broken
-  if (graph != nullptr) cudaGraphDestroy(graph);
-  cudaFree(buf);
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(c.streams[0], &graph);
+  EXPECT_EQ(ended, cudaSuccess) << cudaGetErrorString(ended) << " (capture invalidated?)";
+  if (graph != nullptr) {
+    EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    cudaGraphDestroy(graph);  // the executable keeps what it needs (and the executor pins)
+  }
+  for (int r = 0; r < n; ++r) {
+    cudaEventDestroy(fork[r]);
+    cudaEventDestroy(join[r]);
+  }
+  return exec;
+}
+
+TEST(RuntimeGraph, FirstUseDuringCaptureWorksInEveryCaptureMode) {
+  // Nothing runs eagerly first: the allreduce program, its copy for the group's second
+  // allreduce, and the send/receive program of six transfers per peer (nccl-tests -m 6 -G) are
+  // all created inside the capture. Two ranks (sharing the GPU when only one is visible).
+  EFCCL_REQUIRE_GPUS(1);
+  const std::pair<cudaStreamCaptureMode, const char*> modes[] = {
+      {cudaStreamCaptureModeGlobal, "global"},
+      {cudaStreamCaptureModeThreadLocal, "thread-local"},
+      {cudaStreamCaptureModeRelaxed, "relaxed"}};
+  for (const auto& [mode, name] : modes) {
+    SCOPED_TRACE(std::string(name) + " capture mode");
+    TestClique c(spread_ranks(2));  // fresh communicators: nothing cached
+    constexpr std::size_t kCount = 40961;
+    constexpr int kTransfers = 6;
+    constexpr std::size_t kP2p = 3001;
+    std::vector<float*> a(2), b(2);
+    std::vector<int32_t*> send(2), recv(2);
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_NE(a[r] = filled_buffer(c.devices[r], kCount, 1.0f), nullptr);
+      ASSERT_NE(b[r] = filled_buffer(c.devices[r], kCount, 2.0f), nullptr);
+      cudaSetDevice(c.devices[r]);
+      CUDA_OK(cudaMalloc(&send[r], kTransfers * kP2p * sizeof(int32_t)));
+      CUDA_OK(cudaMalloc(&recv[r], kTransfers * kP2p * sizeof(int32_t)));
+      std::vector<int32_t> v(kTransfers * kP2p);
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<int32_t>(i * 7 + r * 1000003);
+      CUDA_OK(cudaMemcpy(send[r], v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemset(recv[r], 0xff, v.size() * sizeof(int32_t)));
+    }
+    CUDA_OK(cudaStreamSynchronize(cudaStreamLegacy));
+    cudaGraphExec_t exec = capture_all(c, mode, [&] {
+      NCCL_OK(ncclGroupStart());
+      for (int r = 0; r < 2; ++r) {
+        NCCL_OK(ncclAllReduce(a[r], a[r], kCount, ncclFloat, ncclSum, c.comms[r], c.streams[r]));
+        NCCL_OK(ncclAllReduce(b[r], b[r], kCount, ncclFloat, ncclSum, c.comms[r], c.streams[r]));
+      }
+      NCCL_OK(ncclGroupEnd());
+      NCCL_OK(ncclGroupStart());
+      for (int r = 0; r < 2; ++r)
+        for (int k = 0; k < kTransfers; ++k) {
+          NCCL_OK(ncclSend(send[r] + k * kP2p, kP2p, ncclInt32, 1 - r, c.comms[r], c.streams[r]));
+          NCCL_OK(ncclRecv(recv[r] + k * kP2p, kP2p, ncclInt32, 1 - r, c.comms[r], c.streams[r]));
+        }
+      NCCL_OK(ncclGroupEnd());
+    });
+    ASSERT_NE(exec, nullptr);
+    for (int replay = 0; replay < 3; ++replay) {
+      cudaSetDevice(c.devices[0]);
+      CUDA_OK(cudaGraphLaunch(exec, c.streams[0]));
+    }
+    c.sync();
+    // In-place sums over two ranks, three times: 1 -> 8, 2 -> 16.
+    for (int r = 0; r < 2; ++r) {
+      std::vector<float> ha(kCount), hb(kCount);
+      std::vector<int32_t> got(kTransfers * kP2p);
+      cudaSetDevice(c.devices[r]);
+      CUDA_OK(cudaMemcpy(ha.data(), a[r], kCount * sizeof(float), cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(hb.data(), b[r], kCount * sizeof(float), cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(got.data(), recv[r], got.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+      for (std::size_t i = 0; i < kCount; ++i) {
+        ASSERT_EQ(ha[i], 8.0f) << "rank " << r << " first allreduce element " << i;
+        ASSERT_EQ(hb[i], 16.0f) << "rank " << r << " second allreduce element " << i;
+      }
+      for (std::size_t i = 0; i < got.size(); ++i)
+        ASSERT_EQ(got[i], static_cast<int32_t>(i * 7 + (1 - r) * 1000003)) << "rank " << r << " recv element " << i;
+      cudaFree(a[r]);
+      cudaFree(b[r]);
+      cudaFree(send[r]);
+      cudaFree(recv[r]);
+    }
+    cudaGraphExecDestroy(exec);
+  }
+}
+
+TEST(RuntimeGraph, ScratchGrowsDuringCaptureAndEarlierGraphsKeepTheirs) {
+  // An in-place alltoall passes its blocks through executor-owned scratch sized by the count.
+  // A graph captured at a small count, then one at a larger count of the same program (the
+  // scratch grows during that capture), then both replayed in either order.
+  EFCCL_REQUIRE_GPUS(1);
+  TestClique c(spread_ranks(2));
+  Clique& clique = *c.comms[0]->clique;
+  constexpr std::size_t kSmall = 1024, kLarge = 32768;  // per peer; one program for both
+  std::vector<float*> buf(2);
+  for (int r = 0; r < 2; ++r) ASSERT_NE(buf[r] = filled_buffer(c.devices[r], 2 * kLarge, 0.0f), nullptr);
+  // Rank r's block q, element j: r * 100 + q * 10 + j % 7 (-1 past the call's blocks).
+  const auto value = [](int r, std::size_t i, std::size_t count) {
+    if (i >= 2 * count) return -1.0f;
+    return static_cast<float>(r * 100 + static_cast<int>(i / count) * 10 + static_cast<int>(i % count % 7));
+  };
+  const auto fill = [&](std::size_t count) {
+    for (int r = 0; r < 2; ++r) {
+      std::vector<float> h(2 * kLarge);
+      for (std::size_t i = 0; i < h.size(); ++i) h[i] = value(r, i, count);
+      cudaSetDevice(c.devices[r]);
+      CUDA_OK(cudaMemcpy(buf[r], h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    CUDA_OK(cudaStreamSynchronize(cudaStreamLegacy));
+  };
+  const auto check = [&](std::size_t count, const char* what) {
+    for (int r = 0; r < 2; ++r) {
+      std::vector<float> h(2 * kLarge);
+      cudaSetDevice(c.devices[r]);
+      CUDA_OK(cudaMemcpy(h.data(), buf[r], h.size() * sizeof(float), cudaMemcpyDeviceToHost));
+      for (std::size_t i = 0; i < h.size(); ++i) {
+        // After the exchange rank r's block q holds rank q's block r.
+        const int q = i < 2 * count ? static_cast<int>(i / count) : 0;
+        const float want = i < 2 * count ? value(q, r * count + i % count, count) : -1.0f;
+        ASSERT_EQ(h[i], want) << what << ", rank " << r << " element " << i;
+      }
+    }
+  };
+  const auto alltoall = [&](std::size_t count) {
+    NCCL_OK(ncclGroupStart());
+    for (int r = 0; r < 2; ++r)
+      NCCL_OK(ncclAlltoAll(buf[r], buf[r], count, ncclFloat, c.comms[r], c.streams[r]));
+    NCCL_OK(ncclGroupEnd());
+  };
+  fill(kSmall);
+  alltoall(kSmall);  // eager: the executor, with scratch for kSmall
+  c.sync();
+  check(kSmall, "eager");
+  const std::size_t executors = clique.executor_cache_stats().size;
+  cudaGraphExec_t small = capture_all(c, cudaStreamCaptureModeGlobal, [&] { alltoall(kSmall); });
+  cudaGraphExec_t large = capture_all(c, cudaStreamCaptureModeGlobal, [&] { alltoall(kLarge); });
+  ASSERT_NE(small, nullptr);
+  ASSERT_NE(large, nullptr);
+  EXPECT_EQ(clique.executor_cache_stats().size, executors) << "the larger count should reuse the program";
+  for (int order = 0; order < 2; ++order)
+    for (const bool is_small : {order == 0, order != 0}) {
+      const std::size_t count = is_small ? kSmall : kLarge;
+      fill(count);
+      cudaSetDevice(c.devices[0]);
+      CUDA_OK(cudaGraphLaunch(is_small ? small : large, c.streams[0]));
+      c.sync();
+      check(count, is_small ? "small graph" : "large graph");
+    }
+  cudaGraphExecDestroy(small);
+  cudaGraphExecDestroy(large);
+  for (int r = 0; r < 2; ++r) cudaFree(buf[r]);
 }
 
 TEST(RuntimeGraph, ACapturedExecutorSurvivesEvictionUntilItsGraphIsDestroyed) {

@@ -119,6 +119,17 @@ class ScopedEnv {
   std::optional<std::string> old_;
 };
 
+/// A device buffer of `count` floats equal to `value` (null when the allocation fails).
+inline float* filled_buffer(int device, std::size_t count, float value) {
+  cudaSetDevice(device);
+  float* p = nullptr;
+  if (cudaMalloc(&p, count * sizeof(float)) != cudaSuccess) return nullptr;
+  std::vector<float> host(count, value);
+  cudaMemcpy(p, host.data(), count * sizeof(float), cudaMemcpyHostToDevice);
+  cudaStreamSynchronize(cudaStreamLegacy);  // a pageable copy's DMA may still be running
+  return p;
+}
+
 /// `n` ranks over the visible GPUs, several per GPU when fewer are visible.
 inline std::vector<int> spread_ranks(int n) {
   std::vector<int> devices;

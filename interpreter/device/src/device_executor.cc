@@ -50,6 +50,22 @@ Status cuda_error(const std::string& what, cudaError_t e) {
     if (efccl_e != cudaSuccess) return cuda_error((what), efccl_e); \
   } while (0)
 
+/// Puts the calling thread in relaxed stream-capture mode for a scope. Creating an executor and
+/// growing its scratch allocate and wait for private streams; under a global or thread-local
+/// capture (PyTorch's default is global) those calls would invalidate the capture. None of them
+/// touches a capturing stream: memory is zeroed on private non-blocking streams, and nothing
+/// synchronises a device. NCCL switches modes around its allocations the same way.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&previous_); }
+  ~RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&previous_); }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  cudaStreamCaptureMode previous_ = cudaStreamCaptureModeRelaxed;
+};
+
 /// Makes `device` current for a scope.
 class DeviceScope {
  public:
@@ -355,7 +371,7 @@ struct DeviceExecutor::Impl {
   /// Grows every local rank's executor-owned memory to what calls of `chunk_elements` need,
   /// and to at least `at_least` bytes (a batch's several uses of the executor).
   Status ensure_private_memory(uint64_t chunk_elements, std::size_t element_size,
-                               const std::vector<cudaStream_t>* streams, std::size_t at_least = 0);
+                               std::size_t at_least = 0);
   std::size_t private_bytes(int rank, uint64_t chunk_elements, uint64_t count,
                             std::size_t element_size) const;
   Status choose_threads(LocalDevice& local, int dtype, int reduction, int* threads);
@@ -395,6 +411,9 @@ StatusOr<std::unique_ptr<DeviceExecutor>> DeviceExecutor::create(const ef::Progr
                                                                  std::vector<int> rank_devices,
                                                                  const ExecutorConfig& config,
                                                                  const PeerProcesses* peers) {
+  // Creation may happen while the caller captures a graph (a call first seen in a capture);
+  // also covers the cleanup of a failed creation, which runs before this guard goes.
+  RelaxedCaptureMode relaxed;
   if (program.nranks <= 0 || static_cast<std::size_t>(program.nranks) != program.ranks.size())
     return Status::error("program has no ranks (nranks " + std::to_string(program.nranks) + ")");
   if (rank_devices.size() != program.ranks.size())
@@ -1072,7 +1091,6 @@ std::size_t DeviceExecutor::Impl::private_bytes(int r, uint64_t chunk_elements, 
 
 Status DeviceExecutor::Impl::ensure_private_memory(uint64_t chunk_elements,
                                                    std::size_t element_size,
-                                                   const std::vector<cudaStream_t>* streams,
                                                    std::size_t at_least) {
   const uint64_t count_total = chunk_elements * static_cast<uint64_t>(program.nchunksperloop);
   const uint64_t count = ef::count_is_per_block(program.collective)
@@ -1084,20 +1102,13 @@ Status DeviceExecutor::Impl::ensure_private_memory(uint64_t chunk_elements,
       const std::size_t need = std::max(
           at_least, private_bytes(local.ranks[li], chunk_elements, count, element_size));
       if (need <= local.private_memory[li].bytes()) continue;
-      if (streams != nullptr) {
-        for (cudaStream_t s : *streams) {
-          cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-          EFCCL_CUDA_RETURN(cudaStreamIsCapturing(s, &status), "cudaStreamIsCapturing");
-          if (status != cudaStreamCaptureStatusNone)
-            return Status::error(
-                "scratch for rank " + std::to_string(local.ranks[li]) + " must grow to " +
-                std::to_string(need) +
-                " bytes, which cannot happen during stream capture: call reserve() or run "
-                "the call once before capturing");
-        }
-      }
+      // Also during a capture: the allocation is not captured, and graphs captured before keep
+      // the old buffer (retired, freed with the executor).
+      RelaxedCaptureMode relaxed;
       DeviceBuffer grown;
-      if (Status s = grown.allocate(local.device, need); !s) return s;
+      if (Status s = grown.allocate(local.device, need); !s)
+        return Status::error("growing the scratch of rank " + std::to_string(local.ranks[li]) +
+                             " to " + std::to_string(need) + " bytes: " + s.message());
       local.retired.push_back(std::move(local.private_memory[li]));
       local.private_memory[li] = std::move(grown);
     }
@@ -1110,7 +1121,7 @@ Status DeviceExecutor::reserve(uint64_t count, ef::DataType dtype) {
   if (!b)
     return Status::error("count " + std::to_string(count) + " is not a multiple of " +
                          std::to_string(ef::count_granularity(impl_->program)));
-  return impl_->ensure_private_memory(*b, ef::size_of(dtype), nullptr);
+  return impl_->ensure_private_memory(*b, ef::size_of(dtype));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1276,7 +1287,7 @@ Status DeviceExecutor::Impl::prepare(DeviceExecutor* self, const RunArgs& args,
   if (iterations >= std::numeric_limits<uint32_t>::max())
     return Status::error("too many tiles per chunk (" + std::to_string(iterations) + ")");
 
-  if (Status s = ensure_private_memory(b, size, &args.streams, use.instances * use.stride); !s)
+  if (Status s = ensure_private_memory(b, size, use.instances * use.stride); !s)
     return s;
 
   // Collectives that only move data ignore the operator (as the host executor does).

@@ -133,11 +133,14 @@ class DeviceExecutor {
   /// between the GPUs it connects, and uploads it. `rank_devices[r]` is rank r's CUDA device.
   /// `peers`: null when this process runs every rank; otherwise see PeerProcesses (reset()
   /// is then refused: counters shared with other processes cannot be cleared from one side).
+  /// May be called while the caller captures a CUDA graph (the thread runs in relaxed capture
+  /// mode meanwhile; nothing is enqueued on a capturing stream).
   static StatusOr<std::unique_ptr<DeviceExecutor>> create(const ef::Program& program,
                                                           std::vector<int> rank_devices,
                                                           const ExecutorConfig& config = {},
                                                           const PeerProcesses* peers = nullptr);
-  /// Waits for launches still in flight, then frees the device memory.
+  /// Waits for launches still in flight, then frees the device memory. Synchronises the
+  /// devices: never destroy an executor while one of its devices' streams is being captured.
   ~DeviceExecutor();
   DeviceExecutor(const DeviceExecutor&) = delete;
   DeviceExecutor& operator=(const DeviceExecutor&) = delete;
@@ -147,9 +150,10 @@ class DeviceExecutor {
   const ef::Program& program() const;
 
   /// Sizes the executor-owned buffers (scratch, and program buffers the API does not provide)
-  /// for calls up to `count` elements of `dtype`. run() grows them on demand, which is not
-  /// allowed while a stream is being captured: call reserve() (or run once) before capturing.
-  /// Buffers replaced by a growth stay allocated, so earlier captured graphs remain valid.
+  /// for calls up to `count` elements of `dtype`. run() grows them on demand, also while a
+  /// stream is being captured (the allocation switches the thread to relaxed capture mode and
+  /// is not part of the graph). Buffers replaced by a growth stay allocated until the executor
+  /// goes, so earlier captured graphs remain valid.
   Status reserve(uint64_t count, ef::DataType dtype);
 
   /// Enqueues the call: one interpreter launch per device (plus, for avg on integers, a small
