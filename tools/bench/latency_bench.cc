@@ -2,7 +2,7 @@
 // pay: single process, one communicator per GPU (ncclCommInitAll), float sum.
 //
 //   latency_bench [--gpus N] [--min-bytes 8] [--max-bytes 64K] [--factor 4] [--iters 200]
-//                 [--coll allreduce|sendrecv|allgather] [--repeats 3] [--group 1]
+//                 [--coll allreduce|sendrecv|allgather] [--repeats 3] [--group 1] [--no-graph]
 //
 // Linked against NVIDIA's libnccl: run it as is for NCCL, with LD_PRELOAD=libefccl.so for
 // efccl (the way nccl-tests is run). Per size it prints, in microseconds per call (the best of
@@ -13,7 +13,8 @@
 //   graph  --iters calls captured into one CUDA graph per GPU, replayed: GPU time only
 // --group N: each ncclGroupStart/End holds N calls per GPU on separate buffers (PyTorch's
 // coalesced collectives, nccl-tests -m N); times are still per call. The warm-up groups run
-// before anything is timed or captured.
+// before anything is timed or captured. --no-graph skips the graph column (long eager runs,
+// e.g. under a profiler, without capturing --iters groups).
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -60,6 +61,7 @@ int main(int argc, char** argv) {
   int gpus = 0;
   uint64_t min_bytes = 8, max_bytes = 64 * 1024, factor = 4;
   int iters = 200, repeats = 3, group = 1;
+  bool graph = true;
   std::string coll = "allreduce";
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
@@ -75,6 +77,7 @@ int main(int argc, char** argv) {
     else if (a == "--repeats") repeats = static_cast<int>(parse_size(value()));
     else if (a == "--coll") coll = std::string(value());
     else if (a == "--group") group = static_cast<int>(parse_size(value()));
+    else if (a == "--no-graph") graph = false;
     else die("unknown argument " + std::string(a) + " (see the comment at the top of the source)");
   }
   if (coll != "allreduce" && coll != "sendrecv" && coll != "allgather")
@@ -140,6 +143,12 @@ int main(int argc, char** argv) {
       const double t2 = now_us();
       best_issue = std::min(best_issue, (t1 - t0) / iters / group);
       best_eager = std::min(best_eager, (t2 - t0) / iters / group);
+    }
+    if (!graph) {
+      std::printf("  %10llu %10.2f %10.2f %10s\n", static_cast<unsigned long long>(count * sizeof(float)),
+                  best_issue, best_eager, "-");
+      std::fflush(stdout);
+      continue;
     }
     // Graphs: one per GPU, each stream captured on its own (as nccl-tests -G does).
     std::vector<cudaGraph_t> graphs(gpus);
