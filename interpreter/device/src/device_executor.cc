@@ -1534,10 +1534,12 @@ Status DeviceExecutor::run_batch(const std::vector<BatchCall>& calls, BatchRepor
   BatchReport local_report;
   if (report == nullptr) report = &local_report;
   *report = BatchReport{};
-  // Data-movement collectives run as bytes, so that they share one kernel whatever their type.
+  // Data-movement collectives only copy, so their element type is free: each runs as the
+  // kernel of a neighbouring reducing call where its bytes and buffers allow (so that a group
+  // mixing them fuses into one launch), else as bytes (one kernel for all of them).
   std::vector<RunArgs> byte_args(calls.size());
   std::vector<const RunArgs*> args(calls.size());
-  std::map<Impl*, Impl::PrivateUse> uses;  // per executor: how many uses, the largest need
+  std::vector<char> moves(calls.size(), 0);  // 1: a data-movement call, now in bytes
   for (std::size_t i = 0; i < calls.size(); ++i) {
     const BatchCall& c = calls[i];
     if (c.executor == nullptr || c.args == nullptr)
@@ -1547,7 +1549,7 @@ Status DeviceExecutor::run_batch(const std::vector<BatchCall>& calls, BatchRepor
                            " stopped by an earlier failure (call reset()): " + s.message());
     args[i] = c.args;
     const ef::Program& p = c.executor->impl_->program;
-    if (!ef::collective_reduces(p.collective) && c.args->dtype != ef::DataType::kInt8 &&
+    if (!ef::collective_reduces(p.collective) &&
         c.args->count <= std::numeric_limits<uint64_t>::max() / ef::size_of(c.args->dtype) &&
         ef::check_call(p, c.args->count, c.args->dtype, c.args->op, c.args->inplace,
                        c.args->premul_scalars.size())) {
@@ -1556,7 +1558,45 @@ Status DeviceExecutor::run_batch(const std::vector<BatchCall>& calls, BatchRepor
       byte_args[i].dtype = ef::DataType::kInt8;
       byte_args[i].op = ef::RedOp::kSum;
       args[i] = &byte_args[i];
+      moves[i] = 1;
     }
+  }
+  // The kernel a call's arguments select: (datatype, operator as the kernel reduces).
+  const auto kernel_of = [](const RunArgs& a) {
+    ef::RedOp op = a.op;
+    if (op == ef::RedOp::kAvg || op == ef::RedOp::kPreMulSum) op = ef::RedOp::kSum;
+    return std::pair<ef::DataType, ef::RedOp>{a.dtype, op};
+  };
+  // Re-expresses data-movement call i (in bytes) in `kernel` when the bytes divide into its
+  // elements, the program's granularity holds and every buffer is aligned to an element.
+  const auto adopt = [&](std::size_t i, std::pair<ef::DataType, ef::RedOp> kernel) {
+    const std::size_t size = ef::size_of(kernel.first);
+    const RunArgs& b = byte_args[i];
+    if (size == 1 || b.count % size != 0) return false;
+    const ef::Program& p = calls[i].executor->impl_->program;
+    if (!ef::check_call(p, b.count / size, kernel.first, kernel.second, b.inplace, 0)) return false;
+    const auto aligned = [size](const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % size == 0; };
+    if (!std::all_of(b.inputs.begin(), b.inputs.end(), aligned) ||
+        !std::all_of(b.outputs.begin(), b.outputs.end(), aligned))
+      return false;
+    byte_args[i].count = b.count / size;
+    byte_args[i].dtype = kernel.first;
+    byte_args[i].op = kernel.second;
+    return true;
+  };
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    if (!moves[i]) continue;
+    // The previous call's kernel (possibly adopted itself), else the next reducing call's.
+    bool done = i > 0 && adopt(i, kernel_of(*args[i - 1]));
+    for (std::size_t j = i + 1; !done && j < calls.size(); ++j)
+      if (!moves[j]) {
+        done = adopt(i, kernel_of(*args[j]));
+        break;
+      }
+  }
+  std::map<Impl*, Impl::PrivateUse> uses;  // per executor: how many uses, the largest need
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    const BatchCall& c = calls[i];
     Impl::PrivateUse& use =
         uses.try_emplace(c.executor->impl_.get(), Impl::PrivateUse{0, 0, 0}).first->second;
     ++use.instances;

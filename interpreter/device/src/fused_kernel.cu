@@ -13,12 +13,22 @@
 // A threadblock that stops (timeout, abort) leaves its executor unusable; the CTA then skips its
 // later threadblocks and marks their calls failed too (kErrorSkipped), so that their peers
 // stop at once instead of waiting for the deadline.
+#include <cuda_runtime_api.h>
+
 #include <cstdint>
 
 #include "interpreter_body.cuh"
 
+// FusedParams is larger than the classic 4 KiB parameter limit; kernels may take up to 32 KiB
+// of parameters since CUDA 12.1 (compute capability 7.0 and later).
+#if !defined(CUDART_VERSION) || CUDART_VERSION < 12010
+#error "the fused interpreter kernel needs CUDA 12.1 or later (kernel parameters over 4 KiB)"
+#endif
+
 namespace efccl::device {
 namespace {
+
+static_assert(sizeof(FusedParams) <= 32764, "FusedParams must fit CUDA's 32 KiB parameter limit");
 
 template <typename E, Reduction R>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock, 1)

@@ -1078,9 +1078,10 @@ std::string compare_batch(std::vector<BatchEntry>& entries) {
 
 TEST(DeviceExecutor, BatchRunsInOneFusedLaunchPerDevice) {
   // Simple, LL and LL128 programs, a program with scratch used twice (each use gets its own),
-  // in place and out of place: one launch per device; then a data-movement collective in
-  // float and in int8, which both run as bytes: a second launch. Results bitwise the host
-  // executor's, batch after batch and under graph replay.
+  // in place and out of place, then a float allgather (data movement: it joins the float sum
+  // kernel before it): one launch per device; then an int8 allgather of 91 bytes (not whole
+  // floats: it runs as bytes): a second launch. Results bitwise the host executor's, batch
+  // after batch and under graph replay.
   SKIP_WITHOUT_GPU();
   const ef::Program& ring = program_as(example("ring_allreduce_4r_2ch.json"), ef::Protocol::kSimple);
   const ef::Program& ring128 =
@@ -1128,7 +1129,7 @@ TEST(DeviceExecutor, BatchRunsInOneFusedLaunchPerDevice) {
       ASSERT_TRUE(w.is_ok()) << w.message();
     }
     EXPECT_EQ(report.launches, 2 * devices.size());
-    EXPECT_EQ(report.fused_calls, entries.size() * devices.size());
+    EXPECT_EQ(report.fused_calls, (entries.size() - 1) * devices.size());  // the last runs alone
     EXPECT_EQ(device::interpreter_launch_count() - before, 2 * devices.size());
     const std::string failure = compare_batch(entries);
     ASSERT_TRUE(failure.empty()) << "round " << round << ": " << failure;
@@ -1208,6 +1209,91 @@ TEST(DeviceExecutor, BatchLaunchesPerKernelInCallOrder) {
     const std::string failure = compare_batch(entries);
     ASSERT_TRUE(failure.empty()) << "max_ctas " << max_ctas << ": " << failure;
   }
+}
+
+TEST(DeviceExecutor, BatchDataMovementJoinsTheNeighbouringKernel) {
+  // Allgathers only copy: one whose bytes are whole floats and whose buffers are float-aligned
+  // runs in the float sum kernel of the call before it (or, first in the batch, of the next
+  // reducing call), so that [allgather, allreduce, allgather bf16, allreduce, allgather LL128]
+  // is one launch per device. A bfloat16 allgather of an odd count, or one whose buffers are
+  // not float-aligned, keeps the bytes kernel and splits the launch there.
+  SKIP_WITHOUT_GPU();
+  const ef::Program& ring = program_as(example("ring_allreduce_4r_2ch.json"), ef::Protocol::kSimple);
+  const ef::Program& allgather = program_as(example("ring_allgather_4r.json"), ef::Protocol::kSimple);
+  const ef::Program& allgather128 =
+      program_as(example("ring_allgather_4r.json"), ef::Protocol::kLL128);
+  std::vector<std::unique_ptr<device::DeviceExecutor>> executors;
+  for (const ef::Program* p : {&ring, &allgather, &allgather128}) {
+    auto e = small_slot_executor(*p, map_ranks(p->nranks, true));
+    ASSERT_TRUE(e.is_ok()) << p->name << ": " << e.status().message();
+    executors.push_back(std::move(e.value()));
+  }
+  const std::vector<int> devices = executors[0]->devices();
+  Streams streams(devices);
+  const uint64_t ring_granule = ef::count_granularity(ring);
+  struct Shape {
+    std::size_t executor;
+    DataType dtype;
+    uint64_t count;
+    bool inplace;
+  };
+  const auto run = [&](const std::vector<Shape>& shapes, std::size_t launches,
+                       std::size_t fused, const char* what) {
+    SCOPED_TRACE(what);
+    std::vector<BatchEntry> entries(shapes.size());
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      const Shape& sh = shapes[i];
+      entries[i].program = sh.executor == 0 ? &ring : sh.executor == 1 ? &allgather : &allgather128;
+      entries[i].executor = executors[sh.executor].get();
+      entries[i].dtype = sh.dtype;
+      entries[i].count = sh.count;
+      entries[i].inplace = sh.inplace;
+    }
+    for (int round = 0; round < 2; ++round) {
+      device::BatchReport report;
+      const Status s = run_batch_of(entries, streams, 500 + 10 * round, &report);
+      ASSERT_TRUE(s.is_ok()) << s.message();
+      for (BatchEntry& e : entries) ASSERT_TRUE(e.executor->wait(e.args).is_ok());
+      EXPECT_EQ(report.launches, launches * devices.size());
+      EXPECT_EQ(report.fused_calls, fused * devices.size());
+      const std::string failure = compare_batch(entries);
+      ASSERT_TRUE(failure.empty()) << "round " << round << ": " << failure;
+    }
+  };
+  run({{1, DataType::kFloat32, 301, false},
+       {0, DataType::kFloat32, ring_granule * 100, false},
+       {1, DataType::kBFloat16, 2 * 151, false},
+       {0, DataType::kFloat32, ring_granule * 37, true},
+       {2, DataType::kInt8, 4 * 77, true}},
+      1, 5, "every allgather joins the float kernel");
+  run({{0, DataType::kFloat32, ring_granule * 100, false},
+       {1, DataType::kBFloat16, 151, false},  // 302 bytes: not whole floats
+       {0, DataType::kFloat32, ring_granule * 37, false},
+       {1, DataType::kFloat32, 64, false}},
+      3, 2, "an odd bfloat16 allgather keeps the bytes kernel");
+
+  // Whole floats, but the allgather's buffers are only 2-byte aligned (bfloat16 buffers one
+  // element past an allocation): bytes again, so 3 launches, and still the host's results.
+  std::vector<BatchEntry> entries(3);
+  for (std::size_t i = 0; i < 3; ++i) {
+    entries[i].program = i == 1 ? &allgather : &ring;
+    entries[i].executor = executors[i == 1 ? 1 : 0].get();
+    entries[i].dtype = i == 1 ? DataType::kBFloat16 : DataType::kFloat32;
+    entries[i].count = i == 1 ? 2 * 99 : ring_granule * 50;
+  }
+  make_batch_buffers(entries, streams, 900);
+  BatchEntry& shifted = entries[1];
+  make_buffers(allgather, map_ranks(4, true), shifted.count, DataType::kBFloat16, false,
+               /*misalign=*/true, 901, shifted.bufs);
+  shifted.args = run_args(allgather, shifted.bufs, shifted.count, DataType::kBFloat16,
+                          RedOp::kSum, false, streams.get());
+  ASSERT_NE(reinterpret_cast<std::uintptr_t>(shifted.args.outputs[0]) % 4, 0u);
+  device::BatchReport report;
+  ASSERT_TRUE(run_batch_only(entries, &report).is_ok());
+  for (BatchEntry& e : entries) ASSERT_TRUE(e.executor->wait(e.args).is_ok());
+  EXPECT_EQ(report.launches, 3 * devices.size());
+  const std::string failure = compare_batch(entries);
+  ASSERT_TRUE(failure.empty()) << failure;
 }
 
 /// Two ranks that send first, then receive: a healthy exchange of one chunk, one threadblock
