@@ -219,6 +219,101 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(kShapes[std::get<0>(info.param)].label) + "_" + name(std::get<1>(info.param));
     });
 
+TEST(RuntimeLarge, OneGibibyteCallsWithOddCountsAreExact) {
+  // The largest size nccl-tests sweeps, with counts that are not multiples of anything: a
+  // float allreduce of 1 GiB + 20 bytes (out of place), an int32 allgather whose output is
+  // 1 GiB + 24 bytes (in place), an int32 reduce-scatter of 1 GiB + 16 bytes of input. Two
+  // ranks (sharing the GPU when only one is visible); integer-valued data, compared exactly.
+  EFCCL_REQUIRE_GPUS(1);
+  TestClique c(spread_ranks(2));
+  const auto put = [&](int r, void* dst, const void* src, std::size_t bytes) {
+    cudaSetDevice(c.devices[r]);
+    ASSERT_EQ(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(cudaStreamLegacy), cudaSuccess);  // a pageable copy's DMA
+  };
+  const auto get = [&](int r, void* dst, const void* src, std::size_t bytes) {
+    cudaSetDevice(c.devices[r]);
+    ASSERT_EQ(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  };
+  const auto device_alloc = [&](int r, std::size_t bytes) {
+    cudaSetDevice(c.devices[r]);
+    void* p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess) << bytes << " bytes on device " << c.devices[r];
+    return p;
+  };
+  {
+    SCOPED_TRACE("allreduce float, 2^28 + 5 elements");
+    const std::size_t n = (std::size_t{1} << 28) + 5;
+    std::vector<void*> in(2), out(2);
+    std::vector<float> h(n);
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_NE(in[r] = device_alloc(r, n * 4), nullptr);
+      ASSERT_NE(out[r] = device_alloc(r, n * 4), nullptr);
+      for (std::size_t i = 0; i < n; ++i) h[i] = static_cast<float>(i % 251 + 3 * r);
+      put(r, in[r], h.data(), n * 4);
+    }
+    NCCL_OK(ncclGroupStart());
+    for (int r = 0; r < 2; ++r)
+      NCCL_OK(ncclAllReduce(in[r], out[r], n, ncclFloat, ncclSum, c.comms[r], c.streams[r]));
+    NCCL_OK(ncclGroupEnd());
+    c.sync();
+    for (int r = 0; r < 2; ++r) {
+      get(r, h.data(), out[r], n * 4);
+      for (std::size_t i = 0; i < n; ++i)
+        ASSERT_EQ(h[i], static_cast<float>(2 * (i % 251) + 3)) << "rank " << r << " element " << i;
+      cudaFree(in[r]);
+      cudaFree(out[r]);
+    }
+  }
+  {
+    SCOPED_TRACE("allgather int32 in place, 2^27 + 3 elements per rank");
+    const std::size_t n = (std::size_t{1} << 27) + 3;
+    std::vector<void*> buf(2);
+    std::vector<int32_t> h(2 * n);
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_NE(buf[r] = device_alloc(r, 2 * n * 4), nullptr);
+      for (std::size_t i = 0; i < 2 * n; ++i) h[i] = -1;
+      for (std::size_t i = 0; i < n; ++i) h[r * n + i] = static_cast<int32_t>(i * 7 + r);
+      put(r, buf[r], h.data(), 2 * n * 4);
+    }
+    NCCL_OK(ncclGroupStart());
+    for (int r = 0; r < 2; ++r)
+      NCCL_OK(ncclAllGather(static_cast<int32_t*>(buf[r]) + r * n, buf[r], n, ncclInt32, c.comms[r], c.streams[r]));
+    NCCL_OK(ncclGroupEnd());
+    c.sync();
+    for (int r = 0; r < 2; ++r) {
+      get(r, h.data(), buf[r], 2 * n * 4);
+      for (std::size_t i = 0; i < 2 * n; ++i)
+        ASSERT_EQ(h[i], static_cast<int32_t>((i % n) * 7 + i / n)) << "rank " << r << " element " << i;
+      cudaFree(buf[r]);
+    }
+  }
+  {
+    SCOPED_TRACE("reduce-scatter int32, 2^27 + 2 elements per rank");
+    const std::size_t n = (std::size_t{1} << 27) + 2;
+    std::vector<void*> in(2), out(2);
+    std::vector<int32_t> h(2 * n);
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_NE(in[r] = device_alloc(r, 2 * n * 4), nullptr);
+      ASSERT_NE(out[r] = device_alloc(r, n * 4), nullptr);
+      for (std::size_t i = 0; i < 2 * n; ++i) h[i] = static_cast<int32_t>(i % 1009) * (r + 1);
+      put(r, in[r], h.data(), 2 * n * 4);
+    }
+    NCCL_OK(ncclGroupStart());
+    for (int r = 0; r < 2; ++r)
+      NCCL_OK(ncclReduceScatter(in[r], out[r], n, ncclInt32, ncclSum, c.comms[r], c.streams[r]));
+    NCCL_OK(ncclGroupEnd());
+    c.sync();
+    for (int r = 0; r < 2; ++r) {
+      get(r, h.data(), out[r], n * 4);
+      for (std::size_t i = 0; i < n; ++i)
+        ASSERT_EQ(h[i], static_cast<int32_t>((r * n + i) % 1009) * 3) << "rank " << r << " element " << i;
+      cudaFree(in[r]);
+      cudaFree(out[r]);
+    }
+  }
+}
+
 TEST(RuntimeApiErrors, ArgumentsOfALiveCommunicator) {
   EFCCL_REQUIRE_GPUS(1);
   TestClique clique({0, 0});
