@@ -902,8 +902,12 @@ ApiStatus Clique::launch(Launch& l) {
     batch_.push_back(std::move(l));
     return ApiStatus::ok();
   }
-  if (Status s = l.executor->run(l.args); !s) return run_failure(s);
-  return join_after_launch(l);
+  // The ranks' streams are joined to the launch stream even when a launch failed: a device
+  // whose launch went out runs (and is aborted) on it, and the ranks' later work must follow.
+  const Status s = l.executor->run(l.args);
+  const ApiStatus joined = join_after_launch(l);
+  if (!s) return run_failure(s);
+  return joined;
 }
 
 const std::string& Clique::all_ranks_suffix() {
@@ -940,12 +944,11 @@ void Clique::flush_batch() {
   ApiStatus status;
   const Status s = calls.size() == 1 ? launches.front().executor->run(launches.front().args)
                                      : device::DeviceExecutor::run_batch(calls, &report);
-  if (!s) {
-    status = run_failure(s);
-  } else {
-    for (const Launch& l : launches)
-      if (ApiStatus j = join_after_launch(l); !j && status) status = j;
-  }
+  if (!s) status = run_failure(s);
+  // Joined after a failure too: the launches that went out before it run on their launch
+  // streams (aborted), and every rank's later work must follow them.
+  for (const Launch& l : launches)
+    if (ApiStatus j = join_after_launch(l); !j && status) status = j;
   if (calls.size() > 1)
     EFCCL_INFO(kLogColl, device(launches.front().ranks.front()),
                "group: " + std::to_string(calls.size()) + " program runs enqueued in " +

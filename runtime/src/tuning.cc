@@ -1,6 +1,13 @@
 #include "tuning.h"
 
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <limits>
+#include <string>
+#include <utility>
+
+#include "logger.h"
 
 namespace efccl::runtime {
 namespace {
@@ -111,10 +118,52 @@ BuiltinChoice choose_builtin(ef::Collective collective, int32_t nranks, uint64_t
   return {};
 }
 
+namespace {
+
+constexpr int32_t kMaxP2pChannels = 64;  // NCCL's MAXCHANNELS
+
+/// NCCL_MIN_P2P_NCHANNELS / NCCL_MAX_P2P_NCHANNELS (1..64 each): bounds on the table's channels
+/// per transfer. A value that is not such a number is refused with a warning naming it.
+int32_t p2p_channel_bound(const char* name, int32_t fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  errno = 0;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  if (errno != 0 || end == v || *end != '\0' || n < 1 || n > kMaxP2pChannels) {
+    EFCCL_WARN(-1, std::string(name) + "='" + v + "' is not a number from 1 to " +
+                       std::to_string(kMaxP2pChannels) + "; ignored (the tuning table decides)");
+    return fallback;
+  }
+  return static_cast<int32_t>(n);
+}
+
+}  // namespace
+
+std::pair<int32_t, int32_t> p2p_channel_bounds() {
+  const int32_t lo = p2p_channel_bound("NCCL_MIN_P2P_NCHANNELS", 1);
+  const int32_t hi = p2p_channel_bound("NCCL_MAX_P2P_NCHANNELS", kMaxP2pChannels);
+  if (lo > hi) {
+    EFCCL_WARN(-1, "NCCL_MIN_P2P_NCHANNELS=" + std::to_string(lo) + " exceeds NCCL_MAX_P2P_NCHANNELS=" +
+                       std::to_string(hi) + "; using " + std::to_string(hi) + " for both");
+    return {hi, hi};
+  }
+  return {lo, hi};
+}
+
 int32_t p2p_channels(uint64_t bytes) {
+  static const std::pair<int32_t, int32_t> bounds = p2p_channel_bounds();
+  return p2p_channels(bytes, bounds);
+}
+
+int32_t p2p_channels(uint64_t bytes, std::pair<int32_t, int32_t> bounds) {
+  int32_t channels = 1;
   for (const P2pRow& row : kP2pTable)
-    if (bytes >= row.min_bytes) return row.channels;
-  return 1;
+    if (bytes >= row.min_bytes) {
+      channels = row.channels;
+      break;
+    }
+  return std::clamp(channels, bounds.first, bounds.second);
 }
 
 ef::Protocol p2p_protocol(uint64_t bytes) {

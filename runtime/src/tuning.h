@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <string_view>
 
 #include "efccl/ef/program.h"
@@ -24,8 +25,14 @@ struct BuiltinChoice {
 /// whose count is per block, count x element size otherwise).
 BuiltinChoice choose_builtin(ef::Collective collective, int32_t nranks, uint64_t bytes);
 
-/// Channels (CTAs per direction) for one point-to-point transfer of `bytes`.
+/// Channels (CTAs per direction) for one point-to-point transfer of `bytes`: the tuning table's,
+/// within the bounds NCCL_MIN_P2P_NCHANNELS / NCCL_MAX_P2P_NCHANNELS gave at the first call.
 int32_t p2p_channels(uint64_t bytes);
+/// The same within explicit {min, max} bounds.
+int32_t p2p_channels(uint64_t bytes, std::pair<int32_t, int32_t> bounds);
+/// NCCL_MIN_P2P_NCHANNELS / NCCL_MAX_P2P_NCHANNELS as set now: {1, 64} where unset; a value that
+/// is not a number from 1 to 64 is ignored with a warning naming it; min > max gives {max, max}.
+std::pair<int32_t, int32_t> p2p_channel_bounds();
 /// The protocol measured fastest for a point-to-point transfer of `bytes` (before NCCL_PROTO).
 ef::Protocol p2p_protocol(uint64_t bytes);
 

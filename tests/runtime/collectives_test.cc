@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "communicator.h"  // the clique behind a communicator (executor cache statistics)
 #include "efccl/device/device_executor.h"
 #include "runtime_test_util.h"
 
@@ -645,12 +646,23 @@ TEST(RuntimeGroups, AGroupCapturedBeforeItEverRanReplays) {
     for (int g = 0; g < std::min(visible_gpus(), 2); ++g)
       for (int k = 0; k < per_gpu; ++k) devices.push_back(g);
     if (devices.size() < 2) devices.push_back(0);
+    std::size_t eager_executors = 0;
+    {
+      TestClique eager(devices);  // the same group run eagerly: the executors (copies included) it makes
+      std::size_t eager_launches = 0;
+      run_mixed_group(eager, &eager_launches, GroupRun::kEager);
+      eager_executors = eager.comms[0]->clique->executor_cache_stats().size;
+    }
     TestClique c(devices);
     std::size_t launches = 0;
     run_mixed_group(c, &launches, GroupRun::kCapturedCold);
     std::vector<int> gpus = devices;
     gpus.erase(std::unique(gpus.begin(), gpus.end()), gpus.end());
     EXPECT_EQ(launches, 2 * gpus.size());
+    // The capture made the same executors, the allreduces' copies included (without them the
+    // group would still be two launches, its repeated programs serialised).
+    EXPECT_GT(eager_executors, 4u);
+    EXPECT_EQ(c.comms[0]->clique->executor_cache_stats().size, eager_executors);
   }
 }
 

@@ -2,7 +2,9 @@
 // and replayed; a first use during capture (in any capture mode) creates what it needs without
 // breaking the capture, and memory grown during a capture leaves earlier graphs intact. A
 // captured graph pins the executors it replays against cache eviction until it is destroyed;
-// one thread per rank may capture its own stream.
+// one thread per rank may capture its own stream; two calls of one program captured on
+// forked streams are ordered in the graph.
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -88,8 +90,10 @@ TEST(RuntimeGraph, CapturedAllReduceReplaysThreeTimes) {
 }
 
 /// Captures `enqueue` into one graph for every stream of `c` (the others fork from rank 0's
-/// capture and join it again) in `mode`.
-cudaGraphExec_t capture_all(TestClique& c, cudaStreamCaptureMode mode, const std::function<void()>& enqueue) {
+/// capture and join it again) in `mode`. With `graph_out`, the graph is kept there (the caller
+/// destroys it).
+cudaGraphExec_t capture_all(TestClique& c, cudaStreamCaptureMode mode, const std::function<void()>& enqueue,
+                            cudaGraph_t* graph_out = nullptr) {
   const int n = c.n();
   std::vector<cudaEvent_t> fork(n), join(n);
   for (int r = 0; r < n; ++r) {
@@ -118,7 +122,10 @@ cudaGraphExec_t capture_all(TestClique& c, cudaStreamCaptureMode mode, const std
   EXPECT_EQ(ended, cudaSuccess) << cudaGetErrorString(ended) << " (capture invalidated?)";
   if (graph != nullptr) {
     EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-    cudaGraphDestroy(graph);  // the executable keeps what it needs (and the executor pins)
+    if (graph_out != nullptr)
+      *graph_out = graph;
+    else
+      cudaGraphDestroy(graph);  // the executable keeps what it needs (and the executor pins)
   }
   for (int r = 0; r < n; ++r) {
     cudaEventDestroy(fork[r]);
@@ -200,6 +207,118 @@ TEST(RuntimeGraph, FirstUseDuringCaptureWorksInEveryCaptureMode) {
   }
 }
 
+/// How many kernel nodes of `graph` there are, and how many of them have another kernel node
+/// among their ancestors.
+std::pair<int, int> kernels_and_ordered_kernels(cudaGraph_t graph) {
+  std::size_t nnodes = 0, nedges = 0;
+  EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &nnodes), cudaSuccess);
+  std::vector<cudaGraphNode_t> nodes(nnodes);
+  EXPECT_EQ(cudaGraphGetNodes(graph, nodes.data(), &nnodes), cudaSuccess);
+  EXPECT_EQ(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &nedges), cudaSuccess);
+  std::vector<cudaGraphNode_t> from(nedges), to(nedges);
+  EXPECT_EQ(cudaGraphGetEdges(graph, from.data(), to.data(), nullptr, &nedges), cudaSuccess);
+  const auto is_kernel = [](cudaGraphNode_t n) {
+    cudaGraphNodeType type{};
+    return cudaGraphNodeGetType(n, &type) == cudaSuccess && type == cudaGraphNodeTypeKernel;
+  };
+  int kernels = 0, ordered = 0;
+  for (cudaGraphNode_t n : nodes) {
+    if (!is_kernel(n)) continue;
+    ++kernels;
+    // Walk the ancestors (edges backwards) looking for a kernel.
+    std::vector<cudaGraphNode_t> todo{n}, seen{n};
+    bool found = false;
+    while (!todo.empty() && !found) {
+      cudaGraphNode_t cur = todo.back();
+      todo.pop_back();
+      for (std::size_t e = 0; e < nedges && !found; ++e) {
+        if (to[e] != cur || std::find(seen.begin(), seen.end(), from[e]) != seen.end()) continue;
+        if (is_kernel(from[e])) found = true;
+        seen.push_back(from[e]);
+        todo.push_back(from[e]);
+      }
+    }
+    if (found) ++ordered;
+  }
+  return {kernels, ordered};
+}
+
+TEST(RuntimeGraph, TwoCallsOnForkedStreamsOfOneCaptureAreOrdered) {
+  // Two allreduces of one program (one executor: separate groups, so no copies) captured on
+  // two streams per rank that fork from the capture before either call. NCCL serializes a
+  // communicator's work within a graph; efccl must too, because both launches use the same
+  // FIFOs and flags: on every device the second kernel must depend on the first.
+  EFCCL_REQUIRE_GPUS(1);
+  TestClique c(spread_ranks(2));
+  const int n = c.n();
+  int ndevices = 1;
+  for (int r = 1; r < n; ++r) ndevices += c.devices[r] != c.devices[0] ? 1 : 0;
+  constexpr std::size_t kCount = 100003;
+  std::vector<float*> a(n), b(n);
+  std::vector<cudaStream_t> second(n);
+  std::vector<cudaEvent_t> fork(n), join(n);
+  for (int r = 0; r < n; ++r) {
+    ASSERT_NE(a[r] = filled_buffer(c.devices[r], kCount, 1.0f), nullptr);
+    ASSERT_NE(b[r] = filled_buffer(c.devices[r], kCount, 2.0f), nullptr);
+    cudaSetDevice(c.devices[r]);
+    CUDA_OK(cudaStreamCreateWithFlags(&second[r], cudaStreamNonBlocking));
+    CUDA_OK(cudaEventCreateWithFlags(&fork[r], cudaEventDisableTiming));
+    CUDA_OK(cudaEventCreateWithFlags(&join[r], cudaEventDisableTiming));
+  }
+  CUDA_OK(cudaStreamSynchronize(cudaStreamLegacy));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = capture_all(
+      c, cudaStreamCaptureModeGlobal,
+      [&] {
+        for (int r = 0; r < n; ++r) {  // fork the second streams before either call
+          cudaSetDevice(c.devices[r]);
+          CUDA_OK(cudaEventRecord(fork[r], c.streams[r]));
+          CUDA_OK(cudaStreamWaitEvent(second[r], fork[r], 0));
+        }
+        NCCL_OK(ncclGroupStart());
+        for (int r = 0; r < n; ++r)
+          NCCL_OK(ncclAllReduce(a[r], a[r], kCount, ncclFloat, ncclSum, c.comms[r], c.streams[r]));
+        NCCL_OK(ncclGroupEnd());
+        NCCL_OK(ncclGroupStart());
+        for (int r = 0; r < n; ++r)
+          NCCL_OK(ncclAllReduce(b[r], b[r], kCount, ncclFloat, ncclSum, c.comms[r], second[r]));
+        NCCL_OK(ncclGroupEnd());
+        for (int r = 0; r < n; ++r) {  // and join them again
+          cudaSetDevice(c.devices[r]);
+          CUDA_OK(cudaEventRecord(join[r], second[r]));
+          CUDA_OK(cudaStreamWaitEvent(c.streams[r], join[r], 0));
+        }
+      },
+      &graph);
+  ASSERT_NE(exec, nullptr);
+  ASSERT_NE(graph, nullptr);
+  const auto [kernels, ordered] = kernels_and_ordered_kernels(graph);
+  EXPECT_EQ(kernels, 2 * ndevices) << "one interpreter launch per call and device";
+  EXPECT_EQ(ordered, ndevices) << "each device's second launch must depend on its first";
+  cudaGraphDestroy(graph);
+  for (int replay = 0; replay < 3; ++replay) {
+    cudaSetDevice(c.devices[0]);
+    CUDA_OK(cudaGraphLaunch(exec, c.streams[0]));
+  }
+  c.sync();
+  for (int r = 0; r < n; ++r) {  // in-place sums over two ranks, three times: 1 -> 8, 2 -> 16
+    std::vector<float> ha(kCount), hb(kCount);
+    cudaSetDevice(c.devices[r]);
+    CUDA_OK(cudaMemcpy(ha.data(), a[r], kCount * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(hb.data(), b[r], kCount * sizeof(float), cudaMemcpyDeviceToHost));
+    for (std::size_t i = 0; i < kCount; ++i) {
+      ASSERT_EQ(ha[i], 8.0f) << "rank " << r << " first allreduce element " << i;
+      ASSERT_EQ(hb[i], 16.0f) << "rank " << r << " second allreduce element " << i;
+    }
+    cudaFree(a[r]);
+    cudaFree(b[r]);
+    cudaStreamDestroy(second[r]);
+    cudaEventDestroy(fork[r]);
+    cudaEventDestroy(join[r]);
+  }
+  cudaGraphExecDestroy(exec);
+}
+
 TEST(RuntimeGraph, ScratchGrowsDuringCaptureAndEarlierGraphsKeepTheirs) {
   // An in-place alltoall passes its blocks through executor-owned scratch sized by the count.
   // A graph captured at a small count, then one at a larger count of the same program (the
@@ -265,6 +384,66 @@ TEST(RuntimeGraph, ScratchGrowsDuringCaptureAndEarlierGraphsKeepTheirs) {
   cudaGraphExecDestroy(small);
   cudaGraphExecDestroy(large);
   for (int r = 0; r < 2; ++r) cudaFree(buf[r]);
+}
+
+TEST(RuntimeGraph, AnEvictionDuringAnUnrelatedGlobalCaptureKeepsTheCaptureValid) {
+  // PyTorch captures in global mode; an eager collective on another stream of the same thread
+  // may evict (and so destroy) an executor meanwhile. Destroying one must not make a call that
+  // global mode forbids (a device-wide synchronisation), which would invalidate the capture.
+  EFCCL_REQUIRE_GPUS(1);
+  std::unique_ptr<TestClique> owner;
+  {
+    ScopedEnv cache("EFCCL_EXECUTOR_CACHE", "1");  // every new program evicts another
+    owner = std::make_unique<TestClique>(spread_ranks(2));
+  }
+  TestClique& c = *owner;
+  Clique& clique = *c.comms[0]->clique;
+  const int n = c.n();
+  const std::size_t count = (std::size_t{1} << 16) * n;  // one program per call (no tail)
+  std::vector<float*> buf(n), gathered(n);
+  for (int r = 0; r < n; ++r) {
+    ASSERT_NE(buf[r] = filled_buffer(c.devices[r], count, static_cast<float>(r + 1)), nullptr);
+    cudaSetDevice(c.devices[r]);
+    CUDA_OK(cudaMalloc(&gathered[r], count * n * sizeof(float)));
+  }
+  const auto grouped = [&](const std::function<ncclResult_t(int)>& call) {
+    NCCL_OK(ncclGroupStart());
+    for (int r = 0; r < n; ++r) NCCL_OK(call(r));
+    NCCL_OK(ncclGroupEnd());
+  };
+  grouped([&](int r) { return ncclBroadcast(buf[r], gathered[r], count, ncclFloat, 0, c.comms[r], c.streams[r]); });
+  c.sync();  // the broadcast's executor has launched: destroying it waits for that launch
+  ASSERT_EQ(clique.executor_cache_stats().size, 1u);
+
+  cudaSetDevice(c.devices[0]);
+  cudaStream_t side = nullptr;
+  void* scratch = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  CUDA_OK(cudaMalloc(&scratch, 256));
+  CUDA_OK(cudaStreamBeginCapture(side, cudaStreamCaptureModeGlobal));
+  CUDA_OK(cudaMemsetAsync(scratch, 0, 256, side));
+  // Eager, on streams that are not captured: the allgather's program evicts the broadcast's.
+  grouped([&](int r) { return ncclAllGather(buf[r], gathered[r], count, ncclFloat, c.comms[r], c.streams[r]); });
+  EXPECT_EQ(clique.executor_cache_stats().size, 1u) << "the broadcast's executor was not evicted";
+  cudaSetDevice(c.devices[0]);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(side, &graph);
+  EXPECT_EQ(ended, cudaSuccess) << cudaGetErrorString(ended) << ": the eviction invalidated the capture";
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  c.sync();
+  for (int r = 0; r < n; ++r) {
+    std::vector<float> h(count * n);
+    cudaSetDevice(c.devices[r]);
+    CUDA_OK(cudaMemcpy(h.data(), gathered[r], h.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    for (int q = 0; q < n; ++q)
+      for (std::size_t i = 0; i < count; i += 1021)
+        ASSERT_EQ(h[q * count + i], static_cast<float>(q + 1)) << "rank " << r << " block " << q << " element " << i;
+    cudaFree(buf[r]);
+    cudaFree(gathered[r]);
+  }
+  cudaSetDevice(c.devices[0]);
+  cudaFree(scratch);
+  cudaStreamDestroy(side);
 }
 
 TEST(RuntimeGraph, ACapturedExecutorSurvivesEvictionUntilItsGraphIsDestroyed) {

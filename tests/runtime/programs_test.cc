@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "direct_gather_scatter.h"
@@ -221,6 +222,32 @@ TEST(RuntimePrograms, BuiltinsSwitchReadsTheEnvironment) {
   EXPECT_TRUE(builtins_from_environment());  // a warning, and the default
   ASSERT_EQ(unsetenv("EFCCL_BUILTINS"), 0);
   EXPECT_TRUE(builtins_from_environment());
+}
+
+TEST(RuntimePrograms, P2pChannelsFollowTheTableWithinNcclBounds) {
+  ASSERT_EQ(unsetenv("NCCL_MIN_P2P_NCHANNELS"), 0);
+  ASSERT_EQ(unsetenv("NCCL_MAX_P2P_NCHANNELS"), 0);
+  const auto unset = p2p_channel_bounds();
+  EXPECT_EQ(unset, std::make_pair(1, 64));
+  const int32_t at_4m = p2p_channels(4 << 20, unset);
+  EXPECT_GT(at_4m, 1);  // large transfers spread over several channels
+  EXPECT_EQ(p2p_channels(8, unset), 1);
+  EXPECT_EQ(p2p_channels(4 << 20), at_4m);  // the cached bounds: nothing set in this process
+
+  ASSERT_EQ(setenv("NCCL_MIN_P2P_NCHANNELS", "4", 1), 0);
+  ASSERT_EQ(setenv("NCCL_MAX_P2P_NCHANNELS", "2", 1), 0);
+  EXPECT_EQ(p2p_channel_bounds(), std::make_pair(2, 2));  // min > max: max for both
+  ASSERT_EQ(setenv("NCCL_MAX_P2P_NCHANNELS", "6", 1), 0);
+  const auto bounds = p2p_channel_bounds();
+  EXPECT_EQ(bounds, std::make_pair(4, 6));
+  EXPECT_EQ(p2p_channels(8, bounds), 4);
+  EXPECT_EQ(p2p_channels(1 << 30, bounds), 6);
+  for (const char* bad : {"0", "65", "-3", "4x", "", "lots"}) {
+    ASSERT_EQ(setenv("NCCL_MIN_P2P_NCHANNELS", bad, 1), 0);
+    EXPECT_EQ(p2p_channel_bounds(), std::make_pair(1, 6)) << "NCCL_MIN_P2P_NCHANNELS='" << bad << "'";
+  }
+  ASSERT_EQ(unsetenv("NCCL_MIN_P2P_NCHANNELS"), 0);
+  ASSERT_EQ(unsetenv("NCCL_MAX_P2P_NCHANNELS"), 0);
 }
 
 TEST(RuntimePrograms, ProtocolsFollowTheTuningTableAndNcclProto) {

@@ -308,6 +308,14 @@ struct LocalDevice {
   DeviceEvent last_launch;
   cudaStream_t last_stream = nullptr;
   bool launched_before = false;
+  /// The same for captured launches, per capture: a launch captured on another stream of the
+  /// same capture waits for the previous one (an edge in the graph), as NCCL serializes a
+  /// communicator's work within a graph. Launches of different captures are ordered by
+  /// whoever replays the graphs.
+  DeviceEvent last_captured_launch;
+  cudaStream_t last_captured_stream = nullptr;
+  unsigned long long last_capture_id = 0;
+  bool captured_before = false;
 };
 
 struct PreparedCall;
@@ -495,12 +503,19 @@ StatusOr<std::unique_ptr<DeviceExecutor>> DeviceExecutor::create(const ef::Progr
 DeviceExecutor::DeviceExecutor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 DeviceExecutor::~DeviceExecutor() {
-  // cudaFree would synchronise anyway; doing it first keeps the order explicit. A stuck
+  // An executor may be destroyed (evicted) while this or another thread captures a CUDA graph
+  // on an unrelated stream: as NCCL does around its frees, wait and free in relaxed capture
+  // mode, and wait for this executor's own last launch per device (every earlier eager launch
+  // is ordered before it) rather than the whole device, whose capturing streams must not be
+  // synchronised. Graph replays are over before the graph's pin lets an executor go. A stuck
   // launch ends by its own timeout.
-  for (int d : impl_->devices) {
-    DeviceScope scope(d);
-    cudaDeviceSynchronize();
+  RelaxedCaptureMode relaxed;
+  for (LocalDevice& local : impl_->locals) {
+    if (!local.launched_before) continue;
+    DeviceScope scope(local.device);
+    if (auto event = local.last_launch.get(local.device); event) cudaEventSynchronize(*event);
   }
+  impl_.reset();  // the frees, still in relaxed mode
 }
 
 const std::vector<int>& DeviceExecutor::devices() const { return impl_->devices; }
@@ -1233,6 +1248,7 @@ struct PreparedPart {
   std::size_t device_index = 0;  ///< into Impl::locals
   cudaStream_t stream = nullptr;
   bool eager = true;             ///< the stream is not being captured
+  unsigned long long capture_id = 0;  ///< the stream's capture when not eager
   int threads = 0;               ///< the one-call kernel's CTA size (choose_threads)
   CallParams call{};
   std::vector<RankCallArgs> ranks;  ///< per local rank of the device
@@ -1314,7 +1330,10 @@ Status DeviceExecutor::Impl::prepare(DeviceExecutor* self, const RunArgs& args,
     {
       DeviceScope scope(local.device);
       cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-      EFCCL_CUDA_RETURN(cudaStreamIsCapturing(part.stream, &capture), "cudaStreamIsCapturing");
+      EFCCL_CUDA_RETURN(cudaStreamGetCaptureInfo(part.stream, &capture, &part.capture_id),
+                        "cudaStreamGetCaptureInfo");
+      if (capture == cudaStreamCaptureStatusInvalidated)
+        return Status::error("the launch stream's CUDA graph capture has been invalidated");
       part.eager = capture == cudaStreamCaptureStatusNone;
     }
 
@@ -1365,12 +1384,21 @@ Status DeviceExecutor::Impl::prepare(DeviceExecutor* self, const RunArgs& args,
 
 Status DeviceExecutor::Impl::order_after_last_launch(PreparedPart& part) {
   LocalDevice& local = locals[part.device_index];
-  // Graph captures are ordered by whoever replays them; eager launches are ordered here: two
-  // launches of one executor share FIFOs, flags and launch counts.
+  // Two launches of one executor share FIFOs, flags and launch counts: a launch on another
+  // stream than the previous one waits for it. Eagerly, for the previous eager launch; within
+  // one capture, for the previous launch captured in it (different graphs are ordered by
+  // whoever replays them).
   if (part.eager && local.launched_before && local.last_stream != part.stream) {
     auto event = local.last_launch.get(local.device);
     if (!event) return event.status();
     EFCCL_CUDA_RETURN(cudaStreamWaitEvent(part.stream, *event, 0), "cudaStreamWaitEvent");
+  }
+  if (!part.eager && local.captured_before && local.last_capture_id == part.capture_id &&
+      local.last_captured_stream != part.stream) {
+    auto event = local.last_captured_launch.get(local.device);
+    if (!event) return event.status();
+    EFCCL_CUDA_RETURN(cudaStreamWaitEvent(part.stream, *event, 0),
+                      "cudaStreamWaitEvent (ordering two captured launches of one program)");
   }
   return Status::ok();
 }
@@ -1386,6 +1414,13 @@ Status DeviceExecutor::Impl::after_launch(PreparedPart& part, int dtype) {
     EFCCL_CUDA_RETURN(cudaEventRecord(*event, part.stream), "cudaEventRecord");
     local.last_stream = part.stream;
     local.launched_before = true;
+  } else {
+    auto event = local.last_captured_launch.get(local.device);
+    if (!event) return event.status();
+    EFCCL_CUDA_RETURN(cudaEventRecord(*event, part.stream), "cudaEventRecord (captured)");
+    local.last_captured_stream = part.stream;
+    local.last_capture_id = part.capture_id;
+    local.captured_before = true;
   }
   return Status::ok();
 }
@@ -1573,6 +1608,9 @@ Status DeviceExecutor::run_batch(const std::vector<BatchCall>& calls, BatchRepor
     const std::size_t size = ef::size_of(kernel.first);
     const RunArgs& b = byte_args[i];
     if (size == 1 || b.count % size != 0) return false;
+    // Tiles of slot_bytes / size elements carry the same bytes as in int8 only when the slot
+    // divides (across processes, a peer may have kept bytes for its own pointers' sake).
+    if (calls[i].executor->impl_->slot_bytes % size != 0) return false;
     const ef::Program& p = calls[i].executor->impl_->program;
     if (!ef::check_call(p, b.count / size, kernel.first, kernel.second, b.inplace, 0)) return false;
     const auto aligned = [size](const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % size == 0; };
