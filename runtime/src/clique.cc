@@ -441,26 +441,32 @@ ApiStatus Clique::run_p2p(const std::vector<Call>& calls) {
   if (transfers.empty()) return ApiStatus::ok();
 
   const auto protocol_for = [this](uint64_t bytes) { return registry_->p2p_protocol(bytes); };
-  const std::vector<P2pRound> rounds = plan_p2p_rounds(transfers, &p2p_channels, protocol_for);
+  // Programs are built only for signatures without a prepared executor: a group repeated
+  // with the same layout (every training step) skips building them.
+  std::vector<P2pRound> rounds =
+      plan_p2p_rounds(transfers, &p2p_channels, protocol_for, /*build_programs=*/false);
   const uint64_t op_count = launches_++;
   EFCCL_INFO(kLogP2p, -1,
              "send/recv group: opCount " + std::to_string(op_count) + " " +
                  std::to_string(transfers.size()) + " transfer(s) between ranks, " +
                  std::to_string(local.size()) + " to self, in " + std::to_string(rounds.size()) +
                  " round(s) (one launch each; channels per transfer: " +
-                 std::to_string(rounds.front().program.nchannels) + ")" +
+                 std::to_string(rounds.front().channels) + ")" +
                  (*capturing ? " (captured)" : ""));
   notify_selection({"p2p", "p2p", "runtime",
                     std::to_string(transfers.size()) + " transfer(s) in " +
                         std::to_string(rounds.size()) + " round(s)",
                     false, transfers.size(), nranks()});
-  for (const P2pRound& round : rounds) {
-    device::DeviceExecutor* executor = nullptr;
-    if (ApiStatus s = executor_for(round.program, round.signature, round.ranks, *capturing,
-                                   round.chunk_bytes, ef::DataType::kInt8,
-                                   [] { return uint64_t{0}; }, &executor);
-        !s)
-      return s;
+  for (P2pRound& round : rounds) {
+    device::DeviceExecutor* executor = executors_.find(executor_key(round.signature, round.ranks));
+    if (executor == nullptr) {
+      build_p2p_program(round);
+      if (ApiStatus s = executor_for(round.program, round.signature, round.ranks, *capturing,
+                                     round.chunk_bytes, ef::DataType::kInt8,
+                                     [] { return uint64_t{0}; }, &executor);
+          !s)
+        return s;
+    }
     Launch l;
     l.executor = executor;
     l.args.count = round.chunk_bytes;  // nchunksperloop 1: one chunk of chunk_bytes int8
@@ -706,10 +712,7 @@ std::unique_ptr<device::PeerProcesses> Clique::peers_for(const std::vector<int32
   return peers;
 }
 
-ApiStatus Clique::executor_for(const ef::Program& program, const std::string& key,
-                               const std::vector<int32_t>& ranks, bool capturing, uint64_t count,
-                               ef::DataType dtype, const std::function<uint64_t()>& tag,
-                               device::DeviceExecutor** out) {
+std::string Clique::executor_key(const std::string& key, const std::vector<int32_t>& ranks) {
   std::string full_key = key + "@";
   bool every_rank = ranks.size() == static_cast<std::size_t>(nranks());
   for (std::size_t i = 0; every_rank && i < ranks.size(); ++i) every_rank = ranks[i] == static_cast<int32_t>(i);
@@ -718,6 +721,14 @@ ApiStatus Clique::executor_for(const ef::Program& program, const std::string& ke
   } else {
     for (int32_t r : ranks) full_key += std::to_string(r) + ":" + std::to_string(device(r)) + ",";
   }
+  return full_key;
+}
+
+ApiStatus Clique::executor_for(const ef::Program& program, const std::string& key,
+                               const std::vector<int32_t>& ranks, bool capturing, uint64_t count,
+                               ef::DataType dtype, const std::function<uint64_t()>& tag,
+                               device::DeviceExecutor** out) {
+  const std::string full_key = executor_key(key, ranks);
   if (device::DeviceExecutor* cached = executors_.find(full_key); cached != nullptr) {
     *out = cached;
     return ApiStatus::ok();

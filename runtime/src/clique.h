@@ -157,6 +157,8 @@ class Clique {
   /// `ranks`: program rank -> clique rank. `tag`: multi-process exchange tag, used only when
   /// the executor is created. Creation may happen during a capture (`capturing`: then nothing
   /// is evicted).
+  /// The executor cache's key of a program keyed `key` over clique ranks `ranks`.
+  std::string executor_key(const std::string& key, const std::vector<int32_t>& ranks);
   ApiStatus executor_for(const ef::Program& program, const std::string& key,
                          const std::vector<int32_t>& ranks, bool capturing, uint64_t count,
                          ef::DataType dtype, const std::function<uint64_t()>& tag,

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <tuple>
 #include <utility>
 
 namespace efccl::runtime {
@@ -65,9 +66,12 @@ struct RoundBuilder {
     return true;
   }
 
-  P2pRound build() const {
+  /// The round's layout and signature; the program itself comes from build_p2p_program.
+  P2pRound plan() const {
     P2pRound round;
     round.chunk_bytes = bytes / static_cast<uint64_t>(channels);
+    round.channels = channels;
+    round.protocol = protocol;
     std::vector<int32_t> ranks;
     for (const auto& pt : placed) {
       ranks.push_back(pt.t.sender);
@@ -79,64 +83,21 @@ struct RoundBuilder {
       return static_cast<int32_t>(std::lower_bound(ranks.begin(), ranks.end(), r) - ranks.begin());
     };
     const auto n = static_cast<int32_t>(ranks.size());
-
-    ef::Program& p = round.program;
-    p.name = "p2p";
-    p.collective = ef::Collective::kCustom;
-    p.nranks = n;
-    p.nchunksperloop = 1;
-    p.nchannels = channels;
-    p.protocol = protocol;
-    p.inplace = false;
-    p.outofplace = true;
-    p.ranks.resize(static_cast<std::size_t>(n));
     round.ranks = ranks;
     round.inputs.assign(static_cast<std::size_t>(n), nullptr);
     round.outputs.assign(static_cast<std::size_t>(n), nullptr);
-
-    // Threadblock of (rank, peer, channel, direction), created on first use; ops in
-    // transfer order on both sides, so the k-th send matches the k-th receive.
-    std::map<std::tuple<int32_t, int32_t, int32_t, bool>, std::size_t> tb_of;
-    const auto tb = [&](int32_t rank, int32_t peer, int32_t channel, bool send) -> ef::Threadblock& {
-      auto& tbs = p.ranks[static_cast<std::size_t>(rank)].threadblocks;
-      auto [it, fresh] = tb_of.emplace(std::make_tuple(rank, peer, channel, send), tbs.size());
-      if (fresh) {
-        ef::Threadblock t;
-        (send ? t.send_peer : t.recv_peer) = peer;
-        t.channel = channel;
-        tbs.push_back(std::move(t));
-      }
-      return tbs[it->second];
-    };
 
     std::string& sig = round.signature;
     sig = "p2p:" + std::to_string(n) + ":" + std::to_string(channels) + ":" +
           std::string(ef::to_string(protocol));
     for (int32_t r : ranks) sig += ":" + std::to_string(r);
+    round.placements.reserve(placed.size());
     for (const auto& pt : placed) {
       const int32_t s = index_of(pt.t.sender);
       const int32_t d = index_of(pt.t.receiver);
       sig += "|" + std::to_string(s) + ">" + std::to_string(d) + "@" +
              std::to_string(pt.src_chunk) + ">" + std::to_string(pt.dst_chunk);
-      ef::Rank& sr = p.ranks[static_cast<std::size_t>(s)];
-      ef::Rank& dr = p.ranks[static_cast<std::size_t>(d)];
-      sr.input_chunks = std::max<int64_t>(sr.input_chunks, static_cast<int64_t>(pt.src_chunk) + channels);
-      dr.output_chunks = std::max<int64_t>(dr.output_chunks, static_cast<int64_t>(pt.dst_chunk) + channels);
-      for (int32_t c = 0; c < channels; ++c) {
-        ef::Op send;
-        send.code = ef::OpCode::kSend;
-        send.src = ef::BufferRef{ef::BufferKind::kInput, static_cast<int64_t>(pt.src_chunk) + c};
-        tb(s, d, c, true).ops.push_back(send);
-        ef::Op recv;
-        recv.code = ef::OpCode::kRecv;
-        recv.dst = ef::BufferRef{ef::BufferKind::kOutput, static_cast<int64_t>(pt.dst_chunk) + c};
-        tb(d, s, c, false).ops.push_back(recv);
-        ef::Postcondition post;
-        post.rank = d;
-        post.index = static_cast<int64_t>(pt.dst_chunk) + c;
-        post.sources.push_back({s, static_cast<int64_t>(pt.src_chunk) + c});
-        p.postconditions.push_back(std::move(post));
-      }
+      round.placements.push_back({s, d, pt.src_chunk, pt.dst_chunk});
     }
     for (const auto& [rank, side] : send_sides)
       if (side.used) round.inputs[static_cast<std::size_t>(index_of(rank))] = reinterpret_cast<const void*>(side.base);
@@ -148,9 +109,62 @@ struct RoundBuilder {
 
 }  // namespace
 
+void build_p2p_program(P2pRound& round) {
+  const int32_t channels = round.channels;
+  const auto n = static_cast<int32_t>(round.ranks.size());
+  ef::Program& p = round.program;
+  p = ef::Program{};
+  p.name = "p2p";
+  p.collective = ef::Collective::kCustom;
+  p.nranks = n;
+  p.nchunksperloop = 1;
+  p.nchannels = channels;
+  p.protocol = round.protocol;
+  p.inplace = false;
+  p.outofplace = true;
+  p.ranks.resize(static_cast<std::size_t>(n));
+
+  // Threadblock of (rank, peer, channel, direction), created on first use; ops in transfer
+  // order on both sides, so the k-th send matches the k-th receive.
+  std::map<std::tuple<int32_t, int32_t, int32_t, bool>, std::size_t> tb_of;
+  const auto tb = [&](int32_t rank, int32_t peer, int32_t channel, bool send) -> ef::Threadblock& {
+    auto& tbs = p.ranks[static_cast<std::size_t>(rank)].threadblocks;
+    auto [it, fresh] = tb_of.emplace(std::make_tuple(rank, peer, channel, send), tbs.size());
+    if (fresh) {
+      ef::Threadblock t;
+      (send ? t.send_peer : t.recv_peer) = peer;
+      t.channel = channel;
+      tbs.push_back(std::move(t));
+    }
+    return tbs[it->second];
+  };
+  for (const P2pPlacement& pt : round.placements) {
+    const int32_t s = pt.sender, d = pt.receiver;
+    ef::Rank& sr = p.ranks[static_cast<std::size_t>(s)];
+    ef::Rank& dr = p.ranks[static_cast<std::size_t>(d)];
+    sr.input_chunks = std::max<int64_t>(sr.input_chunks, static_cast<int64_t>(pt.src_chunk) + channels);
+    dr.output_chunks = std::max<int64_t>(dr.output_chunks, static_cast<int64_t>(pt.dst_chunk) + channels);
+    for (int32_t c = 0; c < channels; ++c) {
+      ef::Op send;
+      send.code = ef::OpCode::kSend;
+      send.src = ef::BufferRef{ef::BufferKind::kInput, static_cast<int64_t>(pt.src_chunk) + c};
+      tb(s, d, c, true).ops.push_back(send);
+      ef::Op recv;
+      recv.code = ef::OpCode::kRecv;
+      recv.dst = ef::BufferRef{ef::BufferKind::kOutput, static_cast<int64_t>(pt.dst_chunk) + c};
+      tb(d, s, c, false).ops.push_back(recv);
+      ef::Postcondition post;
+      post.rank = d;
+      post.index = static_cast<int64_t>(pt.dst_chunk) + c;
+      post.sources.push_back({s, static_cast<int64_t>(pt.src_chunk) + c});
+      p.postconditions.push_back(std::move(post));
+    }
+  }
+}
+
 std::vector<P2pRound> plan_p2p_rounds(
     std::vector<Transfer> transfers, int32_t (*channels_for)(uint64_t bytes),
-    const std::function<ef::Protocol(uint64_t bytes)>& protocol_for) {
+    const std::function<ef::Protocol(uint64_t bytes)>& protocol_for, bool build_programs) {
   // Lowest pointers first, so that each round's base is its lowest buffer.
   std::stable_sort(transfers.begin(), transfers.end(), [](const Transfer& a, const Transfer& b) {
     if (a.bytes != b.bytes) return a.bytes > b.bytes;
@@ -178,7 +192,10 @@ std::vector<P2pRound> plan_p2p_rounds(
   }
   std::vector<P2pRound> rounds;
   rounds.reserve(builders.size());
-  for (const RoundBuilder& b : builders) rounds.push_back(b.build());
+  for (const RoundBuilder& b : builders) {
+    rounds.push_back(b.plan());
+    if (build_programs) build_p2p_program(rounds.back());
+  }
   return rounds;
 }
 

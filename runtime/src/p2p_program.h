@@ -28,9 +28,19 @@ struct Transfer {
   uint64_t bytes = 0;
 };
 
+/// Where one transfer of a round sits: program ranks and first chunks (`channels` each).
+struct P2pPlacement {
+  int32_t sender = 0, receiver = 0;  ///< program ranks
+  uint64_t src_chunk = 0, dst_chunk = 0;
+};
+
 /// One launch: a program over the participating clique ranks.
 struct P2pRound {
   ef::Program program;         ///< kCustom, int8, nchunksperloop 1: the call's count is chunk_bytes
+                               ///< (empty until build_p2p_program when planned without programs)
+  int32_t channels = 1;
+  ef::Protocol protocol = ef::Protocol::kSimple;
+  std::vector<P2pPlacement> placements;  ///< in transfer order
   std::vector<int32_t> ranks;  ///< program rank -> clique rank
   std::vector<const void*> inputs;  ///< per program rank: base of its send buffers (or null)
   std::vector<void*> outputs;       ///< per program rank: base of its receive buffers (or null)
@@ -41,8 +51,14 @@ struct P2pRound {
 /// Splits the transfers (none with bytes 0) into rounds; `channels_for(bytes)` gives the
 /// channels of a transfer (reduced until they divide its size), `protocol_for(bytes)` the
 /// protocol of its round's program (Simple when not given).
+/// Without `build_programs`, only the layout and signature are computed (cheap; a program
+/// already prepared under that signature needs nothing else): build_p2p_program fills it in.
 std::vector<P2pRound> plan_p2p_rounds(
     std::vector<Transfer> transfers, int32_t (*channels_for)(uint64_t bytes),
-    const std::function<ef::Protocol(uint64_t bytes)>& protocol_for = {});
+    const std::function<ef::Protocol(uint64_t bytes)>& protocol_for = {},
+    bool build_programs = true);
+
+/// Builds `round.program` from its placements (what plan_p2p_rounds does with build_programs).
+void build_p2p_program(P2pRound& round);
 
 }  // namespace efccl::runtime

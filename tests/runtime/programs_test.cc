@@ -8,6 +8,7 @@
 
 #include "direct_gather_scatter.h"
 #include "efccl/algorithms/registry.h"
+#include "efccl/ef/json_io.h"
 #include "efccl/ef/validate.h"
 #include "efccl/host/executor.h"
 #include "efccl/runtime/observer.h"
@@ -76,6 +77,36 @@ TEST(RuntimePrograms, P2pSlicesOfOneBufferShareARound) {
   const auto rounds = plan_p2p_rounds(t, &p2p_channels);
   ASSERT_EQ(rounds.size(), 1u);
   expect_round_verifies(rounds[0]);
+}
+
+TEST(RuntimePrograms, P2pRoundsPlannedWithoutProgramsBuildTheSameOnes) {
+  // The runtime plans layouts and signatures only, and builds a program for a signature that
+  // has no executor yet: the result must be the program the full plan gives.
+  std::vector<Transfer> t;
+  for (int r = 0; r < 3; ++r)
+    for (int q = 0; q < 3; ++q)
+      if (q != r) t.push_back({r, q, at(r * 4096 + q * 512), at(100000 + q * 4096 + r * 512), 512});
+  t.push_back({0, 2, at(300001), at(400003), 96});  // another size: a second round
+  const auto channels = [](uint64_t bytes) { return bytes >= 512 ? 4 : 2; };
+  const auto protocol = [](uint64_t bytes) { return bytes >= 512 ? ef::Protocol::kSimple : ef::Protocol::kLL128; };
+  const auto full = plan_p2p_rounds(t, channels, protocol);
+  auto lazy = plan_p2p_rounds(t, channels, protocol, /*build_programs=*/false);
+  ASSERT_EQ(full.size(), 2u);
+  ASSERT_EQ(lazy.size(), full.size());
+  for (std::size_t i = 0; i < full.size(); ++i) {
+    SCOPED_TRACE("round " + std::to_string(i));
+    EXPECT_TRUE(lazy[i].program.ranks.empty()) << "planned without a program";
+    EXPECT_EQ(lazy[i].signature, full[i].signature);
+    EXPECT_EQ(lazy[i].ranks, full[i].ranks);
+    EXPECT_EQ(lazy[i].inputs, full[i].inputs);
+    EXPECT_EQ(lazy[i].outputs, full[i].outputs);
+    EXPECT_EQ(lazy[i].chunk_bytes, full[i].chunk_bytes);
+    build_p2p_program(lazy[i]);
+    EXPECT_EQ(ef::save_json(lazy[i].program), ef::save_json(full[i].program));
+    expect_round_verifies(lazy[i]);
+  }
+  EXPECT_EQ(full[1].program.protocol, ef::Protocol::kLL128);
+  EXPECT_EQ(full[1].program.nchannels, 2);
 }
 
 TEST(RuntimePrograms, P2pUnrelatedBuffersAndSizesSplitRounds) {
