@@ -461,9 +461,11 @@ ApiStatus Clique::run_p2p(const std::vector<Call>& calls) {
     device::DeviceExecutor* executor = executors_.find(executor_key(round.signature, round.ranks));
     if (executor == nullptr) {
       build_p2p_program(round);
+      device::ExecutorConfig config;
+      config.slot_bytes = round.slot_bytes;
       if (ApiStatus s = executor_for(round.program, round.signature, round.ranks, *capturing,
                                      round.chunk_bytes, ef::DataType::kInt8,
-                                     [] { return uint64_t{0}; }, &executor);
+                                     [] { return uint64_t{0}; }, &executor, config);
           !s)
         return s;
     }
@@ -594,6 +596,8 @@ ApiStatus Clique::run_p2p_pairs(const std::vector<Call>& calls) {
         for (P2pRound& round : plan_p2p_rounds(transfers, &p2p_channels, protocol_for)) {
           const std::pair<int32_t, int32_t> pair{a, b};
           PairRound pr;
+          device::ExecutorConfig config;
+          config.slot_bytes = round.slot_bytes;
           if (ApiStatus s = executor_for(
                   round.program, round.signature, round.ranks, *capturing, round.chunk_bytes,
                   ef::DataType::kInt8,
@@ -601,7 +605,7 @@ ApiStatus Clique::run_p2p_pairs(const std::vector<Call>& calls) {
                     return kPairExchangeTag | (static_cast<uint64_t>(pair.first) << 40) |
                            (static_cast<uint64_t>(pair.second) << 20) | pair_exchanges_[pair]++;
                   },
-                  &pr.executor);
+                  &pr.executor, config);
               !s)
             return s;
           pr.chunk_bytes = round.chunk_bytes;
@@ -727,7 +731,7 @@ std::string Clique::executor_key(const std::string& key, const std::vector<int32
 ApiStatus Clique::executor_for(const ef::Program& program, const std::string& key,
                                const std::vector<int32_t>& ranks, bool capturing, uint64_t count,
                                ef::DataType dtype, const std::function<uint64_t()>& tag,
-                               device::DeviceExecutor** out) {
+                               device::DeviceExecutor** out, const device::ExecutorConfig& config) {
   const std::string full_key = executor_key(key, ranks);
   if (device::DeviceExecutor* cached = executors_.find(full_key); cached != nullptr) {
     *out = cached;
@@ -769,7 +773,7 @@ ApiStatus Clique::executor_for(const ef::Program& program, const std::string& ke
     for (int32_t r : ranks) k += " " + std::to_string(r);
     peers = peers_for(ranks, k, tag());
   }
-  auto created = device::DeviceExecutor::create(program, devices, {}, peers.get());
+  auto created = device::DeviceExecutor::create(program, devices, config, peers.get());
   if (!created) {
     bool remote_failure = false;
     if (peers != nullptr) {

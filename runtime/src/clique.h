@@ -154,15 +154,15 @@ class Clique {
   /// Pins `executor` to every CUDA graph that `streams` are being captured into.
   ApiStatus pin_to_captures(const device::DeviceExecutor* executor,
                             const std::vector<cudaStream_t>& streams);
-  /// `ranks`: program rank -> clique rank. `tag`: multi-process exchange tag, used only when
-  /// the executor is created. Creation may happen during a capture (`capturing`: then nothing
-  /// is evicted).
   /// The executor cache's key of a program keyed `key` over clique ranks `ranks`.
   std::string executor_key(const std::string& key, const std::vector<int32_t>& ranks);
+  /// `ranks`: program rank -> clique rank. `tag`: multi-process exchange tag, used only when
+  /// the executor is created. Creation may happen during a capture (`capturing`: then nothing
+  /// is evicted). `config` must be implied by `key` (it is not part of the cache key).
   ApiStatus executor_for(const ef::Program& program, const std::string& key,
                          const std::vector<int32_t>& ranks, bool capturing, uint64_t count,
                          ef::DataType dtype, const std::function<uint64_t()>& tag,
-                         device::DeviceExecutor** out);
+                         device::DeviceExecutor** out, const device::ExecutorConfig& config = {});
   /// A key naming the program's content (equal in every process for equal programs).
   const std::string& fingerprint(const ef::Program& program);
   StatusOr<bool> any_capturing(const std::vector<cudaStream_t>& streams) const;

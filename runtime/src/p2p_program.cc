@@ -1,17 +1,23 @@
 #include "p2p_program.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <tuple>
 #include <utility>
 
+#include "efccl/device/device_executor.h"
+
 namespace efccl::runtime {
 namespace {
 
 /// A rank's buffer of a round may span at most this many chunks (bounds program size).
 constexpr uint64_t kMaxSpanChunks = 4096;
+
+/// The smallest connection slot of a Simple round (P2pRound::slot_bytes).
+constexpr std::size_t kMinSimpleSlotBytes = std::size_t{32} << 10;
 
 /// One direction (send or receive) of one rank in a round: the base pointer and used chunks.
 struct Side {
@@ -87,9 +93,13 @@ struct RoundBuilder {
     round.inputs.assign(static_cast<std::size_t>(n), nullptr);
     round.outputs.assign(static_cast<std::size_t>(n), nullptr);
 
+    if (protocol == ef::Protocol::kSimple)
+      round.slot_bytes = std::clamp<std::size_t>(std::bit_ceil(round.chunk_bytes), kMinSimpleSlotBytes,
+                                                 device::default_slot_bytes(protocol));
     std::string& sig = round.signature;
     sig = "p2p:" + std::to_string(n) + ":" + std::to_string(channels) + ":" +
           std::string(ef::to_string(protocol));
+    if (round.slot_bytes != 0) sig += ":slot" + std::to_string(round.slot_bytes);
     for (int32_t r : ranks) sig += ":" + std::to_string(r);
     round.placements.reserve(placed.size());
     for (const auto& pt : placed) {

@@ -45,7 +45,11 @@ struct P2pRound {
   std::vector<const void*> inputs;  ///< per program rank: base of its send buffers (or null)
   std::vector<void*> outputs;       ///< per program rank: base of its receive buffers (or null)
   uint64_t chunk_bytes = 0;
-  std::string signature;  ///< equal signatures: equal programs (the executor cache key)
+  /// Connection slot bytes for its executor (ExecutorConfig::slot_bytes; 0: the protocol's
+  /// default): a Simple round's chunk rounded up to a power of two within [32 KiB, 512 KiB],
+  /// so that many channels of small chunks do not each hold 8 slots of 512 KiB.
+  std::size_t slot_bytes = 0;
+  std::string signature;  ///< equal signatures: equal programs and slot bytes (the executor cache key)
 };
 
 /// Splits the transfers (none with bytes 0) into rounds; `channels_for(bytes)` gives the

@@ -87,10 +87,14 @@ struct P2pRow {
   ef::Protocol protocol = kSimple;
 };
 // Send/recv: LL128 below 4 KiB (0.5-0.7 us faster than Simple per round under CUDA graphs on
-// 2x H200, slower from 8 KiB); one channel moved 512 KB at 16.5 GB/s (NCCL: 23.5), hence 4
-// from 256 KiB (docs/performance.md, session 4).
-constexpr P2pRow kP2pTable[] = {{64 * MiB, 32}, {8 * MiB, 16}, {1 * MiB, 8},
-                                {256 * KiB, 4}, {4 * KiB, 1},  {0, 1, kLL128}};
+// 2x H200, slower from 8 KiB). Channels: the fewest within ~5% of the fastest GPU time
+// (sendrecv_perf -G 20, 4 KiB .. 128 MiB, 1-32 channels, 2x H200, docs/performance.md
+// session 7): one channel moves ~35 GB/s, 32 reach NCCL's 345 GB/s; from 128 KiB every
+// transfer takes 32 (64 CTAs per GPU while it runs; NCCL_MAX_P2P_NCHANNELS bounds it). Their
+// slots shrink with the chunk (P2pRound::slot_bytes), so the connection memory is no larger
+// than with fewer, fuller channels.
+constexpr P2pRow kP2pTable[] = {{128 * KiB, 32}, {16 * KiB, 8}, {8 * KiB, 2}, {4 * KiB, 1},
+                                {0, 1, kLL128}};
 
 std::string describe_range(uint64_t lo, uint64_t hi) {
   const auto human = [](uint64_t b) {

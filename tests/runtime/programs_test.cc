@@ -107,6 +107,17 @@ TEST(RuntimePrograms, P2pRoundsPlannedWithoutProgramsBuildTheSameOnes) {
   }
   EXPECT_EQ(full[1].program.protocol, ef::Protocol::kLL128);
   EXPECT_EQ(full[1].program.nchannels, 2);
+  // Slots: a Simple round's chunk (128 B here) rounded up within [32 KiB, 512 KiB]; the
+  // protocol's default (0) for LL128. They are part of the signature (the executor's key).
+  EXPECT_EQ(full[0].slot_bytes, std::size_t{32} << 10);
+  EXPECT_NE(full[0].signature.find(":slot32768"), std::string::npos) << full[0].signature;
+  EXPECT_EQ(full[1].slot_bytes, 0u);
+  const auto big = plan_p2p_rounds({{0, 1, at(0), at(1 << 24), 3u << 20}}, [](uint64_t) { return 4; });
+  ASSERT_EQ(big.size(), 1u);
+  EXPECT_EQ(big[0].slot_bytes, std::size_t{512} << 10);  // 768 KiB chunks: the Simple default
+  const auto mid = plan_p2p_rounds({{0, 1, at(0), at(1 << 24), 400u << 10}}, [](uint64_t) { return 4; });
+  ASSERT_EQ(mid.size(), 1u);
+  EXPECT_EQ(mid[0].slot_bytes, std::size_t{128} << 10);  // 100 KiB chunks
 }
 
 TEST(RuntimePrograms, P2pUnrelatedBuffersAndSizesSplitRounds) {
