@@ -89,12 +89,13 @@ struct P2pRow {
 // Send/recv: LL128 below 4 KiB (0.5-0.7 us faster than Simple per round under CUDA graphs on
 // 2x H200, slower from 8 KiB). Channels: the fewest within ~5% of the fastest GPU time
 // (sendrecv_perf -G 20, 4 KiB .. 128 MiB, 1-32 channels, 2x H200, docs/performance.md
-// session 7): one channel moves ~35 GB/s, 32 reach NCCL's 345 GB/s; from 128 KiB every
-// transfer takes 32 (64 CTAs per GPU while it runs; NCCL_MAX_P2P_NCHANNELS bounds it). Their
-// slots shrink with the chunk (P2pRound::slot_bytes), so the connection memory is no larger
-// than with fewer, fuller channels.
-constexpr P2pRow kP2pTable[] = {{128 * KiB, 32}, {16 * KiB, 8}, {8 * KiB, 2}, {4 * KiB, 1},
-                                {0, 1, kLL128}};
+// session 7): one channel moves ~35 GB/s, 32 reach NCCL's 345 GB/s; from 128 KiB a transfer
+// takes 32 (64 CTAs per GPU while it runs; NCCL_MAX_P2P_NCHANNELS bounds it), 16 between 16
+// and 64 MiB (within 5% of 32, half the connection memory). Slots shrink with the chunk
+// (P2pRound::slot_bytes), so below 16 MiB the connection memory is no larger than with the
+// fewer, fuller channels of before.
+constexpr P2pRow kP2pTable[] = {{64 * MiB, 32}, {16 * MiB, 16}, {128 * KiB, 32}, {16 * KiB, 8},
+                                {8 * KiB, 2},   {4 * KiB, 1},   {0, 1, kLL128}};
 
 std::string describe_range(uint64_t lo, uint64_t hi) {
   const auto human = [](uint64_t b) {
