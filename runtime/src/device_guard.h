@@ -12,7 +12,11 @@ class DeviceGuard {
     if (cudaGetDevice(&saved_) != cudaSuccess) saved_ = -1;
   }
   ~DeviceGuard() {
-    if (saved_ >= 0) cudaSetDevice(saved_);
+    int current = -1;
+    // cudaGetDevice is a thread-local read; cudaSetDevice makes a context current: skip it
+    // when nothing changed (every call of a group passes here).
+    if (saved_ >= 0 && (cudaGetDevice(&current) != cudaSuccess || current != saved_))
+      cudaSetDevice(saved_);
   }
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;

@@ -78,6 +78,7 @@ ClosedGroup close_group(const char* function, const std::function<ApiStatus()>& 
   closed.outermost = true;
   std::vector<Call> calls = std::move(g.calls);
   g.calls.clear();
+  g.calls.reserve(calls.size());  // the next group is likely the same size: no regrowth per call
   std::vector<std::shared_ptr<Rendezvous>> inits = std::move(g.inits);
   g.inits.clear();
   std::vector<DeferredRegroup> regroups = std::move(g.regroups);

@@ -9,6 +9,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -71,9 +72,14 @@ class DeviceScope {
  public:
   explicit DeviceScope(int device) {
     cudaGetDevice(&previous_);
-    cudaSetDevice(device);
+    if (previous_ != device) cudaSetDevice(device);
   }
-  ~DeviceScope() { cudaSetDevice(previous_); }
+  ~DeviceScope() {
+    // Only when something changed it (cudaGetDevice is a thread-local read, cudaSetDevice is
+    // not free, and scopes sit on every launch).
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess || current != previous_) cudaSetDevice(previous_);
+  }
   DeviceScope(const DeviceScope&) = delete;
   DeviceScope& operator=(const DeviceScope&) = delete;
 
@@ -286,6 +292,38 @@ class DeviceEvent {
   int device_ = 0;
 };
 
+/// Events recorded after eager launches, per device. One fused launch records one event that
+/// every executor in it refers to (rather than one record per executor); an event is recorded
+/// again only when no executor refers to it any more. Never freed (events outlive executors,
+/// and the process's CUDA teardown would destroy them anyway).
+class LaunchEvents {
+ public:
+  /// A free event of `device` (the current device), created when none is free.
+  static StatusOr<std::shared_ptr<DeviceEvent>> acquire(int device) {
+    static std::mutex mutex;
+    static auto* pools = new std::map<int, Pool>();
+    std::lock_guard<std::mutex> lock(mutex);
+    Pool& pool = (*pools)[device];
+    for (std::size_t k = 0; k < pool.events.size(); ++k) {
+      const std::size_t i = (pool.next + k) % pool.events.size();
+      if (pool.events[i].use_count() == 1) {  // only the pool holds it
+        pool.next = i + 1;
+        return pool.events[i];
+      }
+    }
+    auto event = std::make_shared<DeviceEvent>();
+    if (auto e = event->get(device); !e) return e.status();
+    pool.events.push_back(event);
+    return event;
+  }
+
+ private:
+  struct Pool {
+    std::vector<std::shared_ptr<DeviceEvent>> events;
+    std::size_t next = 0;
+  };
+};
+
 struct LocalDevice {
   int device = 0;
   int sm_count = 0;
@@ -305,7 +343,7 @@ struct LocalDevice {
   std::vector<DeviceBuffer> retired;  ///< kept alive for graphs captured before a growth
   /// The previous (uncaptured) launch on this device and its stream: a launch on another
   /// stream waits for it, because two launches of one executor share FIFOs, flags and epoch.
-  DeviceEvent last_launch;
+  std::shared_ptr<DeviceEvent> last_launch;  ///< from LaunchEvents; set with launched_before
   cudaStream_t last_stream = nullptr;
   bool launched_before = false;
   /// The same for captured launches, per capture: a launch captured on another stream of the
@@ -401,8 +439,11 @@ struct DeviceExecutor::Impl {
   /// Eager launches: the launch on part.stream waits for this executor's previous launch on the
   /// device when that was on another stream.
   Status order_after_last_launch(PreparedPart& part);
-  /// After the part's launch: integer avg's division, and the record of this launch.
-  Status after_launch(PreparedPart& part, int dtype);
+  /// After the part's launch: integer avg's division, and the record of this launch. With
+  /// `recorded` (eager fused launches), the caller launched the division and recorded that
+  /// event after the whole launch: the part only refers to it.
+  Status after_launch(PreparedPart& part, int dtype,
+                      const std::shared_ptr<DeviceEvent>* recorded = nullptr);
   /// The one-call kernel for one device of a prepared call.
   Status launch_part(PreparedPart& part, int dtype, int reduction);
   static Status launch_fused_parts(int device, int sm_count, cudaStream_t stream, int dtype,
@@ -513,7 +554,7 @@ DeviceExecutor::~DeviceExecutor() {
   for (LocalDevice& local : impl_->locals) {
     if (!local.launched_before) continue;
     DeviceScope scope(local.device);
-    if (auto event = local.last_launch.get(local.device); event) cudaEventSynchronize(*event);
+    if (auto event = local.last_launch->get(local.device); event) cudaEventSynchronize(*event);
   }
   impl_.reset();  // the frees, still in relaxed mode
 }
@@ -1389,7 +1430,7 @@ Status DeviceExecutor::Impl::order_after_last_launch(PreparedPart& part) {
   // one capture, for the previous launch captured in it (different graphs are ordered by
   // whoever replays them).
   if (part.eager && local.launched_before && local.last_stream != part.stream) {
-    auto event = local.last_launch.get(local.device);
+    auto event = local.last_launch->get(local.device);
     if (!event) return event.status();
     EFCCL_CUDA_RETURN(cudaStreamWaitEvent(part.stream, *event, 0), "cudaStreamWaitEvent");
   }
@@ -1403,15 +1444,23 @@ Status DeviceExecutor::Impl::order_after_last_launch(PreparedPart& part) {
   return Status::ok();
 }
 
-Status DeviceExecutor::Impl::after_launch(PreparedPart& part, int dtype) {
+Status DeviceExecutor::Impl::after_launch(PreparedPart& part, int dtype,
+                                          const std::shared_ptr<DeviceEvent>* recorded) {
   LocalDevice& local = locals[part.device_index];
-  if (part.integer_avg)
+  if (part.integer_avg && recorded == nullptr)
     EFCCL_CUDA_RETURN(launch_divide(part.divide, dtype, part.stream),
                       "launching avg's division on device " + std::to_string(local.device));
   if (part.eager) {
-    auto event = local.last_launch.get(local.device);
-    if (!event) return event.status();
-    EFCCL_CUDA_RETURN(cudaEventRecord(*event, part.stream), "cudaEventRecord");
+    if (recorded != nullptr) {
+      local.last_launch = *recorded;
+    } else {
+      auto event = LaunchEvents::acquire(local.device);
+      if (!event) return event.status();
+      auto e = (*event)->get(local.device);
+      if (!e) return e.status();
+      EFCCL_CUDA_RETURN(cudaEventRecord(*e, part.stream), "cudaEventRecord");
+      local.last_launch = std::move(*event);
+    }
     local.last_stream = part.stream;
     local.launched_before = true;
   } else {
@@ -1559,6 +1608,22 @@ Status DeviceExecutor::Impl::launch_fused_parts(
   g_interpreter_launches.fetch_add(1, std::memory_order_relaxed);
   ++report->launches;
   report->fused_calls += parts.size();
+  // Eagerly (the parts share the stream, so all or none are captured): the divisions, then one
+  // event after the whole launch for every executor in it.
+  if (parts.front().second->eager) {
+    for (const auto& [call, part] : parts)
+      if (part->integer_avg)
+        EFCCL_CUDA_RETURN(launch_divide(part->divide, call->dtype, stream),
+                          "launching avg's division on device " + std::to_string(device));
+    auto event = LaunchEvents::acquire(device);
+    if (!event) return event.status();
+    auto e = (*event)->get(device);
+    if (!e) return e.status();
+    EFCCL_CUDA_RETURN(cudaEventRecord(*e, stream), "cudaEventRecord");
+    for (const auto& [call, part] : parts)
+      if (Status s = call->executor->impl_->after_launch(*part, call->dtype, &*event); !s) return s;
+    return Status::ok();
+  }
   for (const auto& [call, part] : parts)
     if (Status s = call->executor->impl_->after_launch(*part, call->dtype); !s) return s;
   return Status::ok();
@@ -1617,6 +1682,17 @@ Status DeviceExecutor::run_batch(const std::vector<BatchCall>& calls, BatchRepor
     if (!std::all_of(b.inputs.begin(), b.inputs.end(), aligned) ||
         !std::all_of(b.outputs.begin(), b.outputs.end(), aligned))
       return false;
+    // The adopted kernel's CTAs must all be co-resident too (a wider type's kernel may need
+    // more registers than the bytes kernel): otherwise keep bytes rather than fail the batch.
+    Impl& m = *calls[i].executor->impl_;
+    int reduction = kReduceSum;
+    if (kernel.second == ef::RedOp::kProd) reduction = kReduceProd;
+    if (kernel.second == ef::RedOp::kMin) reduction = kReduceMin;
+    if (kernel.second == ef::RedOp::kMax) reduction = kReduceMax;
+    for (LocalDevice& local : m.locals) {
+      int threads = 0;
+      if (!m.choose_threads(local, static_cast<int>(kernel.first), reduction, &threads)) return false;
+    }
     byte_args[i].count = b.count / size;
     byte_args[i].dtype = kernel.first;
     byte_args[i].op = kernel.second;
