@@ -17,6 +17,7 @@
 #include "api_status.h"
 #include "call.h"
 #include "bootstrap.h"
+#include "efccl/common/hash.h"
 #include "clique.h"
 #include "communicator.h"
 #include "device_guard.h"
@@ -25,7 +26,7 @@
 #include "group.h"
 #include "group_simulation.h"
 #include "init_rank.h"
-#include "logger.h"
+#include "efccl/common/log.h"
 #include "registry.h"
 
 #define EFCCL_API __attribute__((visibility("default")))
@@ -195,7 +196,7 @@ ncclResult_t finish(const char* function, const ApiStatus& s) {
 void log_version_once() {
   static std::once_flag version_once;
   std::call_once(version_once, [] {
-    EFCCL_LOG(efccl::runtime::LogLevel::kVersion, efccl::runtime::kLogInit, -1,
+    EFCCL_LOG(efccl::LogLevel::kVersion, efccl::kLogInit, -1,
               "efccl (NCCL API " + std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) +
                   "." + std::to_string(NCCL_PATCH) + "), every transfer an EF program");
   });
@@ -234,7 +235,7 @@ EFCCL_ALIAS(ncclGetLastError)
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-EFCCL_API void ncclResetDebugInit() { efccl::runtime::reload_log_config(); }
+EFCCL_API void ncclResetDebugInit() { efccl::reload_log_config(); }
 EFCCL_ALIAS(ncclResetDebugInit)
 #pragma GCC diagnostic pop
 
@@ -287,7 +288,7 @@ EFCCL_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* d
     comm->clique = *clique;
     efccl::runtime::register_comm(comm);
     comms[r] = comm;
-    EFCCL_INFO(efccl::runtime::kLogInit, comm->device,
+    EFCCL_INFO(efccl::kLogInit, comm->device,
                "comm " + hex(comm) + " rank " + std::to_string(r) + " nRanks " +
                    std::to_string(ndev) + " nNodes 1 cudaDev " + std::to_string(comm->device) +
                    " - Init COMPLETE");
@@ -341,7 +342,7 @@ ApiStatus init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& id, int
   efccl::runtime::register_comm(comm);
   *newcomm = comm;
   const bool grouped = joined != nullptr || efccl::runtime::in_group();
-  EFCCL_INFO(efccl::runtime::kLogInit, device,
+  EFCCL_INFO(efccl::kLogInit, device,
              "comm " + hex(comm) + " rank " + std::to_string(rank) + " nRanks " +
                  std::to_string(nranks) + " cudaDev " + std::to_string(device) +
                  (cfg.blocking ? "" : " (non-blocking)") +
@@ -427,9 +428,8 @@ ApiStatus start_regroup(const char* fn, ncclComm_t parent, std::vector<int> part
     std::lock_guard<std::mutex> lock(parent->ops_mu);
     g.seq = parent->regroups[g.participants]++;
   }
-  g.set_hash = 1469598103934665603ull;  // FNV-1a over the participants
-  for (int p : g.participants)
-    g.set_hash = (g.set_hash ^ static_cast<uint64_t>(p)) * 1099511628211ull;
+  g.set_hash = efccl::kFnv1aOffset;
+  for (int p : g.participants) g.set_hash = efccl::fnv1a_u64(static_cast<uint64_t>(p), g.set_hash);
   // Tags of the parent's bootstrap for its regroups (executors use other namespaces).
   g.tag = (uint64_t{3} << 62) | ((g.set_hash & 0xffffffffull) << 24) | ((g.seq & 0x7fffff) << 1);
   return ApiStatus::ok();
@@ -501,7 +501,7 @@ ApiStatus finish_regroup(const Regroup& g, const std::vector<std::string>& entri
 
   ncclConfig_t inherited = NCCL_CONFIG_INITIALIZER;
   inherited.blocking = g.blocking ? 1 : 0;
-  EFCCL_INFO(efccl::runtime::kLogInit, g.device,
+  EFCCL_INFO(efccl::kLogInit, g.device,
              std::string(fn) + ": comm " + g.parent_name + " rank " + std::to_string(g.rank) +
                  " color " + std::to_string(g.color) + " key " + std::to_string(g.key) + " -> rank " +
                  std::to_string(new_rank) + " of " + std::to_string(group.size()));
@@ -606,7 +606,7 @@ ncclResult_t release_comm(const char* fn, ncclComm_t comm, bool abort) {
     for (void* h : comm->registrations) delete static_cast<ncclWindow_vidmem*>(h);
     comm->registrations.clear();
   }
-  EFCCL_INFO(efccl::runtime::kLogInit, comm->device,
+  EFCCL_INFO(efccl::kLogInit, comm->device,
              "comm " + hex(comm) + " rank " + std::to_string(comm->rank) +
                  (abort ? " - Abort COMPLETE" : " - Destroy COMPLETE"));
   comm->magic = efccl::runtime::kCommDeadMagic;
@@ -854,7 +854,7 @@ namespace {
 void log_registration_once() {
   static std::once_flag once;
   std::call_once(once, [] {
-    EFCCL_INFO(efccl::runtime::kLogAlloc | efccl::runtime::kLogInit, -1,
+    EFCCL_INFO(efccl::kLogAlloc | efccl::kLogInit, -1,
                "ncclCommRegister / ncclCommWindowRegister are accepted as no-ops: efccl copies "
                "every transfer through its own FIFOs, so user buffers need no registration");
   });

@@ -1,6 +1,6 @@
 #include "api_status.h"
 
-#include "logger.h"
+#include "efccl/common/log.h"
 
 namespace efccl::runtime {
 namespace {

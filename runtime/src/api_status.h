@@ -9,7 +9,7 @@
 #include <string>
 #include <utility>
 
-#include "efccl/ef/status.h"
+#include "efccl/common/status.h"
 
 namespace efccl::runtime {
 

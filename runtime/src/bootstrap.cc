@@ -29,7 +29,8 @@
 #include <tuple>
 #include <utility>
 
-#include "logger.h"
+#include "efccl/common/hash.h"
+#include "efccl/common/log.h"
 
 namespace efccl::runtime {
 namespace {
@@ -108,17 +109,6 @@ std::string hex(uint64_t v) {
 
 long long ms_between(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration_cast<milliseconds>(to - from).count();
-}
-
-/// 64-bit FNV-1a followed by a finalizer (spreads short inputs over all bits).
-uint64_t hash_bytes(std::string_view s, uint64_t seed = 0xcbf29ce484222325ull) {
-  uint64_t h = seed;
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
-  h ^= h >> 33;
-  h *= 0xff51afd7ed558ccdull;
-  h ^= h >> 33;
-  h *= 0xc4ceb9fe1a85ec53ull;
-  return h ^ (h >> 33);
 }
 
 bool aborted(const std::atomic<bool>* abort) {
@@ -1824,14 +1814,14 @@ std::string describe_unique_id(const ncclUniqueId& id) {
 
 uint64_t host_hash() {
   if (const char* id = std::getenv("NCCL_HOSTID"); id != nullptr && *id != '\0')
-    return hash_bytes(id);
+    return hash64(id);
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   std::string key = host;
   std::ifstream boot("/proc/sys/kernel/random/boot_id");
   std::string boot_id;
   if (std::getline(boot, boot_id)) key += boot_id;
-  return hash_bytes(key);
+  return hash64(key);
 }
 
 Status create_unique_id(ncclUniqueId* out) {
@@ -2040,7 +2030,7 @@ std::shared_ptr<Bootstrap> Bootstrap::subset(std::vector<int> ranks, uint64_t sp
   // The namespace depends on the parent's, so nested subsets never collide with their parents.
   std::string key(reinterpret_cast<const char*>(&space_), sizeof(space_));
   key.append(reinterpret_cast<const char*>(&space), sizeof(space));
-  const uint64_t derived = hash_bytes(key, 0x6a09e667f3bcc909ull) | 1;  // never the root's 0
+  const uint64_t derived = hash64(key, 0x6a09e667f3bcc909ull) | 1;  // never the root's 0
   transport_->acquire();
   auto sub = std::make_shared<Bootstrap>(Private{}, transport_, derived, std::move(world), me);
   sub->is_subset_ = true;

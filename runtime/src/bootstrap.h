@@ -31,7 +31,7 @@
 #include <string_view>
 #include <vector>
 
-#include "efccl/ef/status.h"
+#include "efccl/common/status.h"
 
 namespace efccl::runtime {
 

@@ -13,12 +13,24 @@
 #include "bootstrap.h"
 #include "efccl/ef/json_io.h"
 #include "fallback.h"
-#include "logger.h"
+#include "efccl/common/log.h"
 #include "p2p_program.h"
 #include "tuning.h"
 
 namespace efccl::runtime {
 namespace {
+
+/// The logger's `[dev]` for lines that name no device: this thread's current CUDA device.
+int current_cuda_device() {
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  return device;
+}
+[[maybe_unused]] const bool g_log_device_query_installed =
+    (set_log_device_query(&current_cuda_device), true);
 
 /// Kernel waits without progress longer than this fail the call (EFCCL_TIMEOUT_MS). The
 /// default matches PyTorch's NCCL watchdog: a peer GPU may legitimately start its part of a

@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "efccl/ef/program.h"
-#include "efccl/ef/status.h"
+#include "efccl/common/status.h"
 
 namespace efccl::runtime {
 

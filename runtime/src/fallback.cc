@@ -25,7 +25,7 @@
 #include "communicator.h"
 #include "device_guard.h"
 #include "efccl/host/numeric.h"
-#include "logger.h"
+#include "efccl/common/log.h"
 
 namespace efccl::runtime {
 namespace {

@@ -48,7 +48,7 @@
 
 #include "api_status.h"
 #include "call.h"
-#include "efccl/ef/status.h"
+#include "efccl/common/status.h"
 #include "init_rank.h"
 
 struct ncclComm;

@@ -13,7 +13,7 @@
 #include "clique.h"
 #include "efccl/device/device_executor.h"
 #include "group.h"
-#include "logger.h"
+#include "efccl/common/log.h"
 #include "tuning.h"
 
 namespace efccl::runtime {

@@ -19,7 +19,7 @@
 
 #include "api_status.h"
 #include "call.h"
-#include "efccl/ef/status.h"
+#include "efccl/common/status.h"
 #include "efccl/host/timing.h"
 #include "p2p_program.h"
 #include "registry.h"

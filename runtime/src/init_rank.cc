@@ -22,7 +22,7 @@
 #include "clique.h"
 #include "communicator.h"
 #include "fallback.h"
-#include "logger.h"
+#include "efccl/common/log.h"
 #include "registry.h"
 
 namespace efccl::runtime {

@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "api_status.h"
-#include "efccl/ef/status.h"
+#include "efccl/common/status.h"
 
 struct ncclComm;
 

@@ -13,7 +13,7 @@
 #include "efccl/ef/load.h"
 #include "efccl/ef/validate.h"
 #include "efccl/runtime/observer.h"
-#include "logger.h"
+#include "efccl/common/log.h"
 #include "tuning.h"
 
 namespace efccl::runtime {

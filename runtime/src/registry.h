@@ -16,7 +16,7 @@
 
 #include "efccl/ef/datatype.h"
 #include "efccl/ef/program.h"
-#include "efccl/ef/status.h"
+#include "efccl/common/status.h"
 #include "efccl/runtime/observer.h"
 
 namespace efccl::runtime {

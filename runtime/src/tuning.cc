@@ -7,7 +7,7 @@
 #include <string>
 #include <utility>
 
-#include "logger.h"
+#include "efccl/common/log.h"
 
 namespace efccl::runtime {
 namespace {

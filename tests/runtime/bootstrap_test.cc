@@ -29,7 +29,7 @@
 #include <thread>
 #include <vector>
 
-#include "efccl/runtime/observer.h"
+#include "efccl/common/log.h"
 
 extern char** environ;
 
@@ -268,12 +268,12 @@ class ScopedEnv {
 class LogCapture {
  public:
   LogCapture() {
-    efccl::runtime::set_log_sink([this](const std::string& line) {
+    efccl::set_log_sink([this](const std::string& line) {
       std::lock_guard<std::mutex> lock(mu_);
       lines_.push_back(line);
     });
   }
-  ~LogCapture() { efccl::runtime::set_log_sink(nullptr); }
+  ~LogCapture() { efccl::set_log_sink(nullptr); }
   int count(const std::string& part) {
     std::lock_guard<std::mutex> lock(mu_);
     int n = 0;

@@ -15,6 +15,7 @@
 
 #include "efccl/algorithms/registry.h"
 #include "efccl/ef/json_io.h"
+#include "efccl/common/log.h"
 #include "efccl/runtime/observer.h"
 #include "runtime_test_util.h"
 

@@ -24,6 +24,7 @@
 
 #include "efccl/algorithms/registry.h"
 #include "efccl/ef/json_io.h"
+#include "efccl/common/log.h"
 #include "efccl/runtime/observer.h"
 #include "runtime_test_util.h"
 
@@ -325,7 +326,7 @@ int fallback_body(int rank, int n, const ncclUniqueId& id) {
   CHILD_CUDA(cudaSetDevice(rank));
   std::mutex mu;
   std::vector<std::string> lines;
-  efccl::runtime::set_log_sink([&](const std::string& line) {
+  efccl::set_log_sink([&](const std::string& line) {
     std::lock_guard<std::mutex> lock(mu);
     lines.push_back(line);
   });
@@ -376,7 +377,7 @@ int fallback_body(int rank, int n, const ncclUniqueId& id) {
   for (void* p : {in, reduced, gathered, bcast}) cudaFree(p);
   CHILD_NCCL(ncclCommDestroy(comm));
   cudaStreamDestroy(stream);
-  efccl::runtime::set_log_sink(nullptr);
+  efccl::set_log_sink(nullptr);
   return 0;
 }
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "efccl/ef/status.h"
+#include "efccl/common/status.h"
 #include "efccl/mprun/socket.h"
 
 namespace efccl::mpishim {

@@ -5,7 +5,8 @@
 #include <string_view>
 
 #include "efccl/ef/program.h"
-#include "efccl/ef/status.h"
+#include "efccl/common/status.h"
+#include "efccl/ef/diagnostic.h"
 
 namespace efccl::ef {
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "efccl/ef/datatype.h"
-#include "efccl/ef/status.h"
+#include "efccl/common/status.h"
 
 namespace efccl::ef {
 

@@ -3,7 +3,8 @@
 #pragma once
 
 #include "efccl/ef/program.h"
-#include "efccl/ef/status.h"
+#include "efccl/common/status.h"
+#include "efccl/ef/diagnostic.h"
 
 namespace efccl::ef {
 

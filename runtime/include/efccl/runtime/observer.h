@@ -1,4 +1,5 @@
-// Hooks through which tests and tools watch the runtime's decisions without parsing logs.
+// Hooks through which tests and tools watch the runtime's decisions without parsing logs (the
+// log lines themselves: efccl::set_log_sink in efccl/common/log.h).
 // They are not part of the NCCL ABI (libefccl.so does not export them); link efccl_runtime.
 #pragma once
 
@@ -20,9 +21,5 @@ struct SelectionRecord {
 
 /// Called (under the communicator clique's lock) for every selection; empty: none.
 void set_selection_observer(std::function<void(const SelectionRecord&)> observer);
-
-/// Receives every log line that passes the level/subsystem filter, in addition to the log
-/// file; empty: none.
-void set_log_sink(std::function<void(const std::string& line)> sink);
 
 }  // namespace efccl::runtime

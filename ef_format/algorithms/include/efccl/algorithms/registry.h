@@ -11,7 +11,7 @@
 
 #include "efccl/compiler/program_builder.h"
 #include "efccl/ef/program.h"
-#include "efccl/ef/status.h"
+#include "efccl/common/status.h"
 
 namespace efccl::algorithms {
 

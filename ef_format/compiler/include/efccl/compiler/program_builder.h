@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "efccl/ef/program.h"
-#include "efccl/ef/status.h"
+#include "efccl/common/status.h"
 
 namespace efccl::compiler {
 

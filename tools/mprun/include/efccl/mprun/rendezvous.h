@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "efccl/ef/status.h"
+#include "efccl/common/status.h"
 #include "efccl/mprun/socket.h"
 
 namespace efccl::mprun {

@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-#include "efccl/ef/status.h"
+#include "efccl/common/status.h"
 
 namespace efccl::mprun {
 

@@ -1,11 +1,10 @@
-// Errors inside efccl travel as a Status carrying a message (STYLE.md); diagnostics about a
-// program additionally name the file, the location inside it and the rule that was broken.
+// Errors inside efccl travel as a Status carrying a message (STYLE.md). Every layer uses it;
+// program diagnostics (file, location, rule) are ef_format's (efccl/ef/diagnostic.h).
 #pragma once
 
 #include <string>
 #include <utility>
 #include <variant>
-#include <vector>
 
 namespace efccl {
 
@@ -45,18 +44,5 @@ class StatusOr {
  private:
   std::variant<T, Status> v_;
 };
-
-/// One problem found in a program file: `FILE: LOCATION: message (rule)`.
-struct Diagnostic {
-  std::string file;      ///< path as given by the user, or "<memory>"
-  std::string location;  ///< JSON pointer, or XML element path with ids and line
-  std::string rule;      ///< short stable rule name, e.g. "connection-mismatch"
-  std::string message;   ///< what was expected and what was found
-
-  /// The one-line form printed by `efccl validate`.
-  std::string to_string() const;
-};
-
-using Diagnostics = std::vector<Diagnostic>;
 
 }  // namespace efccl

@@ -1,6 +1,5 @@
-#include "logger.h"
+#include "efccl/common/log.h"
 
-#include <cuda_runtime_api.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -11,13 +10,11 @@
 #include <mutex>
 #include <string_view>
 
-#include "efccl/runtime/observer.h"
-
-namespace efccl::runtime {
+namespace efccl {
 namespace {
 
 struct LoggerConfig {
-  LogLevel level = LogLevel::kWarn;
+  LogLevel level = LogLevel::kNone;  // NCCL prints nothing unless NCCL_DEBUG asks
   uint32_t subsys = kLogInit | kLogEnv;  // NCCL's default subsystem set
   FILE* file = stdout;
   std::string host;
@@ -117,6 +114,7 @@ std::function<void(const std::string&)>& sink() {
   return s;
 }
 std::atomic<bool> g_sink_installed{false};  // lets log_enabled() skip the mutex
+std::atomic<int (*)()> g_device_query{nullptr};
 
 const char* level_name(LogLevel level) {
   switch (level) {
@@ -140,9 +138,9 @@ bool log_enabled(LogLevel level, uint32_t subsys) {
 
 void log_line(LogLevel level, uint32_t subsys, int device, const std::string& message) {
   const LoggerConfig& c = config();
-  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    device = -1;
+  if (device < 0) {
+    int (*query)() = g_device_query.load(std::memory_order_acquire);
+    device = query != nullptr ? query() : -1;
   }
   const std::string line = c.host + ":" + std::to_string(getpid()) + ":" +
                            std::to_string(static_cast<long>(syscall(SYS_gettid))) + " [" +
@@ -162,10 +160,14 @@ void reload_log_config() {
   g_config.store(new LoggerConfig(read_config()), std::memory_order_release);
 }
 
+void set_log_device_query(int (*query)()) {
+  g_device_query.store(query, std::memory_order_release);
+}
+
 void set_log_sink(std::function<void(const std::string& line)> s) {
   std::lock_guard<std::mutex> lock(sink_mutex());
   sink() = std::move(s);
   g_sink_installed.store(static_cast<bool>(sink()), std::memory_order_relaxed);
 }
 
-}  // namespace efccl::runtime
+}  // namespace efccl

@@ -1,4 +1,4 @@
-#include "efccl/ef/status.h"
+#include "efccl/ef/diagnostic.h"
 
 namespace efccl {
 
