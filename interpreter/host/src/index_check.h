@@ -3,7 +3,7 @@
 #pragma once
 
 #include "efccl/ef/program.h"
-#include "efccl/ef/status.h"
+#include "efccl/common/status.h"
 
 namespace efccl::host {
 

@@ -25,7 +25,7 @@
 
 #include "efccl/ef/datatype.h"
 #include "efccl/ef/program.h"
-#include "efccl/ef/status.h"
+#include "efccl/common/status.h"
 #include "efccl/ef/validate.h"
 
 namespace efccl::device {

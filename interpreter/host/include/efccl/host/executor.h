@@ -10,7 +10,7 @@
 
 #include "efccl/ef/datatype.h"
 #include "efccl/ef/program.h"
-#include "efccl/ef/status.h"
+#include "efccl/common/status.h"
 
 namespace efccl::host {
 

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "efccl/ef/program.h"
-#include "efccl/ef/status.h"
+#include "efccl/common/status.h"
 #include "efccl/host/executor.h"
 
 namespace efccl::host {
