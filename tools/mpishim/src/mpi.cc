@@ -16,7 +16,8 @@
 #include <vector>
 
 #include "efccl/mprun/rendezvous.h"
-#include "efccl/mprun/socket.h"
+#include "efccl/net/deadline.h"
+#include "efccl/net/socket_address.h"
 #include "peer_mesh.h"
 
 #define EFCCL_MPI_API extern "C" __attribute__((visibility("default")))
@@ -27,7 +28,7 @@ using efccl::Status;
 using efccl::mpishim::CallKind;
 using efccl::mpishim::PeerMesh;
 using efccl::mpishim::Tag;
-using efccl::mprun::Deadline;
+using efccl::net::Deadline;
 
 constexpr double kDefaultTimeoutSeconds = 300;
 
@@ -273,7 +274,8 @@ EFCCL_MPI_API int MPI_Init(int* /*argc*/, char*** /*argv*/) {
       fatal(fn, std::string(efccl::mprun::kEnvAddr) + " and " + efccl::mprun::kEnvJob +
                     " must be set when " + efccl::mprun::kEnvSize +
                     " > 1 (start the job with efccl-mprun)");
-    auto server = efccl::mprun::Address::parse(addr);
+    auto server = efccl::net::SocketAddress::parse(addr, AF_UNSPEC,
+                                                   efccl::net::SocketAddress::Lookup::kNumericOnly);
     if (!server) fatal(fn, std::string(efccl::mprun::kEnvAddr) + ": " + server.status().message());
     auto mesh = PeerMesh::connect(key, j.world_rank, j.world_size, *server, deadline());
     if (!mesh) peer_failure(fn, mesh.status());

@@ -1,21 +1,30 @@
 #include "peer_mesh.h"
 
 #include <mpi.h>
+#include <poll.h>
+#include <sys/socket.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "efccl/mprun/rendezvous.h"
+#include "efccl/net/refusal_report.h"
+#include "efccl/net/socket.h"
 
 namespace efccl::mpishim {
 namespace {
 
-using mprun::Deadline;
-using mprun::Fd;
+using net::Deadline;
+using net::Fd;
+using Clock = std::chrono::steady_clock;
 
 constexpr uint64_t kFrameMagic = 0xefcc1a9171f3a9e1ull;
 constexpr uint64_t kHandshakeMagic = 0xefcc1a9171f3a9e2ull;
 constexpr uint64_t kMaxMessageBytes = 1ull << 36;  // a corrupt header is not an allocation
 constexpr size_t kMaxStashedBytes = size_t{1} << 32;
+constexpr size_t kMaxPending = 64;  // accepted connections waiting for their handshake
 
 /// The fixed header before every payload (same host, so native byte order).
 struct WireHeader {
@@ -114,7 +123,7 @@ const char* call_name(CallKind kind) {
 }
 
 StatusOr<std::unique_ptr<PeerMesh>> PeerMesh::connect(const std::string& job, int rank, int size,
-                                                      const mprun::Address& server,
+                                                      const net::SocketAddress& server,
                                                       Deadline deadline) {
   auto mesh = std::make_unique<PeerMesh>();
   mesh->rank_ = rank;
@@ -123,20 +132,21 @@ StatusOr<std::unique_ptr<PeerMesh>> PeerMesh::connect(const std::string& job, in
   mesh->stash_.resize(static_cast<size_t>(size));
 
   const std::string at_server = "rendezvous server " + server.to_string();
-  auto s = mprun::connect_tcp(server, deadline);
+  auto s = net::connect_to(server, deadline);
   if (!s) return Status::error(at_server + ": " + s.status().message());
   mesh->server_ = std::move(*s);
   // Listen on the interface that reaches the launcher: the peers are where it is.
-  auto local = mprun::local_address(mesh->server_.get());
+  auto local = net::local_address(mesh->server_.get());
   if (!local) return local.status();
-  mprun::Address listening;
-  auto listener = mprun::listen_tcp(local->host, 0, size + 8, &listening);
+  local->set_port(0);
+  net::SocketAddress listening;
+  auto listener = net::listen_on(*local, false, &listening);
   if (!listener) return Status::error("listening for peers: " + listener.status().message());
 
   const std::string hello = mprun::format_hello({job, rank, size, listening});
-  if (Status st = mprun::send_all(mesh->server_.get(), hello.data(), hello.size(), deadline); !st)
+  if (Status st = net::send_all(mesh->server_.get(), hello.data(), hello.size(), deadline); !st)
     return Status::error(at_server + ": sending HELLO: " + st.message());
-  auto line = mprun::recv_line(mesh->server_.get(), mprun::kMaxLineSize, deadline);
+  auto line = net::recv_line(mesh->server_.get(), mprun::kMaxLineSize, deadline);
   if (!line)
     return Status::error(at_server +
                          ": waiting for the other ranks to register: " + line.status().message());
@@ -146,32 +156,103 @@ StatusOr<std::unique_ptr<PeerMesh>> PeerMesh::connect(const std::string& job, in
   // Lower ranks are dialled; higher ranks dial us (the listener's backlog holds them meanwhile).
   const Handshake mine = make_handshake(job, rank, size);
   for (int p = 0; p < rank; ++p) {
-    auto fd = mprun::connect_tcp((*peers)[static_cast<size_t>(p)], deadline);
+    auto fd = net::connect_to((*peers)[static_cast<size_t>(p)], deadline);
     if (!fd)
       return Status::error("connecting to rank " + std::to_string(p) + ": " +
                            fd.status().message());
-    if (Status st = mprun::send_all(fd->get(), &mine, sizeof(mine), deadline); !st)
+    if (Status st = net::send_all(fd->get(), &mine, sizeof(mine), deadline); !st)
       return Status::error("greeting rank " + std::to_string(p) + ": " + st.message());
     mesh->peers_[static_cast<size_t>(p)] = std::move(*fd);
   }
-  for (int accepted = 0; accepted < size - 1 - rank; ++accepted) {
-    auto fd = mprun::accept_tcp(listener->get(), deadline);
-    if (!fd)
-      return Status::error("waiting for " + std::to_string(size - 1 - rank - accepted) +
-                           " higher rank(s) to connect: " + fd.status().message());
-    Handshake theirs{};
-    if (Status st = mprun::recv_all(fd->get(), &theirs, sizeof(theirs), deadline); !st)
-      return Status::error("reading a peer's greeting: " + st.message());
-    theirs.job[sizeof(theirs.job) - 1] = '\0';
-    if (theirs.magic != kHandshakeMagic || theirs.size != size || job != theirs.job ||
-        theirs.rank <= rank || theirs.rank >= size ||
-        mesh->peers_[static_cast<size_t>(theirs.rank)].valid())
-      return Status::error("a connection that is not an expected peer of this job (claims rank " +
-                           std::to_string(theirs.rank) + " of " + std::to_string(theirs.size) +
-                           ")");
-    mesh->peers_[static_cast<size_t>(theirs.rank)] = std::move(*fd);
-  }
+  if (Status st = mesh->accept_peers(job, listener->get(), size - 1 - rank, deadline); !st)
+    return st;
   return mesh;
+}
+
+Status PeerMesh::accept_peers(const std::string& job, int listener, int count, Deadline deadline) {
+  struct Pending {
+    Fd fd;
+    std::string from;
+    Handshake theirs{};
+    size_t got = 0;
+    Clock::time_point since;
+  };
+  std::vector<Pending> pending;
+  net::RefusalReport refusals("efccl mpishim: rank " + std::to_string(rank_) + ": peer listener");
+  const auto say = [](const std::optional<std::string>& line) {
+    if (line) std::fprintf(stderr, "%s\n", line->c_str());
+  };
+  const auto refuse = [&](Pending& p, const std::string& why) {
+    say(refusals.refused(p.from, why));
+    p.fd.reset();
+  };
+  /// Why a complete handshake does not come from an expected peer; empty when it does.
+  const auto check = [&](Handshake& h) -> std::string {
+    h.job[sizeof(h.job) - 1] = '\0';
+    if (h.magic != kHandshakeMagic) return "not an MPI shim peer (wrong magic)";
+    if (job != h.job) return "a peer of another job";
+    if (h.size != size_) return "claims a job of " + std::to_string(h.size) + " ranks";
+    if (h.rank <= rank_ || h.rank >= size_)
+      return "claims rank " + std::to_string(h.rank) + ", which does not dial rank " +
+             std::to_string(rank_);
+    if (peers_[static_cast<size_t>(h.rank)].valid())
+      return "claims rank " + std::to_string(h.rank) + ", which is connected already";
+    return "";
+  };
+  Clock::time_point accept_paused_until{};
+  std::vector<pollfd> fds;
+  for (int accepted = 0; accepted < count;) {
+    const Clock::time_point now = Clock::now();
+    for (Pending& p : pending)
+      if (now - p.since > kHandshakeTimeout)
+        refuse(p, "no handshake within " + std::to_string(kHandshakeTimeout.count()) + " ms");
+    std::erase_if(pending, [](const Pending& p) { return !p.fd.valid(); });
+    say(refusals.flush(now));
+    if (deadline.expired())
+      return Status::error("timed out waiting for " + std::to_string(count - accepted) +
+                           " higher rank(s) to connect" +
+                           (refusals.total() == 0 ? std::string()
+                                                  : " (" + std::to_string(refusals.total()) +
+                                                        " other connection(s) refused)"));
+    fds.clear();
+    fds.push_back({now >= accept_paused_until ? listener : -1, POLLIN, 0});
+    for (const Pending& p : pending) fds.push_back({p.fd.get(), POLLIN, 0});
+    const int ready = ::poll(fds.data(), fds.size(), deadline.poll_ms(100));
+    if (ready < 0 && errno != EINTR) return Status::error("poll(): " + net::errno_text(errno));
+    if (ready <= 0) continue;
+    for (size_t i = 0; i < pending.size(); ++i) {
+      if (fds[i + 1].revents == 0) continue;
+      Pending& p = pending[i];
+      const ssize_t n = ::recv(p.fd.get(), reinterpret_cast<char*>(&p.theirs) + p.got,
+                               sizeof(p.theirs) - p.got, MSG_DONTWAIT);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+      if (n <= 0) {
+        refuse(p, n == 0 ? "closed before its handshake" : net::errno_text(errno));
+        continue;
+      }
+      p.got += static_cast<size_t>(n);
+      if (p.got < sizeof(p.theirs)) continue;
+      if (const std::string why = check(p.theirs); !why.empty()) {
+        refuse(p, why);
+        continue;
+      }
+      peers_[static_cast<size_t>(p.theirs.rank)] = std::move(p.fd);
+      ++accepted;
+    }
+    std::erase_if(pending, [](const Pending& p) { return !p.fd.valid(); });
+    if ((fds[0].revents & POLLIN) != 0) {
+      const Status st = net::accept_pending(listener, [&](Fd fd, const net::SocketAddress& from) {
+        pending.push_back(Pending{std::move(fd), from.to_string(), {}, 0, Clock::now()});
+      });
+      if (!st) accept_paused_until = Clock::now() + std::chrono::milliseconds(100);
+      // The newest are kept: a peer sends its handshake as soon as it connected.
+      while (pending.size() > kMaxPending) {
+        refuse(pending.front(), "too many connections without a handshake");
+        pending.erase(pending.begin());
+      }
+    }
+  }
+  return Status::ok();
 }
 
 Status PeerMesh::send(int peer, const Tag& tag, const void* data, size_t bytes, Deadline deadline) {
@@ -180,10 +261,10 @@ Status PeerMesh::send(int peer, const Tag& tag, const void* data, size_t bytes, 
   const int fd = peers_[static_cast<size_t>(peer)].get();
   const std::string to = "sending " + std::string(call_name(tag.kind)) + " data to rank " +
                          std::to_string(peer) + ": ";
-  if (Status s = mprun::send_all(fd, &h, sizeof(h), deadline); !s)
+  if (Status s = net::send_all(fd, &h, sizeof(h), deadline); !s)
     return Status::error(to + s.message());
   if (bytes > 0)
-    if (Status s = mprun::send_all(fd, data, bytes, deadline); !s)
+    if (Status s = net::send_all(fd, data, bytes, deadline); !s)
       return Status::error(to + s.message());
   return Status::ok();
 }
@@ -212,14 +293,14 @@ StatusOr<std::vector<char>> PeerMesh::recv(int peer, const Tag& tag, Deadline de
   const int fd = peers_[static_cast<size_t>(peer)].get();
   for (;;) {
     WireHeader h{};
-    if (Status s = mprun::recv_all(fd, &h, sizeof(h), deadline); !s)
+    if (Status s = net::recv_all(fd, &h, sizeof(h), deadline); !s)
       return Status::error(from + s.message());
     if (h.magic != kFrameMagic || h.bytes > kMaxMessageBytes)
       return Status::error(from + "received a corrupt message header");
     Message m{{h.comm_id, h.seq, static_cast<CallKind>(h.kind), h.arg0, h.arg1}, {}};
     m.payload.resize(h.bytes);
     if (h.bytes > 0)
-      if (Status s = mprun::recv_all(fd, m.payload.data(), h.bytes, deadline); !s)
+      if (Status s = net::recv_all(fd, m.payload.data(), h.bytes, deadline); !s)
         return Status::error(from + s.message());
     auto match = matches(m);
     if (!match) return match.status();
@@ -234,7 +315,7 @@ StatusOr<std::vector<char>> PeerMesh::recv(int peer, const Tag& tag, Deadline de
 
 void PeerMesh::send_abort(int errorcode) {
   const std::string line = mprun::format_abort(rank_, errorcode);
-  (void)mprun::send_all(server_.get(), line.data(), line.size(),
+  (void)net::send_all(server_.get(), line.data(), line.size(),
                         Deadline::after(std::chrono::seconds(5)));
 }
 

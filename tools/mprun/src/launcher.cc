@@ -17,7 +17,8 @@
 #include <set>
 
 #include "efccl/mprun/rendezvous.h"
-#include "efccl/mprun/socket.h"
+#include "efccl/net/fd.h"
+#include "efccl/net/socket.h"
 #include "rendezvous_server.h"
 
 extern char** environ;
@@ -26,6 +27,7 @@ namespace efccl::mprun {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using net::Fd;
 
 constexpr size_t kMaxPendingLine = 64 * 1024;  // an unterminated line is flushed at this size
 constexpr auto kKillWait = std::chrono::seconds(10);  // after SIGKILL, before giving up
@@ -181,7 +183,7 @@ Status make_pipe(Fd* read_end, Fd* write_end) {
     return Status::error(std::string("pipe: ") + std::strerror(errno));
   read_end->reset();
   *read_end = Fd(fds[0]);
-  *write_end = Fd(fds[1]);
+  *write_end = Fd::untracked(fds[1]);  // the child dup2()s it after fork: not to be released
   ::fcntl(fds[0], F_SETFL, ::fcntl(fds[0], F_GETFL) | O_NONBLOCK);
   return Status::ok();
 }
@@ -284,7 +286,7 @@ int run_job(const LaunchOptions& o) {
     say(server.status().message());
     return kExitLaunchError;
   }
-  auto master_port = free_port("127.0.0.1");
+  auto master_port = net::free_port(server->address());
   if (!master_port) {
     say("cannot find a free port for MASTER_PORT: " + master_port.status().message());
     return kExitLaunchError;
@@ -381,6 +383,7 @@ int run_job(const LaunchOptions& o) {
         }
       }
     }
+    server->tick(&events);
     for (const auto& e : events) {
       if (e.kind == RendezvousServer::Event::Kind::kAbort)
         stop("rank " + std::to_string(e.rank) + " called MPI_Abort with errorcode " +

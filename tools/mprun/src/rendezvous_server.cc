@@ -4,37 +4,52 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
+#include <optional>
 
 #include "efccl/mprun/rendezvous.h"
+#include "efccl/net/deadline.h"
+#include "efccl/net/printable.h"
+#include "efccl/net/socket.h"
 
 namespace efccl::mprun {
 namespace {
 
-constexpr auto kReplyDeadline = std::chrono::seconds(5);  // a few bytes into a fresh socket
+constexpr auto kReplyDeadline = std::chrono::seconds(5);  // the peer list into a rank's socket
+constexpr auto kAcceptPause = std::chrono::milliseconds(100);  // accept failed (no descriptors)
 
 }  // namespace
 
-StatusOr<RendezvousServer> RendezvousServer::start(int size, std::string job) {
+StatusOr<RendezvousServer> RendezvousServer::start(int size, std::string job, Limits limits) {
   RendezvousServer server;
   server.size_ = size;
   server.job_ = std::move(job);
-  auto fd = listen_tcp("127.0.0.1", 0, std::min(size, 1024) + 16, &server.address_);
+  server.limits_ = limits;
+  auto loopback = net::SocketAddress::parse("127.0.0.1:1", AF_INET,
+                                            net::SocketAddress::Lookup::kNumericOnly);
+  if (!loopback) return loopback.status();
+  loopback->set_port(0);
+  auto fd = net::listen_on(*loopback, true, &server.address_);
   if (!fd) return Status::error("rendezvous server: " + fd.status().message());
   server.listener_ = std::move(*fd);
-  server.peers_.assign(static_cast<size_t>(size), Address{});
+  server.peers_.assign(static_cast<size_t>(size), net::SocketAddress());
   return server;
 }
 
 std::vector<int> RendezvousServer::fds() const {
-  std::vector<int> out{listener_.get()};
+  std::vector<int> out;
+  out.push_back(Clock::now() >= accept_paused_until_ ? listener_.get() : -1);
   for (const Connection& c : connections_) out.push_back(c.fd.get());
   return out;
 }
 
+void RendezvousServer::report(std::optional<std::string> line, std::vector<Event>* events) {
+  if (line) events->push_back({Event::Kind::kWarning, -1, 0, std::move(*line)});
+}
+
 void RendezvousServer::handle(int fd, std::vector<Event>* events) {
+  if (fd < 0) return;
   if (fd == listener_.get()) {
-    accept_one(events);
+    accept_all(events);
     return;
   }
   auto it = std::find_if(connections_.begin(), connections_.end(),
@@ -53,28 +68,50 @@ void RendezvousServer::handle(int fd, std::vector<Event>* events) {
       keep = on_line(*it, line, events);
     }
     if (keep && it->input.size() > kMaxLineSize) {
-      reject(*it, "line longer than " + std::to_string(kMaxLineSize) + " bytes", events);
+      reject(*it, "a line longer than " + std::to_string(kMaxLineSize) + " bytes", events);
       keep = false;
     }
   }
   if (!keep) connections_.erase(it);
 }
 
-void RendezvousServer::accept_one(std::vector<Event>* events) {
-  auto fd = accept_tcp(listener_.get(), Deadline::after(std::chrono::milliseconds(0)));
-  if (!fd) return;  // the client gave up before we accepted it
-  if (connections_.size() >= static_cast<size_t>(2 * size_ + 16)) {
-    events->push_back(
-        {Event::Kind::kWarning, -1, 0, "rendezvous server: too many connections; refusing one"});
-    return;
+void RendezvousServer::accept_all(std::vector<Event>* events) {
+  const Clock::time_point now = Clock::now();
+  const Status s = net::accept_pending(
+      listener_.get(), [&](net::Fd fd, const net::SocketAddress& from) {
+        connections_.push_back(Connection{std::move(fd), {}, -1, from.to_string(), now});
+      });
+  if (!s) {
+    report("rendezvous server: " + s.message(), events);
+    accept_paused_until_ = now + kAcceptPause;
   }
-  connections_.push_back(Connection{std::move(*fd), {}, -1});
+  // The newest strangers are kept: a rank says HELLO as soon as it connected.
+  size_t strangers = 0;
+  for (auto it = connections_.rbegin(); it != connections_.rend(); ++it)
+    if (it->rank < 0 && it->fd.valid() && ++strangers > limits_.max_strangers) {
+      reject(*it, "too many connections without HELLO", events);
+      it->fd.reset();
+    }
+  std::erase_if(connections_, [](const Connection& c) { return !c.fd.valid(); });
+}
+
+void RendezvousServer::tick(std::vector<Event>* events) {
+  const Clock::time_point now = Clock::now();
+  for (Connection& c : connections_)
+    if (c.rank < 0 && now - c.since > limits_.hello_timeout) {
+      reject(c,
+             "no HELLO within " + std::to_string(limits_.hello_timeout.count()) + " ms", events);
+      c.fd.reset();
+    }
+  std::erase_if(connections_, [](const Connection& c) { return !c.fd.valid(); });
+  report(refusals_.flush(now), events);
 }
 
 void RendezvousServer::reject(Connection& c, const std::string& why, std::vector<Event>* events) {
-  events->push_back({Event::Kind::kWarning, c.rank, 0, "rendezvous server: " + why});
+  report(refusals_.refused(c.from, why), events);
+  // Best effort and without waiting: a stranger that does not read gets nothing.
   const std::string line = format_error(why);
-  (void)send_all(c.fd.get(), line.data(), line.size(), Deadline::after(kReplyDeadline));
+  (void)::send(c.fd.get(), line.data(), line.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
 bool RendezvousServer::on_line(Connection& c, const std::string& line, std::vector<Event>* events) {
@@ -95,7 +132,7 @@ bool RendezvousServer::on_line(Connection& c, const std::string& line, std::vect
     return false;
   }
   if (hello->job != job_) {
-    reject(c, "HELLO from another job (key '" + hello->job.substr(0, 40) + "')", events);
+    reject(c, "HELLO from another job (key '" + net::printable(hello->job, 40) + "')", events);
     return false;
   }
   if (hello->size != size_) {
@@ -105,7 +142,7 @@ bool RendezvousServer::on_line(Connection& c, const std::string& line, std::vect
            events);
     return false;
   }
-  if (peers_sent_ || peers_[static_cast<size_t>(hello->rank)].port != 0) {
+  if (peers_sent_ || peers_[static_cast<size_t>(hello->rank)].valid()) {
     reject(c, "rank " + std::to_string(hello->rank) + " registered twice", events);
     return false;
   }
@@ -118,8 +155,8 @@ bool RendezvousServer::on_line(Connection& c, const std::string& line, std::vect
   const std::string reply = format_peers(peers_);
   for (Connection& other : connections_) {
     if (other.rank < 0) continue;
-    if (Status s =
-            send_all(other.fd.get(), reply.data(), reply.size(), Deadline::after(kReplyDeadline));
+    if (Status s = net::send_all(other.fd.get(), reply.data(), reply.size(),
+                                 net::Deadline::after(kReplyDeadline));
         !s)
       events->push_back({Event::Kind::kWarning, other.rank, 0,
                          "rendezvous server: rank " + std::to_string(other.rank) +

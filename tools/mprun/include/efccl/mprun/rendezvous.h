@@ -6,14 +6,19 @@
 //   launcher -> rank   PEERS <host:port> ... (every rank, in rank order, once all said HELLO)
 //                      or ERROR <why>, then the launcher closes the connection
 //   rank -> launcher   ABORT <rank> <errorcode>                 (MPI_Abort: stop the job)
+//
+// Addresses are numeric ("127.0.0.1:4242", "[::1]:4242"): a line never makes anyone ask DNS.
+// The parsers quote what they reject through net::printable, so bytes from a stranger never
+// reach a terminal as control characters.
 #pragma once
 
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "efccl/common/status.h"
-#include "efccl/mprun/socket.h"
+#include "efccl/net/socket_address.h"
 
 namespace efccl::mprun {
 
@@ -26,24 +31,24 @@ inline constexpr const char* kEnvJob = "EFCCL_MPRUN_JOB";         ///< this job'
 inline constexpr const char* kEnvIdFile = "EFCCL_MPRUN_ID_FILE";  ///< where rank 0 puts an id
 
 inline constexpr int kMaxRanks = 4096;
-inline constexpr size_t kMaxLineSize = 32 * kMaxRanks;  ///< a PEERS line fits
+inline constexpr size_t kMaxLineSize = 56 * kMaxRanks;  ///< a PEERS line of IPv6 addresses fits
 
 /// A rank's registration.
 struct Hello {
   std::string job;
   int rank = -1;
   int size = 0;
-  Address listen;  ///< where the rank accepts its peers' connections
+  net::SocketAddress listen;  ///< where the rank accepts its peers' connections
 };
 
 std::string format_hello(const Hello& hello);  ///< with the trailing newline
 /// Parses a HELLO line (without the newline).
 StatusOr<Hello> parse_hello(std::string_view line);
 
-std::string format_peers(const std::vector<Address>& peers);  ///< with the trailing newline
-std::string format_error(std::string_view why);               ///< with the trailing newline
+std::string format_peers(const std::vector<net::SocketAddress>& peers);  ///< with the newline
+std::string format_error(std::string_view why);  ///< with the trailing newline
 /// Parses the reply to HELLO: the `size` addresses of a PEERS line, or the reason of an ERROR.
-StatusOr<std::vector<Address>> parse_peers(std::string_view line, int size);
+StatusOr<std::vector<net::SocketAddress>> parse_peers(std::string_view line, int size);
 
 std::string format_abort(int rank, int errorcode);  ///< with the trailing newline
 /// Parses an ABORT line into (rank, errorcode).
