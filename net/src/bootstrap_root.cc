@@ -56,6 +56,7 @@ void BootstrapRoot::abandon() {
 }
 
 void BootstrapRoot::close() {
+  if (auto line = refusals_.flush_final()) warn(*line);
   listen_.reset();
   conns_.clear();
 }
@@ -77,7 +78,10 @@ std::string BootstrapRoot::count_payload() const {
 void BootstrapRoot::fail(const std::string& why, Conn* also) {
   failed_ = why;
   failed_at_ = Clock::now();
-  warn(name_ + ": the rendezvous failed: " + why);
+  if (members_.empty() && also == nullptr)  // an id nobody used: nothing went wrong for anyone
+    EFCCL_INFO(kLogInit, -1, name_ + ": ends: " + why);
+  else
+    warn(name_ + ": the rendezvous failed: " + why);
   for (auto& [rank, m] : members_) {
     queue(*m.conn, kRootError, why);
     m.conn->closing = true;

@@ -682,6 +682,7 @@ void BootstrapTransport::say_goodbye() {
     waiting.swap(still);
   }
   for (const auto& c : conns) drop(*c);
+  if (auto line = refusals_.flush_final()) EFCCL_WARN(-1, *line);
   EFCCL_INFO(
       kLogInit, -1,
       "bootstrap rank " + std::to_string(rank_) + " of " + std::to_string(nranks_) + ": closed" +

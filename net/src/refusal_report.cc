@@ -26,7 +26,12 @@ std::optional<std::string> RefusalReport::refused(const std::string& from, const
 }
 
 std::optional<std::string> RefusalReport::flush(Clock::time_point now) {
-  if (unreported_ == 0 || now - last_line_ < interval_) return std::nullopt;
+  if (now - last_line_ < interval_) return std::nullopt;
+  return flush_final(now);
+}
+
+std::optional<std::string> RefusalReport::flush_final(Clock::time_point now) {
+  if (unreported_ == 0) return std::nullopt;
   std::string line = server_ + ": refused " + std::to_string(unreported_) + " more connection" +
                      (unreported_ == 1 ? "" : "s") + " since the last report (the latest " +
                      latest_ + ")";

@@ -43,8 +43,10 @@ std::string SocketAddress::host_string() const {
     inet_ntop(AF_INET6, &v6.sin6_addr, buf, sizeof(buf));
     std::string host = buf;
     char ifname[IF_NAMESIZE] = {};
-    if (v6.sin6_scope_id != 0 && if_indextoname(v6.sin6_scope_id, ifname) != nullptr)
-      host += std::string("%") + ifname;
+    if (v6.sin6_scope_id != 0)
+      host += "%" + (if_indextoname(v6.sin6_scope_id, ifname) != nullptr
+                         ? std::string(ifname)
+                         : std::to_string(v6.sin6_scope_id));
     return host;
   }
   return "<address of family " + std::to_string(family()) + ">";

@@ -1,8 +1,15 @@
 // One rank of the MPI shim's test (mpishim_test.cc starts several under efccl-mprun). Mode
-// "all" checks the result of every function of the shim on every rank; the other modes break
-// a rule on purpose so the test can check that the job fails with a clear message.
+// "all" checks the result of every function of the shim on every rank; "bother" does the same
+// after rank 0 opened 200 idle connections to the launcher and sent it a line full of control
+// characters; the other modes break a rule on purpose so the test can check that the job fails
+// with a clear message.
+#include <arpa/inet.h>
 #include <mpi.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <chrono>
 #include <cstdint>
@@ -228,12 +235,44 @@ int run_all() {
 
 }  // namespace
 
+/// Connections to the launcher's rendezvous server that never say HELLO (kept open until exit),
+/// and one that sends a line with control characters; before MPI_Init, so they are there first.
+std::vector<int> bother_the_launcher(int idle) {
+  std::vector<int> fds;
+  const char* addr = std::getenv("EFCCL_MPRUN_ADDR");
+  if (addr == nullptr) return fds;
+  const std::string text = addr;
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(std::atoi(text.substr(text.rfind(':') + 1).c_str())));
+  inet_pton(AF_INET, text.substr(0, text.rfind(':')).c_str(), &sa.sin_addr);
+  for (int i = 0; i <= idle; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+      std::printf("FAIL rank %d: connecting to the launcher: %s\n", g_rank, std::strerror(errno));
+      close(fd);
+      continue;
+    }
+    fds.push_back(fd);
+    if (i == 0) {  // first, and alone for a moment: its refusal is the one reported at once
+      const std::string evil = "\x1b[2J\x1b[31mHELLO \x07" "evil\x1b]0;owned\x07 0 2 1.2.3.4:5\n";
+      (void)!write(fd, evil.data(), evil.size());
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+  }
+  return fds;
+}
+
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "all";
+  std::vector<int> bothering;
+  if (mode == "bother" && std::getenv("EFCCL_MPRUN_RANK") != nullptr &&
+      std::string(std::getenv("EFCCL_MPRUN_RANK")) == "0")
+    bothering = bother_the_launcher(200);
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_size);
-  if (mode == "all") return run_all();
+  if (mode == "all" || mode == "bother") return run_all();
   if (mode == "mismatch") {  // rank 0 in MPI_Barrier, the others in MPI_Allreduce
     int x = 1;
     if (g_rank == 0)

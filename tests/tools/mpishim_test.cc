@@ -39,6 +39,27 @@ TEST(MpiShim, OneRankWithAndWithoutTheLauncher) {
   EXPECT_NE(r.output.find("on each of 1 ranks"), std::string::npos) << r.output;
 }
 
+TEST(MpiShim, StrangersAtTheLauncherNeitherStopTheJobNorReachTheTerminal) {
+  // 200 idle connections (more than the launcher keeps) and a HELLO full of control characters,
+  // there before any rank registers.
+  const auto r = check_under_mprun(3, "bother");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("all "), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("FAIL"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find('\x1b'), std::string::npos) << "raw escape bytes reached the output";
+  EXPECT_EQ(r.output.find('\x07'), std::string::npos) << "raw bell bytes reached the output";
+  EXPECT_NE(r.output.find("\\x1b[2J"), std::string::npos) << "the bytes are shown escaped: "
+                                                            << r.output;
+  // Refusals are reported at most once a second, with a count.
+  std::size_t lines = 0;
+  for (std::size_t at = 0; (at = r.output.find("rendezvous server: refused", at)) != std::string::npos;
+       ++at)
+    ++lines;
+  EXPECT_GE(lines, 1u) << r.output;
+  EXPECT_LE(static_cast<double>(lines), r.seconds + 2) << r.output;
+  EXPECT_LT(r.seconds, 20) << r.output;
+}
+
 TEST(MpiShim, MismatchedCollectivesFailTheJob) {
   const auto r = check_under_mprun(3, "mismatch");
   EXPECT_NE(r.exit_code, 0) << r.output;

@@ -238,6 +238,7 @@ Status PeerMesh::accept_peers(const std::string& job, int listener, int count, D
       }
       peers_[static_cast<size_t>(p.theirs.rank)] = std::move(p.fd);
       ++accepted;
+      if (accepted == count) say(refusals.flush_final());
     }
     std::erase_if(pending, [](const Pending& p) { return !p.fd.valid(); });
     if ((fds[0].revents & POLLIN) != 0) {

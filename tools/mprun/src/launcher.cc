@@ -444,6 +444,8 @@ int run_job(const LaunchOptions& o) {
     }
   }
 
+  server->finish(&events);
+  for (const auto& e : events) say(e.text);
   if (exit_code != 0) {
     say("job failed: " + failure);
     for (const Rank& r : ranks) {

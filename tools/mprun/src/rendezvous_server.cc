@@ -107,6 +107,8 @@ void RendezvousServer::tick(std::vector<Event>* events) {
   report(refusals_.flush(now), events);
 }
 
+void RendezvousServer::finish(std::vector<Event>* events) { report(refusals_.flush_final(), events); }
+
 void RendezvousServer::reject(Connection& c, const std::string& why, std::vector<Event>* events) {
   report(refusals_.refused(c.from, why), events);
   // Best effort and without waiting: a stranger that does not read gets nothing.

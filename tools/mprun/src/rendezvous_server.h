@@ -51,6 +51,8 @@ class RendezvousServer {
   /// Drops connections that did not say HELLO in time and reports refusals counted since the
   /// last report; call it every round of the launcher's loop.
   void tick(std::vector<Event>* events);
+  /// Reports the refusals counted since the last report at once (the job ends).
+  void finish(std::vector<Event>* events);
   /// Every rank has registered and got the peer list.
   bool complete() const { return peers_sent_; }
 

@@ -26,6 +26,8 @@ class RefusalReport {
   /// The line summing up the refusals counted since the last line, once the interval has
   /// passed since that line (call it regularly); nothing otherwise.
   std::optional<std::string> flush(Clock::time_point now = Clock::now());
+  /// The line for the refusals not reported yet, whatever the interval (the server stops).
+  std::optional<std::string> flush_final(Clock::time_point now = Clock::now());
 
   /// Every connection refused so far.
   uint64_t total() const { return total_; }
