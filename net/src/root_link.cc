@@ -21,8 +21,7 @@ constexpr std::size_t kReadBudget = std::size_t{1} << 30;
 
 RootLink::RootLink(uint64_t magic, int nranks, const SocketAddress& root, Deadline deadline,
                    std::string hello)
-    : magic_(magic),
-      nranks_(nranks),
+    : nranks_(nranks),
       root_(root),
       root_name_(root.to_string()),
       deadline_(deadline),

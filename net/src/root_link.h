@@ -59,7 +59,6 @@ class RootLink {
   void exchange(short revents, std::vector<char>& buffer, Update* update);
   bool learn_table(std::string_view t, Update* update) const;
 
-  const uint64_t magic_;
   const int nranks_;
   const SocketAddress root_;
   const std::string root_name_;

@@ -16,7 +16,7 @@
 
 #include "api_status.h"
 #include "call.h"
-#include "bootstrap.h"
+#include "efccl/net/bootstrap.h"
 #include "efccl/common/hash.h"
 #include "clique.h"
 #include "communicator.h"
@@ -243,11 +243,15 @@ EFCCL_ALIAS(ncclResetDebugInit)
 
 EFCCL_API ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
   // A random magic and the address of a root listener started here (or NCCL_COMM_ID's), which
-  // the ranks of the communicator meet at (bootstrap.h).
+  // the ranks of the communicator meet at (efccl/net/unique_id.h); an unused root ends after
+  // the init timeout.
   if (uniqueId == nullptr) return report("ncclGetUniqueId", ApiStatus::invalid_argument("uniqueId is NULL"));
   log_version_once();
-  if (efccl::Status s = efccl::runtime::create_unique_id(uniqueId); !s)
+  static_assert(sizeof(efccl::net::UniqueId) == sizeof(ncclUniqueId));
+  efccl::net::UniqueId id;
+  if (efccl::Status s = efccl::net::create_unique_id(&id, efccl::runtime::init_timeout()); !s)
     return report("ncclGetUniqueId", ApiStatus::system(s.message()));
+  std::memcpy(uniqueId->internal, id.internal, sizeof(id.internal));
   return ncclSuccess;
 }
 EFCCL_ALIAS(ncclGetUniqueId)
@@ -316,6 +320,9 @@ ApiStatus init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& id, int
                                        std::to_string(nranks) + ")");
   efccl::runtime::CommConfig cfg;
   if (ApiStatus s = efccl::runtime::parse_config(config, &cfg); !s) return s;
+  // One deadline for the whole init, from here (the first CUDA call below may take long).
+  const auto timeout = efccl::runtime::init_timeout();
+  const auto deadline = efccl::net::Deadline::after(timeout);
   log_version_once();
   int device = -1;
   std::string device_error;
@@ -332,7 +339,7 @@ ApiStatus init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& id, int
   comm->real_config = cfg.real;
   std::shared_ptr<efccl::runtime::Rendezvous> rendezvous;
   if (ApiStatus s = efccl::runtime::join_rendezvous(
-          id, nranks, rank, device, device_error, comm, &rendezvous, local_only,
+          id, nranks, rank, device, device_error, comm, deadline, &rendezvous, local_only,
           driver != 0 ? driver : efccl::runtime::this_thread_token());
       !s) {
     delete comm;
@@ -358,17 +365,15 @@ ApiStatus init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& id, int
     return ApiStatus::ok();
   }
   // Only the rendezvous from here on: another thread may destroy the communicator meanwhile.
-  const auto timeout = efccl::runtime::init_timeout();
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
   if (!cfg.blocking) {
     // Non-blocking (ncclConfig_t::blocking = 0): a helper thread completes the rendezvous;
     // ncclCommGetAsyncError reports ncclInProgress until the clique formed (or the failure).
     std::thread([rendezvous, deadline, timeout] {
-      (void)efccl::runtime::complete_rendezvous(rendezvous, deadline, timeout);
+      (void)efccl::runtime::complete_rendezvous(rendezvous, deadline.when(), timeout);
     }).detach();
     return ApiStatus(ncclInProgress, "");
   }
-  return efccl::runtime::complete_rendezvous(rendezvous, deadline, timeout);
+  return efccl::runtime::complete_rendezvous(rendezvous, deadline.when(), timeout);
 }
 
 /// One rank's ncclCommSplit / ncclCommShrink, with what it needs from the parent copied out so
@@ -380,7 +385,7 @@ ApiStatus init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& id, int
 struct Regroup {
   const char* fn = "";
   std::shared_ptr<efccl::runtime::Clique> clique;
-  std::shared_ptr<efccl::runtime::Bootstrap> bootstrap;  ///< multi-process parents only
+  std::shared_ptr<efccl::net::Bootstrap> bootstrap;  ///< multi-process parents only
   std::string parent_name;                               ///< for the log
   int rank = 0;
   int device = 0;
@@ -476,8 +481,11 @@ ApiStatus finish_regroup(const Regroup& g, const std::vector<std::string>& entri
   if (g.bootstrap != nullptr) {
     std::string offer;
     if (new_rank == 0) {
-      if (efccl::Status s = efccl::runtime::create_unique_id(&id); !s)
+      efccl::net::UniqueId made;
+      if (efccl::Status s = efccl::net::create_unique_id(&made, efccl::runtime::init_timeout()); !s)
         return ApiStatus::system(std::string(fn) + ": " + s.message());
+      static_assert(sizeof(made) == sizeof(id));
+      std::memcpy(id.internal, made.internal, sizeof(id.internal));
       offer.assign(id.internal, sizeof(id.internal));
     }
     auto offers = gather(g, g.tag | 1, offer, deadline);

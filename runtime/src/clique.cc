@@ -10,7 +10,7 @@
 #include <sstream>
 #include <utility>
 
-#include "bootstrap.h"
+#include "efccl/net/bootstrap.h"
 #include "efccl/ef/json_io.h"
 #include "fallback.h"
 #include "efccl/common/log.h"
@@ -155,7 +155,7 @@ StatusOr<std::shared_ptr<Clique>> Clique::create(std::vector<int> rank_devices,
     c->processes_ = std::move(processes);
     // A peer process that dies makes this clique's kernels give up at once.
     std::weak_ptr<Clique> weak = c;
-    const std::shared_ptr<Bootstrap>& boot = c->processes_->bootstraps.front();
+    const std::shared_ptr<net::Bootstrap>& boot = c->processes_->bootstraps.front();
     boot->set_peer_failure_handler([weak](int peer, const std::string& why) {
       if (auto clique = weak.lock()) clique->peer_failed(peer, why);
     });
@@ -706,7 +706,7 @@ std::unique_ptr<device::PeerProcesses> Clique::peers_for(const std::vector<int32
     peers->location.push_back(pm.location[static_cast<std::size_t>(r)]);
   }
   peers->fingerprint = key;
-  std::shared_ptr<Bootstrap> boot = pm.bootstraps.front();
+  std::shared_ptr<net::Bootstrap> boot = pm.bootstraps.front();
   const std::vector<int32_t> leader_list(leaders.begin(), leaders.end());
   const std::chrono::nanoseconds timeout = timeout_;
   const std::atomic<bool>* abort = &aborted_;

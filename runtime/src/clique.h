@@ -39,9 +39,12 @@
 #include "executor_cache.h"
 #include "registry.h"
 
+namespace efccl::net {
+class Bootstrap;
+}  // namespace efccl::net
+
 namespace efccl::runtime {
 
-class Bootstrap;
 class CliqueFallback;
 
 /// Where the ranks of a multi-process communicator run.
@@ -51,7 +54,7 @@ struct ProcessMap {
   std::vector<int32_t> leader;    ///< per rank: the lowest rank of its process
   std::vector<std::string> where; ///< per rank: "host pid N" for messages
   /// The bootstraps of this process's ranks; the first is the leader's (exchanges go there).
-  std::vector<std::shared_ptr<Bootstrap>> bootstraps;
+  std::vector<std::shared_ptr<net::Bootstrap>> bootstraps;
 };
 
 class Clique {

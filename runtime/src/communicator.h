@@ -42,9 +42,12 @@ enum class CommInit : uint8_t {
 };
 
 class Rendezvous;
-class Bootstrap;
 
 }  // namespace efccl::runtime
+
+namespace efccl::net {
+class Bootstrap;
+}  // namespace efccl::net
 
 struct ncclComm {
   uint64_t magic = efccl::runtime::kCommMagic;
@@ -64,7 +67,7 @@ struct ncclComm {
   std::vector<void*> registrations;
   /// Multi-process communicators: this rank's bootstrap (ncclCommSplit/Shrink meet through it);
   /// set before the communicator becomes ready, then immutable.
-  std::shared_ptr<efccl::runtime::Bootstrap> bootstrap;
+  std::shared_ptr<efccl::net::Bootstrap> bootstrap;
   /// ncclCommSplit/Shrink calls so far per set of participating ranks (under ops_mu): each
   /// participant counts the same calls, so the count names the call in their tags.
   std::map<std::vector<int>, uint64_t> regroups;

@@ -20,7 +20,7 @@
 #include <sstream>
 #include <thread>
 
-#include "bootstrap.h"
+#include "efccl/net/bootstrap.h"
 #include "clique.h"
 #include "communicator.h"
 #include "device_guard.h"

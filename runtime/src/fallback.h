@@ -53,9 +53,11 @@
 
 struct ncclComm;
 
-namespace efccl::runtime {
-
+namespace efccl::net {
 class Bootstrap;
+}  // namespace efccl::net
+
+namespace efccl::runtime {
 
 /// EFCCL_FALLBACK: unset, "", "none" or "off" -> kOff; "nccl" -> kNccl (case-insensitive).
 enum class FallbackMode { kOff, kNccl };
@@ -182,7 +184,7 @@ struct FallbackPlan {
   std::string shared_gpu;
   /// Multi-process: this process's leader bootstrap and every process's leader (ascending
   /// ranks); the id goes from rank 0's process to the others through them. Null: one process.
-  std::shared_ptr<Bootstrap> leader;
+  std::shared_ptr<net::Bootstrap> leader;
   std::vector<int> leaders;
   const std::atomic<bool>* abort = nullptr;  ///< makes the waits give up (may be null)
 };

@@ -18,7 +18,8 @@
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
-#include "bootstrap.h"
+#include "efccl/net/bootstrap.h"
+#include "efccl/net/host_hash.h"
 #include "clique.h"
 #include "communicator.h"
 #include "fallback.h"
@@ -37,7 +38,7 @@ class Rendezvous {
     int device = -1;
     std::string device_error;
     ncclComm* comm = nullptr;  ///< null once destroyed/aborted while building
-    std::shared_ptr<Bootstrap> boot;  ///< this rank's connection to the others
+    std::shared_ptr<net::Bootstrap> boot;  ///< this rank's connection to the others
     uint64_t thread = 0;  ///< this_thread_token() of the joining thread: the rank's first driver
   };
 
@@ -129,7 +130,7 @@ uint64_t process_nonce() {
 
 std::string encode_info(int device) {
   PeerInfo info;
-  info.host_hash = host_hash();
+  info.host_hash = net::host_hash();
   info.process_nonce = process_nonce();
   info.pid = static_cast<int32_t>(getpid());
   info.device = device;
@@ -150,7 +151,7 @@ bool decode_info(const std::string& blob, PeerInfo* info) {
 /// Reads the table: which ranks run in this process (same host and pid). `r.mu` held.
 ApiStatus learn_table_locked(Rendezvous& r, std::vector<std::string> table) {
   const int64_t me = getpid();
-  const uint64_t host = host_hash();
+  const uint64_t host = net::host_hash();
   r.expected.clear();
   for (std::size_t rank = 0; rank < table.size(); ++rank) {
     PeerInfo info;
@@ -185,7 +186,7 @@ std::string pointer(const void* p) {
 /// communicators are alive). `processes`: null when every rank is in this process.
 FallbackPlan fallback_plan_locked(const Rendezvous& r, const std::vector<int>& all_devices,
                                   const ProcessMap* processes,
-                                  const std::vector<std::shared_ptr<Bootstrap>>& boots) {
+                                  const std::vector<std::shared_ptr<net::Bootstrap>>& boots) {
   FallbackPlan plan;
   if (processes == nullptr) {
     plan = single_process_fallback_plan(all_devices);
@@ -237,7 +238,7 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
   // share a location.
   std::unique_ptr<ProcessMap> processes;
   std::vector<int> all_devices(static_cast<std::size_t>(r.nranks), -1);
-  std::vector<std::shared_ptr<Bootstrap>> boots;
+  std::vector<std::shared_ptr<net::Bootstrap>> boots;
   for (const auto& [rank, m] : r.members)
     if (m.boot != nullptr) boots.push_back(m.boot);
   if (status && static_cast<int>(r.members.size()) < r.nranks) {
@@ -451,7 +452,7 @@ ncclConfig_t RealConfig::get() const {
 }
 
 ApiStatus join_rendezvous(const ncclUniqueId& id, int nranks, int rank, int device,
-                          const std::string& device_error, ncclComm* comm,
+                          const std::string& device_error, ncclComm* comm, net::Deadline deadline,
                           std::shared_ptr<Rendezvous>* out, bool local_only,
                           uint64_t driver) {
   Rendezvous::Key key;
@@ -488,8 +489,10 @@ ApiStatus join_rendezvous(const ncclUniqueId& id, int nranks, int rank, int devi
   // Announce this rank to the root (does not wait for the others: a group may start several
   // ranks from one thread before waiting).
   if (!local_only) {
-    auto boot = Bootstrap::start(id, nranks, rank, encode_info(device),
-                                 std::chrono::steady_clock::now() + init_timeout());
+    static_assert(sizeof(net::UniqueId) == sizeof(ncclUniqueId));
+    net::UniqueId net_id;
+    std::memcpy(net_id.internal, id.internal, sizeof(net_id.internal));
+    auto boot = net::Bootstrap::start(net_id, nranks, rank, encode_info(device), deadline);
     if (!boot) return ApiStatus::system("ncclCommInitRank bootstrap: " + boot.status().message());
     m.boot = *boot;
   }
@@ -522,7 +525,7 @@ ApiStatus complete_rendezvous(const std::shared_ptr<Rendezvous>& r,
     if (!r->table_known && !r->table_waiting && !r->members.empty()) {
       // Learn from the root where every rank runs (this thread waits; others wait on cv).
       r->table_waiting = true;
-      std::shared_ptr<Bootstrap> boot = r->members.begin()->second.boot;
+      std::shared_ptr<net::Bootstrap> boot = r->members.begin()->second.boot;
       lock.unlock();
       Status got = boot->wait_ready(deadline, &r->abort);
       lock.lock();

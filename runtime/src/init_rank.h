@@ -33,6 +33,7 @@
 
 #include "api_status.h"
 #include "efccl/common/status.h"
+#include "efccl/net/deadline.h"
 
 struct ncclComm;
 
@@ -66,6 +67,7 @@ std::chrono::milliseconds init_timeout();
 
 /// Records the pending `comm` as rank `rank` of the rendezvous of `id`. `device` < 0: the
 /// thread had no CUDA device (`device_error` says why; the clique build reports it).
+/// `deadline`: the whole init's, made at the API call (the bootstrap reports its budget).
 /// A rank that already joined, or an nranks unlike the others', is ncclInvalidArgument.
 /// `local_only`: every rank of `id` joins in this process (a split of a single-process
 /// communicator, whose id no root serves); no bootstrap is used. `driver`: the thread that
@@ -73,7 +75,7 @@ std::chrono::milliseconds init_timeout();
 /// ncclCommSplit/Shrink: a grouped split across processes joins on a helper thread); 0: this
 /// thread.
 ApiStatus join_rendezvous(const ncclUniqueId& id, int nranks, int rank, int device,
-                          const std::string& device_error, ncclComm* comm,
+                          const std::string& device_error, ncclComm* comm, net::Deadline deadline,
                           std::shared_ptr<Rendezvous>* out, bool local_only = false,
                           uint64_t driver = 0);
 

@@ -196,7 +196,7 @@ TEST(InitRankArgs, MissingRankTimesOut) {
   const std::string e = last_error();
   // The bootstrap's root saw only this rank (the others could be in any process).
   EXPECT_TRUE(contains(e, "only 1 of 2 ranks joined the rendezvous at ")) << e;
-  EXPECT_TRUE(contains(e, "within 20")) << e;  // the bootstrap reports the time it waited (~200 ms)
+  EXPECT_TRUE(contains(e, "within 200 ms")) << e;  // the init timeout, counted from the call
   // The communicator exists, failed: only destroy/abort/async error work on it.
   ASSERT_NE(comm, nullptr);
   ncclResult_t async = ncclSuccess;
