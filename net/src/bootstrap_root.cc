@@ -19,9 +19,9 @@ namespace {
 
 using std::chrono::milliseconds;
 
-constexpr milliseconds kStrangerTimeout{10000};     // an unauthenticated connection may idle
-constexpr std::size_t kMaxStrangers = 128;          // unauthenticated connections kept at once
-constexpr milliseconds kCountInterval{50};          // progress reports at most this often
+constexpr milliseconds kStrangerTimeout{10000};      // an unauthenticated connection may idle
+constexpr std::size_t kMaxStrangers = 128;           // unauthenticated connections kept at once
+constexpr milliseconds kCountInterval{50};           // progress reports at most this often
 constexpr std::chrono::seconds kFailedRootLife{30};  // answers late joiners after failing
 constexpr std::chrono::seconds kFlushLimit{60};      // time to deliver the table
 constexpr milliseconds kGoodbyeLimit{1000};          // a rank may take this long to hang up
@@ -112,8 +112,9 @@ void BootstrapRoot::hello(Conn& c, const FrameHeader& h, const std::string& payl
   SocketAddress addr;
   std::memcpy(static_cast<void*>(&addr), payload.data() + 16, sizeof(addr));
   if (version != kProtocolVersion) {
-    reject(c, "bootstrap protocol version " + std::to_string(version) + " differs from the root's " +
-                  std::to_string(kProtocolVersion) + " (mixed efccl builds?)");
+    reject(c, "bootstrap protocol version " + std::to_string(version) +
+                  " differs from the root's " + std::to_string(kProtocolVersion) +
+                  " (mixed efccl builds?)");
     return;
   }
   const std::string claim =
@@ -160,8 +161,8 @@ void BootstrapRoot::hello(Conn& c, const FrameHeader& h, const std::string& payl
     return;
   }
   if (auto it = members_.find(rank); it != members_.end()) {
-    fail("rank " + std::to_string(rank) + " joined twice (from " + it->second.conn->from +
-             " and " + c.from + ")",
+    fail("rank " + std::to_string(rank) + " joined twice (from " + it->second.conn->from + " and " +
+             c.from + ")",
          &c);
     return;
   }
@@ -200,9 +201,9 @@ void BootstrapRoot::complete() {
 }
 
 void BootstrapRoot::forget(Conn& c, const std::string& why) {
-  EFCCL_INFO(kLogInit, -1,
-             name_ + ": rank " + std::to_string(c.rank) + " " + why +
-                 " before the rendezvous completed");
+  EFCCL_INFO(
+      kLogInit, -1,
+      name_ + ": rank " + std::to_string(c.rank) + " " + why + " before the rendezvous completed");
   members_.erase(c.rank);
   c.rank = -1;
   count_dirty_ = true;
@@ -228,7 +229,8 @@ void BootstrapRoot::on_readable(Conn& c, std::vector<char>& buffer) {
     hello(c, h, payload);
     return true;
   };
-  const FrameReader::Result rr = c.reader.read(c.fd.get(), buffer, kReadBudget, check, on_frame, &why);
+  const FrameReader::Result rr =
+      c.reader.read(c.fd.get(), buffer, kReadBudget, check, on_frame, &why);
   switch (rr) {
     case FrameReader::Result::kAgain:
     case FrameReader::Result::kStop:
@@ -258,7 +260,8 @@ void BootstrapRoot::on_writable(Conn& c) {
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
     if (n <= 0) {
-      if (c.rank >= 0 && !completed_) forget(c, "could not be written to (" + errno_text(errno) + ")");
+      if (c.rank >= 0 && !completed_)
+        forget(c, "could not be written to (" + errno_text(errno) + ")");
       c.dead = true;
       return;
     }

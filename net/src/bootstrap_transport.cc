@@ -155,7 +155,7 @@ Status BootstrapTransport::wait_ready(Deadline deadline, const std::atomic<bool>
       if (aborted(abort)) return Status::error("aborted: " + progress);
       // The init's own deadline: report the limit it was made with (the init timeout).
       const long long waited = deadline.when() == deadline_.when() ? deadline_.budget().count()
-                                                                    : deadline.budget().count();
+                                                                   : deadline.budget().count();
       return Status::error(progress + " within " + std::to_string(waited) + " ms");
     }
     cv_.wait_until(lock, slice_end(deadline));
@@ -252,8 +252,7 @@ StatusOr<std::string> BootstrapTransport::recv(int peer, int shown, uint64_t spa
   }
 }
 
-uint64_t BootstrapTransport::add_handler(std::vector<int> members, const Handler& fn,
-                                         uint64_t id) {
+uint64_t BootstrapTransport::add_handler(std::vector<int> members, const Handler& fn, uint64_t id) {
   std::vector<std::pair<int, std::string>> already;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -293,8 +292,8 @@ StatusOr<std::shared_ptr<BootstrapConnection>> BootstrapTransport::connection_to
   const std::string who = "rank " + std::to_string(shown);
   std::unique_lock<std::mutex> cl(p.connect_mu, std::defer_lock);
   if (!lock_until(cl, deadline, abort))
-    return Status::error(std::string(aborted(abort) ? "aborted" : "timed out") +
-                         " connecting to " + who);
+    return Status::error(std::string(aborted(abort) ? "aborted" : "timed out") + " connecting to " +
+                         who);
   SocketAddress addr;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -509,7 +508,8 @@ void BootstrapTransport::on_readable(BootstrapConnection& c) {
   const auto frame = [&](const FrameHeader& h, std::string payload) {
     return on_frame(c, h, std::move(payload));
   };
-  const FrameReader::Result rr = c.reader.read(c.fd.get(), buffer_, kReadBudget, check, frame, &why);
+  const FrameReader::Result rr =
+      c.reader.read(c.fd.get(), buffer_, kReadBudget, check, frame, &why);
   if (rr == FrameReader::Result::kAgain || c.closed.load()) return;
   if (rr == FrameReader::Result::kStop) return;
   if (c.peer < 0) {

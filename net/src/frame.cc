@@ -58,7 +58,8 @@ Status write_frame(int fd, const FrameHeader& header, std::string_view payload, 
       continue;
     }
     if (sent < 0 && errno == EINTR) continue;
-    if (sent < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return Status::error(errno_text(errno));
+    if (sent < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+      return Status::error(errno_text(errno));
     if (abort != nullptr && abort->load(std::memory_order_acquire)) return Status::error("aborted");
     if (deadline.expired()) return Status::error("timed out");
     pollfd p{fd, POLLOUT, 0};

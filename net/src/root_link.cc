@@ -111,8 +111,8 @@ void RootLink::exchange(short revents, std::vector<char>& buffer, Update* update
     hello_sent_ += static_cast<std::size_t>(n);
   }
   if ((revents & (POLLIN | POLLHUP | POLLERR)) == 0) return;
-  const uint64_t table_limit = 8 + static_cast<uint64_t>(nranks_) *
-                                       (sizeof(SocketAddress) + 4 + Bootstrap::kMaxInfoBytes);
+  const uint64_t table_limit =
+      8 + static_cast<uint64_t>(nranks_) * (sizeof(SocketAddress) + 4 + Bootstrap::kMaxInfoBytes);
   std::string why;
   const auto check = [&](const FrameHeader& h, std::string* reason) {
     const bool ok = (h.type == kRootCount && h.length == 8) ||

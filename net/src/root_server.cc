@@ -115,7 +115,8 @@ void RootServer::run() {
         next = std::min(next, r->next_timer(now));
       }
       const auto wait_ms = std::chrono::ceil<std::chrono::milliseconds>(next - now).count();
-      const int rc = ::poll(fds.data(), fds.size(), static_cast<int>(std::max<long long>(0, wait_ms)));
+      const int rc =
+          ::poll(fds.data(), fds.size(), static_cast<int>(std::max<long long>(0, wait_ms)));
       if (rc < 0 && errno != EINTR) {
         EFCCL_WARN(-1, "bootstrap roots: poll(): " + errno_text(errno));
         std::this_thread::sleep_for(std::chrono::milliseconds(10));

@@ -112,9 +112,9 @@ StatusOr<Fd> connect_to(const SocketAddress& to, Deadline deadline,
   }
 }
 
-Status accept_pending(int listener,
-                      const std::function<void(Fd connection, const SocketAddress& from)>& on_accepted,
-                      std::size_t max) {
+Status accept_pending(
+    int listener, const std::function<void(Fd connection, const SocketAddress& from)>& on_accepted,
+    std::size_t max) {
   for (std::size_t accepted = 0; accepted < max;) {
     SocketAddress from;
     socklen_t len = sizeof(from);
@@ -179,7 +179,8 @@ Status recv_all(int fd, void* data, std::size_t size, Deadline deadline) {
     }
     if (n == 0) return Status::error("the connection was closed by the other side");
     if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) return Status::error("recv(): " + errno_text(errno));
+    if (errno != EAGAIN && errno != EWOULDBLOCK)
+      return Status::error("recv(): " + errno_text(errno));
     if (Status s = wait_ready(fd, POLLIN, deadline, "receiving"); !s) return s;
   }
   return Status::ok();
@@ -194,14 +195,15 @@ StatusOr<std::string> recv_line(int fd, std::size_t max_size, Deadline deadline)
     if (n == 0) return Status::error("the connection was closed by the other side");
     if (n < 0) {
       if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) return Status::error("recv(): " + errno_text(errno));
+      if (errno != EAGAIN && errno != EWOULDBLOCK)
+        return Status::error("recv(): " + errno_text(errno));
       if (Status s = wait_ready(fd, POLLIN, deadline, "receiving a line"); !s) return s;
       continue;
     }
     const void* nl = std::memchr(buf, '\n', static_cast<std::size_t>(n));
-    const std::size_t take =
-        nl != nullptr ? static_cast<std::size_t>(static_cast<const char*>(nl) - buf) + 1
-                      : static_cast<std::size_t>(n);
+    const std::size_t take = nl != nullptr
+                                 ? static_cast<std::size_t>(static_cast<const char*>(nl) - buf) + 1
+                                 : static_cast<std::size_t>(n);
     if (Status s = recv_all(fd, buf, take, deadline); !s) return s;
     line.append(buf, nl != nullptr ? take - 1 : take);
     if (line.size() > max_size)

@@ -105,9 +105,9 @@ StatusOr<SocketAddress> SocketAddress::parse(std::string_view text, int family, 
   addrinfo* found = nullptr;
   if (const int rc = getaddrinfo(host.c_str(), nullptr, &hints, &found); rc != 0 || !found)
     return Status::error(quoted() + ": " +
-                         (lookup == Lookup::kNumericOnly ? "'" + host + "' is not an IP address"
-                                                         : "cannot resolve '" + host +
-                                                               "': " + gai_strerror(rc)));
+                         (lookup == Lookup::kNumericOnly
+                              ? "'" + host + "' is not an IP address"
+                              : "cannot resolve '" + host + "': " + gai_strerror(rc)));
   SocketAddress a;
   for (addrinfo* i = found; i != nullptr; i = i->ai_next) {
     if ((i->ai_family == AF_INET || i->ai_family == AF_INET6) &&

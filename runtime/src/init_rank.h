@@ -1,6 +1,6 @@
 // ncclCommInitRank, ncclCommInitRankConfig and ncclCommInitRankScalable (Scalable: the first id).
 //
-// Each rank announces itself to the root named by the unique id (bootstrap.h), which sends every
+// Each rank announces itself to the root named by the unique id (see net/), which sends every
 // rank the table of all ranks (host, pid, GPU). Ranks of one process meet in an in-process
 // rendezvous keyed by the id's 128 bytes, recording rank, the calling thread's CUDA device and
 // the communicator, which is allocated (pending) at once so that *comm is valid on return.

@@ -53,7 +53,7 @@ void expect_job_completes(std::vector<std::shared_ptr<Bootstrap>>& boots) {
   }
   for (int r = 0; r < n; ++r)
     ASSERT_TRUE(boots[static_cast<std::size_t>(r)]->send((r + 1) % n, 1, std::to_string(r),
-                                                          in(seconds(20))));
+                                                         in(seconds(20))));
   for (int r = 0; r < n; ++r) {
     auto got = boots[static_cast<std::size_t>(r)]->recv((r + n - 1) % n, 1, in(seconds(20)));
     ASSERT_TRUE(got) << got.status().message();
@@ -130,8 +130,8 @@ TEST(BootstrapRoot, HelloClaimingTwoBillionRanksToALiveRootIsRefused) {
   auto boots = start_ranks(id, 2, {0});  // the rendezvous is under way
   const long before = resident_kib();
   for (uint32_t claim : {0x7fffffffu, 0xffffffffu, uint32_t{Bootstrap::kMaxRanks} + 1}) {
-    const std::string error =
-        send_and_read_error(root, frame(magic_of(id), efccl::net::kRootHello, root_hello(claim, 0)));
+    const std::string error = send_and_read_error(
+        root, frame(magic_of(id), efccl::net::kRootHello, root_hello(claim, 0)));
     EXPECT_TRUE(contains(error, "malformed hello")) << claim << ": " << error;
     EXPECT_TRUE(contains(error, "nranks must be 1..1048576")) << error;
   }
@@ -149,9 +149,9 @@ TEST(BootstrapRoot, MemoryFollowsTheRanksThatJoinedNotTheirClaim) {
   const long before = resident_kib();
   const int claimant = connect_to(root);
   ASSERT_GE(claimant, 0);
-  ASSERT_TRUE(write_all(claimant, frame(magic_of(id), efccl::net::kRootHello,
-                                        root_hello(Bootstrap::kMaxRanks,
-                                                   Bootstrap::kMaxRanks - 1))));
+  ASSERT_TRUE(
+      write_all(claimant, frame(magic_of(id), efccl::net::kRootHello,
+                                root_hello(Bootstrap::kMaxRanks, Bootstrap::kMaxRanks - 1))));
   std::this_thread::sleep_for(milliseconds(100));
   EXPECT_LT(resident_kib() - before, 32 * 1024) << "memory grew with the claimed nranks";
   auto boots = start_ranks(id, 2, {0, 1});
@@ -177,8 +177,7 @@ TEST(BootstrapRoot, CommIdStrangersBeforeRankZeroCannotTakeAPlace) {
   std::vector<Probe> probes = {
       {frame(magic, efccl::net::kRootHello, root_hello(0x7fffffff, 0)), "malformed hello", ""},
       {frame(magic, efccl::net::kRootHello, root_hello(0x7fffffff, 5)), "malformed hello", ""},
-      {frame(magic, efccl::net::kRootHello, root_hello(5, 1)), "rank 0 started it for 3 ranks",
-       ""},
+      {frame(magic, efccl::net::kRootHello, root_hello(5, 1)), "rank 0 started it for 3 ranks", ""},
       {frame(magic, efccl::net::kRootHello, root_hello(3, 0), 12345), "without its token", ""}};
   std::atomic<bool> stop{false};
   std::thread strangers([&] {
@@ -278,7 +277,8 @@ TEST(BootstrapRoot, ExpiredRootFailsTheRanksThatJoined) {
   const auto t0 = Clock::now();
   const efccl::Status s = boots[0]->wait_ready(in(seconds(10)), nullptr);
   ASSERT_FALSE(s);
-  EXPECT_TRUE(contains(s.message(), "the rendezvous expired: only 1 of 2 ranks joined")) << s.message();
+  EXPECT_TRUE(contains(s.message(), "the rendezvous expired: only 1 of 2 ranks joined"))
+      << s.message();
   EXPECT_TRUE(contains(s.message(), "EFCCL_INIT_TIMEOUT_MS")) << s.message();
   EXPECT_LT(seconds_since(t0), 3.0);
 }

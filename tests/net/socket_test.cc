@@ -45,7 +45,8 @@ TEST(Socket, ListenAcceptConnectAndTalk) {
   EXPECT_EQ(from[0], local->to_string());
 
   const std::string text = "two lines\nthe second\nrest";
-  ASSERT_TRUE(efccl::net::send_all(client->get(), text.data(), text.size(), Deadline::after(seconds(5))));
+  ASSERT_TRUE(
+      efccl::net::send_all(client->get(), text.data(), text.size(), Deadline::after(seconds(5))));
   auto line = efccl::net::recv_line(accepted[0].get(), 100, Deadline::after(seconds(5)));
   ASSERT_TRUE(line) << line.status().message();
   EXPECT_EQ(*line, "two lines");
@@ -67,7 +68,8 @@ TEST(Socket, ListenAcceptConnectAndTalk) {
                                    Deadline::after(seconds(5))));
   auto too_long = efccl::net::recv_line(accepted[0].get(), 100, Deadline::after(seconds(5)));
   ASSERT_FALSE(too_long);
-  EXPECT_TRUE(contains(too_long.status().message(), "longer than 100")) << too_long.status().message();
+  EXPECT_TRUE(contains(too_long.status().message(), "longer than 100"))
+      << too_long.status().message();
   client->reset();
   char c;
   auto eof = efccl::net::recv_all(accepted[0].get(), &c, 1, Deadline::after(seconds(5)));
@@ -82,7 +84,8 @@ TEST(Socket, ConnectRetriesUntilSomeoneListensOrTheDeadline) {
   const auto t0 = Clock::now();
   auto refused = efccl::net::connect_to(loopback(*port), Deadline::after(milliseconds(200)));
   ASSERT_FALSE(refused);
-  EXPECT_TRUE(contains(refused.status().message(), "connecting to 127.0.0.1:")) << refused.status().message();
+  EXPECT_TRUE(contains(refused.status().message(), "connecting to 127.0.0.1:"))
+      << refused.status().message();
   EXPECT_GE(seconds_since(t0), 0.15);
   EXPECT_LT(seconds_since(t0), 2.0);
   // A listener that appears later is found.
@@ -106,7 +109,8 @@ TEST(Socket, ListeningOnANonIpAddressFails) {
   SocketAddress none;
   auto listener = efccl::net::listen_on(none, false, nullptr);
   ASSERT_FALSE(listener);
-  EXPECT_TRUE(contains(listener.status().message(), "not an IP address")) << listener.status().message();
+  EXPECT_TRUE(contains(listener.status().message(), "not an IP address"))
+      << listener.status().message();
 }
 
 }  // namespace

@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -255,7 +254,9 @@ std::vector<int> bother_the_launcher(int idle) {
     }
     fds.push_back(fd);
     if (i == 0) {  // first, and alone for a moment: its refusal is the one reported at once
-      const std::string evil = "\x1b[2J\x1b[31mHELLO \x07" "evil\x1b]0;owned\x07 0 2 1.2.3.4:5\n";
+      const std::string evil =
+          "\x1b[2J\x1b[31mHELLO \x07"
+          "evil\x1b]0;owned\x07 0 2 1.2.3.4:5\n";
       (void)!write(fd, evil.data(), evil.size());
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
     }

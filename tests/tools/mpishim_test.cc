@@ -48,12 +48,12 @@ TEST(MpiShim, StrangersAtTheLauncherNeitherStopTheJobNorReachTheTerminal) {
   EXPECT_EQ(r.output.find("FAIL"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find('\x1b'), std::string::npos) << "raw escape bytes reached the output";
   EXPECT_EQ(r.output.find('\x07'), std::string::npos) << "raw bell bytes reached the output";
-  EXPECT_NE(r.output.find("\\x1b[2J"), std::string::npos) << "the bytes are shown escaped: "
-                                                            << r.output;
+  EXPECT_NE(r.output.find("\\x1b[2J"), std::string::npos)
+      << "the bytes are shown escaped: " << r.output;
   // Refusals are reported at most once a second, with a count.
   std::size_t lines = 0;
-  for (std::size_t at = 0; (at = r.output.find("rendezvous server: refused", at)) != std::string::npos;
-       ++at)
+  for (std::size_t at = 0;
+       (at = r.output.find("rendezvous server: refused", at)) != std::string::npos; ++at)
     ++lines;
   EXPECT_GE(lines, 1u) << r.output;
   EXPECT_LE(static_cast<double>(lines), r.seconds + 2) << r.output;

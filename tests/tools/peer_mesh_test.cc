@@ -28,8 +28,8 @@ const std::string kJob = "mesh-test-job";
 
 /// A stand-in for efccl-mprun's server: collects the ranks' HELLOs, lets `before_peers` bother
 /// their listeners, then sends everyone the peer list.
-void serve_rendezvous(int listener, const std::function<void(const std::vector<SocketAddress>&)>&
-                                        before_peers) {
+void serve_rendezvous(int listener,
+                      const std::function<void(const std::vector<SocketAddress>&)>& before_peers) {
   std::vector<Fd> ranks(kRanks);
   std::vector<SocketAddress> listens(kRanks);
   for (int joined = 0; joined < kRanks;) {
@@ -51,7 +51,8 @@ void serve_rendezvous(int listener, const std::function<void(const std::vector<S
   before_peers(listens);
   const std::string peers = efccl::mprun::format_peers(listens);
   for (Fd& fd : ranks)
-    ASSERT_TRUE(efccl::net::send_all(fd.get(), peers.data(), peers.size(), Deadline::after(seconds(5))));
+    ASSERT_TRUE(
+        efccl::net::send_all(fd.get(), peers.data(), peers.size(), Deadline::after(seconds(5))));
   std::this_thread::sleep_for(milliseconds(200));  // the ranks read it before we close
 }
 

@@ -70,8 +70,10 @@ std::string register_rank(const RendezvousServer& server, Fd& fd, const std::str
                           int size) {
   auto listen = efccl::net::SocketAddress::parse("127.0.0.1:" + std::to_string(40000 + rank));
   const std::string hello = efccl::mprun::format_hello({job, rank, size, *listen});
-  EXPECT_TRUE(efccl::net::send_all(fd.get(), hello.data(), hello.size(), Deadline::after(seconds(5))));
-  auto line = efccl::net::recv_line(fd.get(), efccl::mprun::kMaxLineSize, Deadline::after(seconds(10)));
+  EXPECT_TRUE(
+      efccl::net::send_all(fd.get(), hello.data(), hello.size(), Deadline::after(seconds(5))));
+  auto line =
+      efccl::net::recv_line(fd.get(), efccl::mprun::kMaxLineSize, Deadline::after(seconds(10)));
   return line ? *line : "error: " + line.status().message();
 }
 

@@ -51,10 +51,11 @@ TEST(Rendezvous, LinesRoundTrip) {
 
 TEST(Rendezvous, RejectedLinesAreEscapedAndBounded) {
   const std::string evil = "\x1b[2J\x1b]0;owned\x07" + std::string(5000, 'A');
-  for (const auto& message :
-       {parse_hello(evil).status().message(), parse_hello("HELLO k \x1b 2 1.2.3.4:5").status().message(),
-        parse_peers(evil, 2).status().message(), parse_peers("ERROR \x1b[31mred", 2).status().message(),
-        parse_abort(evil).status().message()}) {
+  for (const auto& message : {parse_hello(evil).status().message(),
+                              parse_hello("HELLO k \x1b 2 1.2.3.4:5").status().message(),
+                              parse_peers(evil, 2).status().message(),
+                              parse_peers("ERROR \x1b[31mred", 2).status().message(),
+                              parse_abort(evil).status().message()}) {
     EXPECT_TRUE(printable_only(message)) << message;
     EXPECT_LT(message.size(), 400u) << message;
   }

@@ -317,7 +317,7 @@ StatusOr<std::vector<char>> PeerMesh::recv(int peer, const Tag& tag, Deadline de
 void PeerMesh::send_abort(int errorcode) {
   const std::string line = mprun::format_abort(rank_, errorcode);
   (void)net::send_all(server_.get(), line.data(), line.size(),
-                        Deadline::after(std::chrono::seconds(5)));
+                      Deadline::after(std::chrono::seconds(5)));
 }
 
 }  // namespace efccl::mpishim

@@ -14,7 +14,7 @@
 namespace efccl::mprun {
 namespace {
 
-constexpr auto kReplyDeadline = std::chrono::seconds(5);  // the peer list into a rank's socket
+constexpr auto kReplyDeadline = std::chrono::seconds(5);       // the peer list into a rank's socket
 constexpr auto kAcceptPause = std::chrono::milliseconds(100);  // accept failed (no descriptors)
 
 }  // namespace
@@ -24,8 +24,8 @@ StatusOr<RendezvousServer> RendezvousServer::start(int size, std::string job, Li
   server.size_ = size;
   server.job_ = std::move(job);
   server.limits_ = limits;
-  auto loopback = net::SocketAddress::parse("127.0.0.1:1", AF_INET,
-                                            net::SocketAddress::Lookup::kNumericOnly);
+  auto loopback =
+      net::SocketAddress::parse("127.0.0.1:1", AF_INET, net::SocketAddress::Lookup::kNumericOnly);
   if (!loopback) return loopback.status();
   loopback->set_port(0);
   auto fd = net::listen_on(*loopback, true, &server.address_);
@@ -77,8 +77,8 @@ void RendezvousServer::handle(int fd, std::vector<Event>* events) {
 
 void RendezvousServer::accept_all(std::vector<Event>* events) {
   const Clock::time_point now = Clock::now();
-  const Status s = net::accept_pending(
-      listener_.get(), [&](net::Fd fd, const net::SocketAddress& from) {
+  const Status s =
+      net::accept_pending(listener_.get(), [&](net::Fd fd, const net::SocketAddress& from) {
         connections_.push_back(Connection{std::move(fd), {}, -1, from.to_string(), now});
       });
   if (!s) {
@@ -99,15 +99,16 @@ void RendezvousServer::tick(std::vector<Event>* events) {
   const Clock::time_point now = Clock::now();
   for (Connection& c : connections_)
     if (c.rank < 0 && now - c.since > limits_.hello_timeout) {
-      reject(c,
-             "no HELLO within " + std::to_string(limits_.hello_timeout.count()) + " ms", events);
+      reject(c, "no HELLO within " + std::to_string(limits_.hello_timeout.count()) + " ms", events);
       c.fd.reset();
     }
   std::erase_if(connections_, [](const Connection& c) { return !c.fd.valid(); });
   report(refusals_.flush(now), events);
 }
 
-void RendezvousServer::finish(std::vector<Event>* events) { report(refusals_.flush_final(), events); }
+void RendezvousServer::finish(std::vector<Event>* events) {
+  report(refusals_.flush_final(), events);
+}
 
 void RendezvousServer::reject(Connection& c, const std::string& why, std::vector<Event>* events) {
   report(refusals_.refused(c.from, why), events);

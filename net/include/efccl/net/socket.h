@@ -42,9 +42,9 @@ StatusOr<Fd> connect_to(const SocketAddress& to, Deadline deadline,
 /// `on_accepted` with the peer's address. Fails (with errno's text) when accept fails for
 /// another reason than an empty queue, e.g. out of descriptors: the listener stays readable
 /// then, so the caller should leave it alone for a moment instead of polling it again at once.
-Status accept_pending(int listener,
-                      const std::function<void(Fd connection, const SocketAddress& from)>& on_accepted,
-                      std::size_t max = static_cast<std::size_t>(-1));
+Status accept_pending(
+    int listener, const std::function<void(Fd connection, const SocketAddress& from)>& on_accepted,
+    std::size_t max = static_cast<std::size_t>(-1));
 
 /// The local address of a socket (for a connected one: the interface that reaches the peer).
 StatusOr<SocketAddress> local_address(int fd);

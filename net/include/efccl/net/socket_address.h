@@ -42,7 +42,9 @@ struct SocketAddress {
   /// AF_INET or AF_INET6 (the only families the bootstrap accepts).
   bool valid() const { return family() == AF_INET || family() == AF_INET6; }
   /// The length bind(2) and connect(2) take.
-  socklen_t length() const { return family() == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in); }
+  socklen_t length() const {
+    return family() == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+  }
   uint16_t port() const;
   void set_port(uint16_t port);
   /// "10.0.0.1:4242", "[fd00::2]:4242" (with "%ifname" for a scoped IPv6 address).

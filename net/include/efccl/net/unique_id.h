@@ -27,7 +27,7 @@ struct UniqueId {
 /// What an efccl unique id holds.
 struct UniqueIdFields {
   static constexpr uint32_t kFormat = 0x31424645;  ///< "EFB1"
-  static constexpr uint32_t kRootByRank0 = 1;      ///< flag: rank 0's Bootstrap::start runs the root
+  static constexpr uint32_t kRootByRank0 = 1;  ///< flag: rank 0's Bootstrap::start runs the root
   /// The magic of every NCCL_COMM_ID id (such ids are made independently by every process).
   static constexpr uint64_t kCommIdMagic = 0x4449'5f4d'4d4f'4345ull;
 
