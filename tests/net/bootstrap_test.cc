@@ -413,15 +413,15 @@ TEST(Bootstrap, TheInitDeadlineIsReportedWithItsBudget) {
   // The deadline made at the API call covers the whole init: however late the wait starts, the
   // message names the limit that was set (not the time between start and the deadline).
   const UniqueId id = new_id();
-  const efccl::net::Deadline deadline = efccl::net::Deadline::after(milliseconds(700));
-  std::this_thread::sleep_for(milliseconds(200));  // the application's own work before joining
+  const efccl::net::Deadline deadline = efccl::net::Deadline::after(milliseconds(1200));
+  std::this_thread::sleep_for(milliseconds(700));  // the application's own work before joining
   auto boot = Bootstrap::start(id, 2, 0, info_of(0), deadline);
   ASSERT_TRUE(boot) << boot.status().message();
   const auto t0 = Clock::now();
   const efccl::Status s = (*boot)->wait_ready(deadline.when(), nullptr);
   ASSERT_FALSE(s);
-  EXPECT_TRUE(contains(s.message(), " within 700 ms")) << s.message();
-  EXPECT_LT(seconds_since(t0), 0.7) << "the wait ends at the deadline made before start()";
+  EXPECT_TRUE(contains(s.message(), " within 1200 ms")) << s.message();
+  EXPECT_LT(seconds_since(t0), 1.0) << "the wait ends at the deadline made before start()";
   // Under NCCL_COMM_ID the root is out of reach: the same budget in that message.
   const std::string address = "127.0.0.1:" + std::to_string(free_port());
   UniqueId comm_id_id;
