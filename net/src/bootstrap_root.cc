@@ -26,6 +26,9 @@ constexpr std::chrono::seconds kFailedRootLife{30};  // answers late joiners aft
 constexpr std::chrono::seconds kFlushLimit{60};      // time to deliver the table
 constexpr milliseconds kGoodbyeLimit{1000};          // a rank may take this long to hang up
 constexpr milliseconds kAcceptPause{100};            // accept failed (e.g. no descriptors left)
+// A pending root outlives its lifetime by this much, so that ranks whose init deadline is the
+// same lifetime (counted from their API call, before they joined) report their own timeout.
+constexpr milliseconds kExpiryGrace{2000};
 constexpr std::size_t kReadBudget = std::size_t{1} << 20;  // per connection and step
 
 std::string ms_text(milliseconds ms) { return std::to_string(ms.count()) + " ms"; }
@@ -326,7 +329,7 @@ void BootstrapRoot::accept_all(Clock::time_point now) {
 }
 
 BootstrapRoot::Clock::time_point BootstrapRoot::expiry() const {
-  return std::max(started_, last_join_) + options_.lifetime;
+  return std::max(started_, last_join_) + options_.lifetime + kExpiryGrace;
 }
 
 void BootstrapRoot::expire(Clock::time_point now) {

@@ -41,8 +41,8 @@ class BootstrapRoot {
     uint64_t magic = 0;
     SocketAddress address;  ///< where to listen (port 0: any free port)
     bool reuse_address = false;
-    /// A rendezvous that has not completed this long after the root started and after its
-    /// latest join ends, failing for the ranks that joined (the init timeout).
+    /// A rendezvous that has not completed this long (plus 2 s) after the root started and after
+    /// its latest join ends, failing for the ranks that joined (the init timeout).
     std::chrono::milliseconds lifetime{120000};
     /// NCCL_COMM_ID: rank 0's nranks, known before any hello (0: the first hello defines it).
     int expected_nranks = 0;

@@ -281,7 +281,8 @@ TEST(BootstrapRoot, ExpiredRootFailsTheRanksThatJoined) {
   EXPECT_TRUE(contains(s.message(), "the rendezvous expired: only 1 of 2 ranks joined"))
       << s.message();
   EXPECT_TRUE(contains(s.message(), "EFCCL_INIT_TIMEOUT_MS")) << s.message();
-  EXPECT_LT(seconds_since(t0), 3.0);
+  EXPECT_GE(seconds_since(t0), 2.0) << "the root outlives its lifetime by 2 s";
+  EXPECT_LT(seconds_since(t0), 6.0);
 }
 
 }  // namespace

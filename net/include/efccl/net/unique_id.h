@@ -46,10 +46,11 @@ struct UniqueIdFields {
 /// Fills a unique id. Without NCCL_COMM_ID: a random magic and the address of a rendezvous root
 /// started here, on the interface NCCL_SOCKET_IFNAME / NCCL_SOCKET_FAMILY select (default: the
 /// first non-loopback interface that is up, else loopback). Roots that wait for their ranks share
-/// one thread of this process; one whose ranks have not all joined `root_lifetime` after its
-/// creation and after its latest join ends (EFCCL_INIT_TIMEOUT_MS: the runtime passes its init
-/// timeout). With NCCL_COMM_ID: that address and a fixed magic, the same bytes in every process;
-/// no root is started here (rank 0's Bootstrap::start starts it).
+/// one thread of this process; one whose ranks have not all joined `root_lifetime` (plus 2 s, so
+/// that the ranks' own timeouts report first) after its creation and after its latest join ends
+/// (EFCCL_INIT_TIMEOUT_MS: the runtime passes its init timeout). With NCCL_COMM_ID: that address
+/// and a fixed magic, the same bytes in every process; no root is started here (rank 0's
+/// Bootstrap::start starts it).
 Status create_unique_id(UniqueId* out, std::chrono::milliseconds root_lifetime);
 
 /// The root address an id points at, e.g. "10.0.0.1:4242" or "[fd00::2]:4242" (for messages).
