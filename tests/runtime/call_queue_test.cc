@@ -1,7 +1,7 @@
 // The meeting of the local ranks' collectives (call_queue.h) without a GPU: which submissions
 // wait for the others and which return at once, deadlines and abort, dropped sets reported to
 // every rank of them, departed ranks, ncclCommFinalize's flush.
-#include "call_queue.h"
+#include "enqueue/call_queue.h"
 
 #include <gtest/gtest.h>
 

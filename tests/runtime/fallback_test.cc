@@ -3,7 +3,7 @@
 // and the re-entry guard. Tests that need NVIDIA's libnccl.so.2 skip, saying so, where none is
 // installed next to the nccl.h the tests are built with (or at $EFCCL_REAL_NCCL): CI's CPU
 // machines build no runtime at all (no CUDA toolkit), the CUDA toolkit here ships one.
-#include "fallback.h"
+#include "fallback/nccl_fallback.h"
 
 #include <dlfcn.h>
 #include <gtest/gtest.h>

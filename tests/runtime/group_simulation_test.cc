@@ -12,8 +12,8 @@
 
 #include "efccl/algorithms/registry.h"
 #include "efccl/host/timing.h"
-#include "group_simulation.h"
-#include "registry.h"
+#include "enqueue/group_simulation.h"
+#include "select/program_registry.h"
 
 namespace efccl::runtime {
 namespace {

@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "init_rank.h"  // joined_ranks (test hook), offer/collect_in_process
+#include "comm/rendezvous.h"  // joined_ranks (test hook), offer/collect_in_process
 
 namespace {
 

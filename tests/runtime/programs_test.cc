@@ -6,15 +6,15 @@
 #include <utility>
 #include <vector>
 
-#include "direct_gather_scatter.h"
+#include "select/direct_gather_scatter.h"
 #include "efccl/algorithms/registry.h"
 #include "efccl/ef/json_io.h"
 #include "efccl/ef/validate.h"
 #include "efccl/host/executor.h"
 #include "efccl/runtime/observer.h"
-#include "p2p_program.h"
-#include "registry.h"
-#include "tuning.h"
+#include "select/p2p_plan.h"
+#include "select/program_registry.h"
+#include "select/tuning.h"
 
 namespace efccl::runtime {
 namespace {

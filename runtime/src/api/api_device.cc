@@ -19,8 +19,8 @@
 #include <cstring>
 #include <string>
 
-#include "api_status.h"
-#include "communicator.h"
+#include "base/api_status.h"
+#include "comm/communicator.h"
 
 // Complete the handle types nccl_device/core.h declares, with the layout of NCCL's
 // nccl_device/impl/*__types.h. (Those headers are not included: they also define

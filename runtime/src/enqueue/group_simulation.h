@@ -17,12 +17,12 @@
 #include <string>
 #include <vector>
 
-#include "api_status.h"
-#include "call.h"
+#include "base/api_status.h"
+#include "launch/call.h"
 #include "efccl/common/status.h"
 #include "efccl/host/timing.h"
-#include "p2p_program.h"
-#include "registry.h"
+#include "select/p2p_plan.h"
+#include "select/program_registry.h"
 
 namespace efccl::runtime {
 

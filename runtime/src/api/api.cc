@@ -14,20 +14,20 @@
 #include <thread>
 #include <vector>
 
-#include "api_status.h"
-#include "call.h"
+#include "base/api_status.h"
+#include "launch/call.h"
 #include "bootstrap.h"
 #include "efccl/common/hash.h"
-#include "clique.h"
-#include "communicator.h"
-#include "device_guard.h"
+#include "enqueue/clique.h"
+#include "comm/communicator.h"
+#include "base/device_guard.h"
 #include "efccl/host/numeric.h"
-#include "fallback.h"
-#include "group.h"
-#include "group_simulation.h"
-#include "init_rank.h"
+#include "fallback/nccl_fallback.h"
+#include "enqueue/group.h"
+#include "enqueue/group_simulation.h"
+#include "comm/rendezvous.h"
 #include "efccl/common/log.h"
-#include "registry.h"
+#include "select/program_registry.h"
 
 #define EFCCL_API __attribute__((visibility("default")))
 /// pnccl<name>: the same function under NCCL's profiling name.

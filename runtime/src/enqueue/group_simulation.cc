@@ -1,4 +1,4 @@
-#include "group_simulation.h"
+#include "enqueue/group_simulation.h"
 
 #include <algorithm>
 #include <cstddef>
@@ -10,11 +10,11 @@
 #include <set>
 #include <utility>
 
-#include "clique.h"
+#include "enqueue/clique.h"
 #include "efccl/device/device_executor.h"
-#include "group.h"
+#include "enqueue/group.h"
 #include "efccl/common/log.h"
-#include "tuning.h"
+#include "select/tuning.h"
 
 namespace efccl::runtime {
 namespace {

@@ -17,9 +17,9 @@
 #include <mutex>
 #include <vector>
 
-#include "api_status.h"
-#include "clique.h"
-#include "init_rank.h"
+#include "base/api_status.h"
+#include "enqueue/clique.h"
+#include "comm/rendezvous.h"
 
 namespace efccl::runtime {
 

@@ -32,12 +32,12 @@
 #include <tuple>
 #include <vector>
 
-#include "api_status.h"
-#include "call.h"
-#include "call_queue.h"
+#include "base/api_status.h"
+#include "launch/call.h"
+#include "enqueue/call_queue.h"
 #include "efccl/device/device_executor.h"
-#include "executor_cache.h"
-#include "registry.h"
+#include "launch/executor_cache.h"
+#include "select/program_registry.h"
 
 namespace efccl::runtime {
 

@@ -1,4 +1,4 @@
-#include "fallback.h"
+#include "fallback/nccl_fallback.h"
 
 #include <dlfcn.h>
 #include <elf.h>
@@ -21,9 +21,9 @@
 #include <thread>
 
 #include "bootstrap.h"
-#include "clique.h"
-#include "communicator.h"
-#include "device_guard.h"
+#include "enqueue/clique.h"
+#include "comm/communicator.h"
+#include "base/device_guard.h"
 #include "efccl/host/numeric.h"
 #include "efccl/common/log.h"
 

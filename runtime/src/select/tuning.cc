@@ -1,4 +1,4 @@
-#include "tuning.h"
+#include "select/tuning.h"
 
 #include <algorithm>
 #include <cerrno>

@@ -1,4 +1,4 @@
-#include "call.h"
+#include "launch/call.h"
 
 #include <cstdint>
 

@@ -1,4 +1,4 @@
-#include "init_rank.h"
+#include "comm/rendezvous.h"
 
 #include <algorithm>
 #include <array>
@@ -19,11 +19,11 @@
 #include <unistd.h>
 
 #include "bootstrap.h"
-#include "clique.h"
-#include "communicator.h"
-#include "fallback.h"
+#include "enqueue/clique.h"
+#include "comm/communicator.h"
+#include "fallback/nccl_fallback.h"
 #include "efccl/common/log.h"
-#include "registry.h"
+#include "select/program_registry.h"
 
 namespace efccl::runtime {
 

@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "api_status.h"
+#include "base/api_status.h"
 #include "efccl/common/status.h"
 
 struct ncclComm;

@@ -22,8 +22,8 @@
 #include <memory>
 #include <vector>
 
-#include "api_status.h"
-#include "call.h"
+#include "base/api_status.h"
+#include "launch/call.h"
 
 namespace efccl::runtime {
 

@@ -46,10 +46,10 @@
 #include <string>
 #include <vector>
 
-#include "api_status.h"
-#include "call.h"
+#include "base/api_status.h"
+#include "launch/call.h"
 #include "efccl/common/status.h"
-#include "init_rank.h"
+#include "comm/rendezvous.h"
 
 struct ncclComm;
 

@@ -1,4 +1,4 @@
-#include "call_queue.h"
+#include "enqueue/call_queue.h"
 
 #include <algorithm>
 #include <sstream>

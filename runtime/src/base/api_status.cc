@@ -1,4 +1,4 @@
-#include "api_status.h"
+#include "base/api_status.h"
 
 #include "efccl/common/log.h"
 

@@ -1,4 +1,4 @@
-#include "registry.h"
+#include "select/program_registry.h"
 
 #include <algorithm>
 #include <cctype>
@@ -8,13 +8,13 @@
 #include <string_view>
 #include <system_error>
 
-#include "direct_gather_scatter.h"
+#include "select/direct_gather_scatter.h"
 #include "efccl/algorithms/registry.h"
 #include "efccl/ef/load.h"
 #include "efccl/ef/validate.h"
 #include "efccl/runtime/observer.h"
 #include "efccl/common/log.h"
-#include "tuning.h"
+#include "select/tuning.h"
 
 namespace efccl::runtime {
 namespace {

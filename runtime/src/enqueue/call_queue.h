@@ -37,8 +37,8 @@
 #include <string>
 #include <vector>
 
-#include "api_status.h"
-#include "call.h"
+#include "base/api_status.h"
+#include "launch/call.h"
 
 namespace efccl::runtime {
 

@@ -1,5 +1,5 @@
-#include "clique.h"
-#include "device_guard.h"
+#include "enqueue/clique.h"
+#include "base/device_guard.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -12,10 +12,10 @@
 
 #include "bootstrap.h"
 #include "efccl/ef/json_io.h"
-#include "fallback.h"
+#include "fallback/nccl_fallback.h"
 #include "efccl/common/log.h"
-#include "p2p_program.h"
-#include "tuning.h"
+#include "select/p2p_plan.h"
+#include "select/tuning.h"
 
 namespace efccl::runtime {
 namespace {

@@ -1,4 +1,4 @@
-#include "p2p_program.h"
+#include "select/p2p_plan.h"
 
 #include <algorithm>
 #include <bit>

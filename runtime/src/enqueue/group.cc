@@ -1,4 +1,4 @@
-#include "group.h"
+#include "enqueue/group.h"
 
 #include <algorithm>
 #include <chrono>
@@ -8,8 +8,8 @@
 #include <thread>
 #include <vector>
 
-#include "clique.h"
-#include "init_rank.h"
+#include "enqueue/clique.h"
+#include "comm/rendezvous.h"
 
 namespace efccl::runtime {
 namespace {

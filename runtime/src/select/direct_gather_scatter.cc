@@ -1,4 +1,4 @@
-#include "direct_gather_scatter.h"
+#include "select/direct_gather_scatter.h"
 
 #include <string>
 
