@@ -1,5 +1,5 @@
 // Host entry points of NCCL's device API (nccl_device/*.h, NCCL 2.28), exported with their
-// pncclX aliases like the rest of the ABI (api.cc).
+// pncclX aliases like the rest of the ABI (api/entry_point.h).
 //
 // efccl has no device communicators: every byte is moved by its EF interpreter kernel, and a
 // user kernel cannot reach peers through an ncclDevComm, LSA windows or GIN. So:
@@ -19,12 +19,13 @@
 #include <cstring>
 #include <string>
 
+#include "api/entry_point.h"
 #include "base/api_status.h"
 #include "comm/communicator.h"
 
 // Complete the handle types nccl_device/core.h declares, with the layout of NCCL's
 // nccl_device/impl/*__types.h. (Those headers are not included: they also define
-// ncclWindow_vidmem, which efccl defines its own way in api.cc.)
+// ncclWindow_vidmem, which efccl defines its own way in comm/buffer_registrations.cc.)
 struct ncclLsaBarrierHandle {
   ncclDevResourceHandle_t bufHandle;
   int nBarriers;
@@ -51,10 +52,8 @@ ncclResult_t ncclLLA2ACreateRequirement(int nBlocks, int nSlots, ncclLLA2AHandle
                                         ncclDevResourceRequirements_t* outReq);
 }
 
-#define EFCCL_API __attribute__((visibility("default")))
-/// pnccl<name>: the same function under NCCL's profiling name. (The team functions are
-/// overloaded for device code in the headers, so their aliases spell the signature out.)
-#define EFCCL_ALIAS(name) extern "C" EFCCL_API decltype(name) p##name __attribute__((alias(#name)));
+/// pnccl<name> for the team functions, which are overloaded for device code in the headers, so
+/// their aliases spell the signature out.
 #define EFCCL_ALIAS_SIGNATURE(result, name, ...) \
   extern "C" EFCCL_API result p##name(__VA_ARGS__) __attribute__((alias(#name)));
 

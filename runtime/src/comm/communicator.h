@@ -18,8 +18,9 @@
 #include <vector>
 
 #include "base/api_status.h"
-#include "enqueue/clique.h"
 #include "comm/rendezvous.h"
+#include "enqueue/clique.h"
+#include "fallback/real_config.h"
 
 namespace efccl::runtime {
 
@@ -60,8 +61,9 @@ struct ncclComm {
   efccl::runtime::RealConfig real_config;
   std::mutex ops_mu;  ///< guards premul_ops
   std::vector<efccl::runtime::PreMulSumOp> premul_ops;  ///< op value ncclNumOps + index
-  /// Handles of ncclCommRegister / ncclCommWindowRegister (no-op registrations), under ops_mu.
-  std::vector<void*> registrations;
+  /// Handles of ncclCommRegister / ncclCommWindowRegister (no-op buffer registrations), under
+  /// ops_mu.
+  std::vector<void*> buffer_registrations;
   /// Multi-process communicators: this rank's bootstrap (ncclCommSplit/Shrink meet through it);
   /// set before the communicator becomes ready, then immutable.
   std::shared_ptr<efccl::runtime::Bootstrap> bootstrap;

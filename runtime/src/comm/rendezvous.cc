@@ -18,17 +18,18 @@
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
+#include "base/settings.h"
 #include "bootstrap.h"
-#include "enqueue/clique.h"
 #include "comm/communicator.h"
-#include "fallback/nccl_fallback.h"
 #include "efccl/common/log.h"
+#include "enqueue/clique.h"
+#include "fallback/nccl_fallback.h"
 #include "select/program_registry.h"
 
 namespace efccl::runtime {
 
 /// The ranks that joined with one unique id, until their clique forms or fails.
-/// Lock order: the registry mutex, then `mu`, then the live-communicator lock.
+/// Lock order: the pending-rendezvous mutex, then `mu`, then the live-communicator lock.
 class Rendezvous {
  public:
   using Key = std::array<char, NCCL_UNIQUE_ID_BYTES>;
@@ -66,22 +67,21 @@ class Rendezvous {
 
 namespace {
 
-constexpr uint64_t kDefaultInitTimeoutMs = 120000;
-constexpr unsigned int kConfigMagic = 0xcafebeef;
 
-std::mutex& registry_mutex() {
+/// The rendezvous still collecting ranks in this process, by unique id.
+std::mutex& pending_mutex() {
   static std::mutex m;
   return m;
 }
-std::map<Rendezvous::Key, std::shared_ptr<Rendezvous>>& registry() {
+std::map<Rendezvous::Key, std::shared_ptr<Rendezvous>>& pending() {
   static auto* m = new std::map<Rendezvous::Key, std::shared_ptr<Rendezvous>>();  // never destroyed
   return *m;
 }
 
-void erase_from_registry(const std::shared_ptr<Rendezvous>& r) {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  auto it = registry().find(r->key);
-  if (it != registry().end() && it->second == r) registry().erase(it);
+void stop_pending(const std::shared_ptr<Rendezvous>& r) {
+  std::lock_guard<std::mutex> lock(pending_mutex());
+  auto it = pending().find(r->key);
+  if (it != pending().end() && it->second == r) pending().erase(it);
 }
 
 /// Fails the rendezvous and its communicators; `r->mu` held.
@@ -281,9 +281,9 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
     }
     const bool single_process = processes == nullptr;
     StatusOr<std::shared_ptr<Clique>> created = Status::error("not created");
-    if (status) created = Clique::create(all_devices, Registry::from_environment(), std::move(processes));
+    if (status) created = Clique::create(all_devices, ProgramRegistry::from_environment(), std::move(processes));
     if (status && created) {
-      std::shared_ptr<CliqueFallback> fallback;
+      std::shared_ptr<NcclFallback> fallback;
       status = create_fallback(fallback_plan, &fallback);
       (*created)->set_fallback(std::move(fallback));
     }
@@ -319,146 +319,20 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
   lock.lock();
 }
 
-std::string describe_int(int v) {
-  return v == NCCL_CONFIG_UNDEF_INT ? std::string("undefined") : std::to_string(v);
-}
 
 }  // namespace
 
-std::chrono::milliseconds init_timeout() {
-  uint64_t ms = kDefaultInitTimeoutMs;
-  if (const char* v = std::getenv("EFCCL_INIT_TIMEOUT_MS"); v != nullptr && *v != '\0') {
-    char* end = nullptr;
-    const unsigned long long parsed = std::strtoull(v, &end, 10);
-    if (end != nullptr && *end == '\0' && parsed > 0 && parsed < (1ull << 40))
-      ms = parsed;
-    else
-      EFCCL_WARN(-1, "EFCCL_INIT_TIMEOUT_MS=" + std::string(v) + " is not a positive number of "
-                     "milliseconds; using " + std::to_string(kDefaultInitTimeoutMs));
-  }
-  return std::chrono::milliseconds(ms);
-}
-
-ApiStatus parse_config(const ncclConfig_t* config, CommConfig* out) {
-  *out = CommConfig();
-  if (config == nullptr) return ApiStatus::ok();
-  const ncclConfig_t defaults = NCCL_CONFIG_INITIALIZER;
-  ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
-  c.magic = 0;
-  c.version = 0;
-  std::size_t size = 0;
-  std::memcpy(&size, config, sizeof(size));
-  std::memcpy(static_cast<void*>(&c), config, std::min(size, sizeof(ncclConfig_t)));
-  if (c.magic != kConfigMagic) {
-    std::ostringstream m;
-    m << "ncclConfig_t was not initialized with NCCL_CONFIG_INITIALIZER (magic 0x" << std::hex
-      << c.magic << ", expected 0x" << kConfigMagic << ", from the first " << std::dec
-      << std::min(size, sizeof(ncclConfig_t)) << " bytes its size field gives)";
-    return ApiStatus::invalid_argument(m.str());
-  }
-  if (c.version < NCCL_VERSION(2, 14, 0))
-    return ApiStatus::invalid_argument(
-        "ncclConfig_t version " + std::to_string(c.version) +
-        " is older than 2.14.0, the first NCCL with ncclConfig_t (initialize it with "
-        "NCCL_CONFIG_INITIALIZER)");
-  if (c.version < NCCL_VERSION(2, 17, 0)) {
-    c.cgaClusterSize = defaults.cgaClusterSize;
-    c.minCTAs = defaults.minCTAs;
-    c.maxCTAs = defaults.maxCTAs;
-    c.netName = defaults.netName;
-  }
-  if (c.version < NCCL_VERSION(2, 25, 0)) c.trafficClass = defaults.trafficClass;
-  if (c.version < NCCL_VERSION(2, 27, 0)) {
-    c.collnetEnable = defaults.collnetEnable;
-    c.CTAPolicy = defaults.CTAPolicy;
-    c.shrinkShare = defaults.shrinkShare;
-    c.nvlsCTAs = defaults.nvlsCTAs;
-  }
-  if (c.version < NCCL_VERSION(2, 28, 0)) {
-    c.nChannelsPerNetPeer = defaults.nChannelsPerNetPeer;
-    c.nvlinkCentricSched = defaults.nvlinkCentricSched;
-  }
-
-  constexpr int kUndef = NCCL_CONFIG_UNDEF_INT;
-  constexpr int kMaxChannels = 64;  // NCCL's MAXCHANNELS
-  const auto bad = [](const char* field, int v, const char* valid) {
-    return ApiStatus::invalid_argument("invalid ncclConfig_t " + std::string(field) + " " +
-                                       std::to_string(v) + " (valid: " + valid +
-                                       ", or NCCL_CONFIG_UNDEF_INT)");
-  };
-  const auto bool_ok = [](int v) { return v == kUndef || v == 0 || v == 1; };
-  if (!bool_ok(c.blocking)) return bad("blocking", c.blocking, "0 or 1");
-  if (c.cgaClusterSize != kUndef && c.cgaClusterSize < 0)
-    return bad("cgaClusterSize", c.cgaClusterSize, ">= 0");
-  if (c.minCTAs != kUndef && c.minCTAs <= 0) return bad("minCTAs", c.minCTAs, ">= 1");
-  if (c.maxCTAs != kUndef && c.maxCTAs <= 0) return bad("maxCTAs", c.maxCTAs, ">= 1");
-  if (c.minCTAs != kUndef && c.maxCTAs != kUndef && c.minCTAs > c.maxCTAs)
-    return ApiStatus::invalid_argument("invalid ncclConfig_t minCTAs " + std::to_string(c.minCTAs) +
-                                       " > maxCTAs " + std::to_string(c.maxCTAs));
-  if (!bool_ok(c.splitShare)) return bad("splitShare", c.splitShare, "0 or 1");
-  if (!bool_ok(c.collnetEnable)) return bad("collnetEnable", c.collnetEnable, "0 or 1");
-  constexpr int kAllPolicies =
-      NCCL_CTA_POLICY_DEFAULT | NCCL_CTA_POLICY_EFFICIENCY | NCCL_CTA_POLICY_ZERO;
-  if (c.CTAPolicy != kUndef && (c.CTAPolicy < 0 || c.CTAPolicy > kAllPolicies))
-    return bad("CTAPolicy", c.CTAPolicy, "NCCL_CTA_POLICY_* flags");
-  if (!bool_ok(c.shrinkShare)) return bad("shrinkShare", c.shrinkShare, "0 or 1");
-  if (c.nvlsCTAs != kUndef && c.nvlsCTAs <= 0) return bad("nvlsCTAs", c.nvlsCTAs, ">= 1");
-  if (c.nChannelsPerNetPeer != kUndef && (c.nChannelsPerNetPeer <= 0 || c.nChannelsPerNetPeer > kMaxChannels))
-    return bad("nChannelsPerNetPeer", c.nChannelsPerNetPeer, "1..64");
-  if (!bool_ok(c.nvlinkCentricSched)) return bad("nvlinkCentricSched", c.nvlinkCentricSched, "0 or 1");
-
-  out->blocking = c.blocking != 0;  // undefined: blocking, as NCCL
-  out->real.fields = c;
-  if (c.netName != nullptr) out->real.net_name = c.netName;
-  if (c.commName != nullptr) out->real.comm_name = c.commName;
-  std::ostringstream hints;
-  const auto hint = [&](const char* name, int v) {
-    if (v != kUndef) hints << ' ' << name << '=' << describe_int(v);
-  };
-  hint("cgaClusterSize", c.cgaClusterSize);
-  hint("minCTAs", c.minCTAs);
-  hint("maxCTAs", c.maxCTAs);
-  if (c.netName != nullptr) hints << " netName=" << c.netName;
-  hint("splitShare", c.splitShare);
-  hint("trafficClass", c.trafficClass);
-  hint("collnetEnable", c.collnetEnable);
-  hint("CTAPolicy", c.CTAPolicy);
-  hint("shrinkShare", c.shrinkShare);
-  hint("nvlsCTAs", c.nvlsCTAs);
-  hint("nChannelsPerNetPeer", c.nChannelsPerNetPeer);
-  hint("nvlinkCentricSched", c.nvlinkCentricSched);
-  out->hints = hints.str();
-  return ApiStatus::ok();
-}
-
-ncclConfig_t RealConfig::get() const {
-  ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
-  c.blocking = fields.blocking;
-  c.cgaClusterSize = fields.cgaClusterSize;
-  c.minCTAs = fields.minCTAs;
-  c.maxCTAs = fields.maxCTAs;
-  c.netName = net_name ? net_name->c_str() : nullptr;
-  c.splitShare = fields.splitShare;
-  c.trafficClass = fields.trafficClass;
-  c.commName = comm_name ? comm_name->c_str() : nullptr;
-  c.collnetEnable = fields.collnetEnable;
-  c.CTAPolicy = fields.CTAPolicy;
-  c.shrinkShare = fields.shrinkShare;
-  c.nvlsCTAs = fields.nvlsCTAs;
-  c.nChannelsPerNetPeer = fields.nChannelsPerNetPeer;
-  c.nvlinkCentricSched = fields.nvlinkCentricSched;
-  return c;
-}
 
 ApiStatus join_rendezvous(const ncclUniqueId& id, int nranks, int rank, int device,
                           const std::string& device_error, ncclComm* comm,
-                          std::shared_ptr<Rendezvous>* out, bool local_only,
+                          std::shared_ptr<Rendezvous>* out,
+                          std::chrono::steady_clock::time_point deadline, bool local_only,
                           uint64_t driver) {
   Rendezvous::Key key;
   std::memcpy(key.data(), id.internal, key.size());
-  std::lock_guard<std::mutex> registry_lock(registry_mutex());
+  std::lock_guard<std::mutex> pending_lock(pending_mutex());
   std::shared_ptr<Rendezvous> r;
-  if (auto it = registry().find(key); it != registry().end()) {
+  if (auto it = pending().find(key); it != pending().end()) {
     std::lock_guard<std::mutex> lock(it->second->mu);
     if (it->second->state == Rendezvous::State::kCollecting && !it->second->complete())
       r = it->second;  // otherwise stale (failed): a new communicator with a reused id
@@ -469,7 +343,7 @@ ApiStatus join_rendezvous(const ncclUniqueId& id, int nranks, int rank, int devi
       r->table_known = true;  // every rank is here
       for (int k = 0; k < nranks; ++k) r->expected.push_back(k);
     }
-    registry()[key] = r;
+    pending()[key] = r;
   }
   std::lock_guard<std::mutex> lock(r->mu);
   if (r->nranks != nranks)
@@ -488,14 +362,13 @@ ApiStatus join_rendezvous(const ncclUniqueId& id, int nranks, int rank, int devi
   // Announce this rank to the root (does not wait for the others: a group may start several
   // ranks from one thread before waiting).
   if (!local_only) {
-    auto boot = Bootstrap::start(id, nranks, rank, encode_info(device),
-                                 std::chrono::steady_clock::now() + init_timeout());
+    auto boot = Bootstrap::start(id, nranks, rank, encode_info(device), deadline);
     if (!boot) return ApiStatus::system("ncclCommInitRank bootstrap: " + boot.status().message());
     m.boot = *boot;
   }
   r->members.emplace(rank, std::move(m));
   if (r->complete()) {
-    registry().erase(key);  // nobody else may join it
+    pending().erase(key);  // nobody else may join it
     r->cv.notify_all();     // a waiting rank builds the clique
   }
   *out = r;
@@ -535,7 +408,7 @@ ApiStatus complete_rendezvous(const std::shared_ptr<Rendezvous>& r,
         fail_locked(*r, learned);
         const ApiStatus error = r->error;
         lock.unlock();
-        erase_from_registry(r);
+        stop_pending(r);
         return error;
       }
       continue;
@@ -543,7 +416,7 @@ ApiStatus complete_rendezvous(const std::shared_ptr<Rendezvous>& r,
     if (r->complete()) {
       build_locked(*r, lock);
       lock.unlock();
-      erase_from_registry(r);  // formed or failed: the id may be reused
+      stop_pending(r);  // formed or failed: the id may be reused
       lock.lock();
       continue;
     }
@@ -556,7 +429,7 @@ ApiStatus complete_rendezvous(const std::shared_ptr<Rendezvous>& r,
                           missing_ranks(*r) + ")"));
       const ApiStatus error = r->error;
       lock.unlock();
-      erase_from_registry(r);
+      stop_pending(r);
       return error;
     }
     r->cv.wait_until(lock, deadline);
@@ -568,7 +441,7 @@ void cancel_rendezvous(const std::shared_ptr<Rendezvous>& r, const ApiStatus& wh
   if (r->state == Rendezvous::State::kCollecting) {
     fail_locked(*r, why);
     lock.unlock();
-    erase_from_registry(r);
+    stop_pending(r);
   } else if (r->state == Rendezvous::State::kBuilding && r->cancelled) {
     r->cancelled = why;
     r->abort.store(true);  // the builder's waits (bootstrap, NCCL fallback init) give up
@@ -594,95 +467,15 @@ void leave_rendezvous(ncclComm* comm, bool abort) {
   }
   fail_locked(*r, why);
   lock.unlock();
-  erase_from_registry(r);
-}
-
-namespace {
-
-struct Meeting {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::map<int, std::string> contributions;
-  int left = 0;  ///< participants that have not yet taken the result
-};
-
-std::mutex& meetings_mutex() {
-  static std::mutex m;
-  return m;
-}
-std::map<std::pair<const void*, uint64_t>, std::shared_ptr<Meeting>>& meetings() {
-  static auto* m = new std::map<std::pair<const void*, uint64_t>, std::shared_ptr<Meeting>>();
-  return *m;
-}
-
-}  // namespace
-
-void offer_in_process(const void* parent, uint64_t seq, const std::vector<int>& participants,
-                      int rank, std::string mine) {
-  std::shared_ptr<Meeting> m;
-  {
-    std::lock_guard<std::mutex> lock(meetings_mutex());
-    auto& slot = meetings()[std::make_pair(parent, seq)];
-    if (slot == nullptr) {
-      slot = std::make_shared<Meeting>();
-      slot->left = static_cast<int>(participants.size());
-    }
-    m = slot;
-  }
-  std::lock_guard<std::mutex> lock(m->mu);
-  m->contributions[rank] = std::move(mine);
-  m->cv.notify_all();
-}
-
-StatusOr<std::vector<std::string>> collect_in_process(const void* parent, uint64_t seq,
-                                                      const std::vector<int>& participants,
-                                                      std::chrono::steady_clock::time_point deadline) {
-  const auto key = std::make_pair(parent, seq);
-  std::shared_ptr<Meeting> m;
-  {
-    std::lock_guard<std::mutex> lock(meetings_mutex());
-    auto it = meetings().find(key);
-    if (it != meetings().end()) m = it->second;
-  }
-  if (m == nullptr)
-    return Status::error("another rank gave up waiting for this one (EFCCL_INIT_TIMEOUT_MS)");
-  std::unique_lock<std::mutex> lock(m->mu);
-  const bool all = m->cv.wait_until(lock, deadline, [&] {
-    return m->contributions.size() == participants.size();
-  });
-  std::vector<std::string> out;
-  if (all)
-    for (int p : participants) out.push_back(m->contributions[p]);
-  const std::size_t arrived = m->contributions.size();
-  if (--m->left == 0 || !all) {
-    lock.unlock();
-    std::lock_guard<std::mutex> registry_lock(meetings_mutex());
-    auto it = meetings().find(key);
-    if (it != meetings().end() && it->second == m) meetings().erase(it);
-  }
-  if (!all)
-    return Status::error("only " + std::to_string(arrived) + " of " +
-                         std::to_string(participants.size()) +
-                         " ranks called it in time (EFCCL_INIT_TIMEOUT_MS); in a single-process "
-                         "communicator every rank must call it, each from its own thread or "
-                         "several from one thread inside ncclGroupStart/ncclGroupEnd");
-  return out;
-}
-
-StatusOr<std::vector<std::string>> meet_in_process(const void* parent, uint64_t seq,
-                                                   const std::vector<int>& participants, int rank,
-                                                   std::string mine,
-                                                   std::chrono::steady_clock::time_point deadline) {
-  offer_in_process(parent, seq, participants, rank, std::move(mine));
-  return collect_in_process(parent, seq, participants, deadline);
+  stop_pending(r);
 }
 
 int joined_ranks(const ncclUniqueId& id) {
   Rendezvous::Key key;
   std::memcpy(key.data(), id.internal, key.size());
-  std::lock_guard<std::mutex> registry_lock(registry_mutex());
-  auto it = registry().find(key);
-  if (it == registry().end()) return 0;
+  std::lock_guard<std::mutex> pending_lock(pending_mutex());
+  auto it = pending().find(key);
+  if (it == pending().end()) return 0;
   std::lock_guard<std::mutex> lock(it->second->mu);
   return it->second->state == Rendezvous::State::kCollecting
              ? static_cast<int>(it->second->members.size())

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <sstream>
-#include <unordered_set>
 #include <utility>
 
 namespace efccl::runtime {
@@ -12,45 +11,7 @@ namespace {
 /// so it cannot wake the waiters itself).
 constexpr std::chrono::milliseconds kAbortPoll{20};
 
-/// The tokens of the threads alive now (never destroyed: threads exit during static destruction).
-struct LiveThreads {
-  std::mutex mu;
-  std::unordered_set<uint64_t> tokens;
-  uint64_t next = 0;
-};
-LiveThreads& live_threads() {
-  static auto* l = new LiveThreads();
-  return *l;
-}
-
-/// Registers the thread's token on its first use and removes it when the thread exits.
-struct ThreadToken {
-  ThreadToken() {
-    LiveThreads& l = live_threads();
-    std::lock_guard<std::mutex> lock(l.mu);
-    value = ++l.next;
-    l.tokens.insert(value);
-  }
-  ~ThreadToken() {
-    LiveThreads& l = live_threads();
-    std::lock_guard<std::mutex> lock(l.mu);
-    l.tokens.erase(value);
-  }
-  uint64_t value = 0;
-};
-
 }  // namespace
-
-uint64_t this_thread_token() {
-  thread_local ThreadToken token;
-  return token.value;
-}
-
-bool thread_exited(uint64_t token) {
-  LiveThreads& l = live_threads();
-  std::lock_guard<std::mutex> lock(l.mu);
-  return l.tokens.count(token) == 0;
-}
 
 struct CallQueue::Submission {
   std::size_t queued = 0;  ///< its calls still queued
@@ -174,49 +135,76 @@ void CallQueue::drop_all(const ApiStatus& status, bool tell_everyone) {
   cv_.notify_all();
 }
 
-ApiStatus CallQueue::submit(std::vector<Call> calls, bool whole_clique, const RunSet& run,
-                            std::shared_ptr<Submission>* unfinished, const Finish& finish) {
-  unfinished->reset();
+std::string CallQueue::disagreement(const std::vector<Entry>& set) {
+  const Call& ref = set.front().call;
+  for (const Entry& e : set) {
+    const Call& c = e.call;
+    const bool same = c.kind == ref.kind && c.count == ref.count && c.dtype == ref.dtype &&
+                      (!is_rooted(c.kind) || c.root == ref.root) &&
+                      (!reduces(c.kind) || c.op == ref.op);
+    if (!same)
+      return "collective calls do not match across the ranks of the communicator: rank " +
+             std::to_string(ref.rank) + "'s call #" + std::to_string(ref.sequence) + " is " +
+             describe(ref) + " but rank " + std::to_string(c.rank) + "'s call #" +
+             std::to_string(c.sequence) + " is " + describe(c);
+  }
+  return {};
+}
+
+CallQueue::Admission CallQueue::admit(std::vector<Call> calls, bool whole_clique) {
+  Admission a;
+  a.whole_clique = whole_clique;
   expire();
   for (std::size_t r = 0; r < gone_.size(); ++r)
-    if (!gone_[r].empty())
-      return ApiStatus::invalid_usage("rank " + std::to_string(r) + "'s communicator was " +
-                                      gone_[r] +
-                                      ", so the collectives of the communicator can "
-                                      "no longer run");
-  auto sub = std::make_shared<Submission>();
+    if (!gone_[r].empty()) {
+      a.refused = ApiStatus::invalid_usage("rank " + std::to_string(r) +
+                                           "'s communicator was " + gone_[r] +
+                                           ", so the collectives of the communicator can no "
+                                           "longer run");
+      return a;
+    }
+  a.submission = std::make_shared<Submission>();
   const uint64_t me = this_thread_token();
   const auto now = std::chrono::steady_clock::now();
   for (Call& c : calls) {
     const auto r = static_cast<std::size_t>(c.rank);
     drivers_[r] = me;
-    c.clique.reset();  // the clique owns this queue: no reference cycle
     c.sequence = next_sequence_[r]++;
-    queues_[r].push_back({std::move(c), sub, now});
-    ++sub->queued;
+    queues_[r].push_back({std::move(c), a.submission, now});
+    ++a.submission->queued;
   }
-
-  // The sets' calls learn how they went only after `finish` (which may launch them).
-  std::vector<std::pair<std::vector<Entry>, ApiStatus>> ran;
-  bool mismatch = false;
   while (all_ready()) {
     std::vector<Entry> entries;
-    std::vector<Call> set;  // the local ranks' calls, by rank
     for (auto& q : queues_) {
       if (q.empty()) continue;
-      set.push_back(q.front().call);
       entries.push_back(std::move(q.front()));
       q.pop_front();
     }
-    const ApiStatus s = run(set, &mismatch);
-    ran.emplace_back(std::move(entries), s);
-    if (mismatch) break;
+    if (std::string why = disagreement(entries); !why.empty()) {
+      a.mismatch = ApiStatus::invalid_usage(std::move(why));
+      a.mismatched = std::move(entries);
+      break;
+    }
+    std::vector<Call> set;
+    set.reserve(entries.size());
+    for (const Entry& e : entries) set.push_back(e.call);
+    a.ready_.push_back(std::move(set));
+    a.entries.push_back(std::move(entries));
   }
-  const ApiStatus finished = finish ? finish() : ApiStatus::ok();
-  for (auto& [entries, s] : ran)
-    for (Entry& e : entries) deliver(e, s ? finished : s);
-  if (mismatch) drop_all(ran.back().second, false);
-  if (whole_clique &&
+  return a;
+}
+
+ApiStatus CallQueue::settle(Admission& a, const std::vector<ApiStatus>& ran,
+                            std::shared_ptr<Submission>* unfinished) {
+  unfinished->reset();
+  if (!a.refused) return a.refused;
+  for (std::size_t i = 0; i < a.entries.size(); ++i)
+    for (Entry& e : a.entries[i]) deliver(e, i < ran.size() ? ran[i] : ApiStatus::ok());
+  if (!a.mismatch) {
+    for (Entry& e : a.mismatched) deliver(e, a.mismatch);
+    drop_all(a.mismatch, false);
+  }
+  if (a.whole_clique &&
       std::any_of(queues_.begin(), queues_.end(), [](const auto& q) { return !q.empty(); })) {
     std::ostringstream m;
     m << "collective calls do not match across the ranks of the communicator (every rank must "
@@ -232,8 +220,8 @@ ApiStatus CallQueue::submit(std::vector<Call> calls, bool whole_clique, const Ru
     drop_all(ApiStatus::invalid_usage(m.str()), false);
   }
   cv_.notify_all();
-  if (sub->queued > 0) *unfinished = sub;
-  return sub->status;
+  if (a.submission->queued > 0) *unfinished = a.submission;
+  return a.submission->status;
 }
 
 ApiStatus CallQueue::wait(const std::shared_ptr<Submission>& sub,

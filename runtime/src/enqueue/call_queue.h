@@ -1,6 +1,9 @@
 // Where the collective calls of one clique's local ranks meet (clique.h). Each local rank's
-// collectives queue in call order; the k-th call of every local rank forms set k, which runs
-// (one launch for all of them) as soon as its last call is queued, on the thread that queued it.
+// collectives queue in call order; the k-th call of every local rank forms set k, which is
+// ready as soon as its last call is queued: admit() hands the ready sets back to the thread that
+// queued it, which runs them (the clique's runners) and then reports how they went (settle()).
+// The queue checks that the calls of a set agree (collective, count, datatype, operator, root);
+// running them is not its business.
 //
 // Threads and ranks (docs/runtime.md). NCCL returns from a collective once its work is on the
 // caller's stream, so whatever the caller enqueues next on that stream (or captures) comes
@@ -38,23 +41,41 @@
 #include <vector>
 
 #include "base/api_status.h"
+#include "enqueue/thread_token.h"
 #include "launch/call.h"
 
 namespace efccl::runtime {
 
-/// A number naming the calling thread, never reused in the process (std::thread::id values
-/// are, once a thread has exited). Never 0.
-uint64_t this_thread_token();
-/// Whether the thread named `token` has exited (0 names no thread: true).
-bool thread_exited(uint64_t token);
-
 class CallQueue {
  public:
-  /// Runs one complete set (the local ranks' calls, ascending ranks) and returns how it went;
-  /// sets *mismatch when the calls disagree, which drops every other queued call too.
-  using RunSet = std::function<ApiStatus(std::vector<Call>& set, bool* mismatch)>;
   /// The calls of one submission; opaque to callers, who only hand it back to wait().
   struct Submission;
+
+ private:
+  struct Entry {
+    Call call;
+    std::shared_ptr<Submission> from;
+    std::chrono::steady_clock::time_point queued_at;
+  };
+
+ public:
+
+  /// The sets one admit() made ready, to be run by the caller and then passed to settle().
+  class Admission {
+   public:
+    /// The local ranks' calls of each ready set, by ascending rank.
+    const std::vector<std::vector<Call>>& ready() const { return ready_; }
+
+   private:
+    friend class CallQueue;
+    std::shared_ptr<Submission> submission;
+    std::vector<std::vector<Call>> ready_;
+    std::vector<std::vector<Entry>> entries;  ///< per ready set
+    ApiStatus refused;                        ///< the queue refused the calls (nothing queued)
+    ApiStatus mismatch;                       ///< the set after the ready ones disagrees
+    std::vector<Entry> mismatched;
+    bool whole_clique = false;
+  };
 
   /// `local[r]`: rank r runs in this process (only local ranks queue calls). `timeout`: the
   /// longest a set may stay incomplete. `abort`: the communicator's abort flag (may be null).
@@ -62,21 +83,22 @@ class CallQueue {
             const std::atomic<bool>* abort);
 
   // The owner serialises every member function below except error_of() with one mutex (the
-  // clique's), held by the caller; wait() and flush() release it while they wait.
+  // clique's), held by the caller; wait() and flush() release it while they wait. Between
+  // admit() and settle() the owner keeps holding it.
 
   /// Rank `rank` is driven by the thread `thread` (this_thread_token() of its initialising thread).
   void set_driver(int32_t rank, uint64_t thread);
-  /// Called once per submit() after the complete sets ran (even when none did): the owner may
-  /// defer the sets' launches to it (one fused launch); its failure becomes the failure of
-  /// every set that ran without one.
-  using Finish = std::function<ApiStatus()>;
   /// Queues `calls` (collectives of ranks of this process, in call order) for the calling
-  /// thread, runs every set that is complete with `run`, then `finish`, and returns the first
-  /// failure among the submission's calls so far. When some of them are still queued,
-  /// `*unfinished` receives the submission (pass it to wait()). `whole_clique`: the calls cover
-  /// every local rank, so nothing may stay queued (an unmatched call is a mismatch).
-  ApiStatus submit(std::vector<Call> calls, bool whole_clique, const RunSet& run,
-                   std::shared_ptr<Submission>* unfinished, const Finish& finish = nullptr);
+  /// thread and takes out every set that is now complete and whose calls agree. A set whose
+  /// calls disagree stops the admission: it and every other queued call are dropped at settle().
+  /// `whole_clique`: the calls cover every local rank, so nothing may stay queued (an unmatched
+  /// call is a mismatch).
+  Admission admit(std::vector<Call> calls, bool whole_clique);
+  /// Reports how the admission's ready sets went (`ran[i]` for ready()[i]) and applies what
+  /// admit() found; returns the first failure among the submission's calls so far. When some of
+  /// them are still queued, `*unfinished` receives the submission (pass it to wait()).
+  ApiStatus settle(Admission& admission, const std::vector<ApiStatus>& ran,
+                   std::shared_ptr<Submission>* unfinished);
   /// Waits until the submission's queued calls ran or were dropped, unless a rank they wait
   /// for is driven by the calling thread (then it returns at once; see above). Returns the
   /// first failure among the submission's calls.
@@ -97,13 +119,9 @@ class CallQueue {
   std::size_t queued(int32_t rank) const { return queues_[static_cast<std::size_t>(rank)].size(); }
 
  private:
-  struct Entry {
-    Call call;
-    std::shared_ptr<Submission> from;
-    std::chrono::steady_clock::time_point queued_at;
-  };
-
   bool all_ready() const;
+  /// Why the calls of one set disagree ("" when they agree).
+  static std::string disagreement(const std::vector<Entry>& set);
   /// The local ranks that have not yet queued the call of some set holding one of the given
   /// entries (`of` says which entries count).
   std::set<int32_t> missing_for(const std::function<bool(const Entry&)>& of) const;

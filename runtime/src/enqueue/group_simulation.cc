@@ -72,7 +72,7 @@ host::LinkCostModel model_for(const Clique& clique) {
 std::vector<Transfer> transfers_of(const std::vector<const Call*>& p2p) {
   std::map<std::pair<int32_t, int32_t>, std::vector<const Call*>> sends, recvs;
   for (const Call* c : p2p)
-    (c->kind == CallKind::kSend ? sends[{c->rank, c->root}] : recvs[{c->root, c->rank}])
+    (c->kind == CallKind::kSend ? sends[{c->rank, c->peer}] : recvs[{c->peer, c->rank}])
         .push_back(c);
   std::set<std::pair<int32_t, int32_t>> pairs;
   for (const auto& [pair, list] : sends) pairs.insert(pair);
@@ -124,7 +124,7 @@ ApiStatus check_sim_info(const ncclSimInfo_t* sim_info) {
       std::string("simInfo was not initialized with NCCL_SIM_INFO_INITIALIZER (") + found + ")");
 }
 
-StatusOr<double> estimate_collective(Registry& registry, const CallShape& call,
+StatusOr<double> estimate_collective(ProgramRegistry& registry, const CallShape& call,
                                      const host::LinkCostModel& model) {
   if (call.count == 0) return 0.0;  // the clique launches nothing
   StatusOr<Plan> plan = registry.select(call);
@@ -172,9 +172,9 @@ StatusOr<double> estimate_transfers(
   return total;
 }
 
-StatusOr<double> estimate_group(const std::vector<Call>& calls) {
+StatusOr<double> estimate_group(const std::vector<GroupedCall>& calls) {
   std::vector<Clique*> order;
-  for (const Call& c : calls)
+  for (const GroupedCall& c : calls)
     if (std::find(order.begin(), order.end(), c.clique.get()) == order.end())
       order.push_back(c.clique.get());
   double total = 0;
@@ -182,8 +182,9 @@ StatusOr<double> estimate_group(const std::vector<Call>& calls) {
     const host::LinkCostModel model = model_for(*clique);
     std::map<int32_t, std::vector<const Call*>> collectives;  // per rank, in call order
     std::vector<const Call*> p2p;
-    for (const Call& c : calls) {
-      if (c.clique.get() != clique) continue;
+    for (const GroupedCall& g : calls) {
+      if (g.clique.get() != clique) continue;
+      const Call& c = g.call;
       if (is_p2p(c.kind))
         p2p.push_back(&c);
       else
@@ -223,25 +224,6 @@ StatusOr<double> estimate_group(const std::vector<Call>& calls) {
     }
   }
   return total;
-}
-
-ApiStatus group_simulate_end(ncclSimInfo_t* sim_info) {
-  std::vector<Call> calls;
-  bool outermost = false;
-  ApiStatus s = group_end_without_running([sim_info] { return check_sim_info(sim_info); }, &calls,
-                                          &outermost);
-  if (!s || !outermost) return s;
-  // As NCCL: a group without calls leaves simInfo as it was.
-  if (calls.empty()) return ApiStatus::ok();
-  StatusOr<double> time = estimate_group(calls);
-  if (!time) return ApiStatus::internal("estimating the group's time: " + time.status().message());
-  constexpr std::size_t kTimeEnd =
-      offsetof(ncclSimInfo_t, estimatedTime) + sizeof(sim_info->estimatedTime);
-  if (sim_info->size >= kTimeEnd) sim_info->estimatedTime = static_cast<float>(*time);
-  EFCCL_INFO(kLogTuning, -1,
-             "ncclGroupSimulateEnd: " + std::to_string(calls.size()) +
-                 " call(s) not run; estimated time " + std::to_string(*time) + " us");
-  return ApiStatus::ok();
 }
 
 }  // namespace efccl::runtime

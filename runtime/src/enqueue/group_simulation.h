@@ -1,7 +1,7 @@
-// ncclGroupSimulateEnd: ends the thread's group as ncclGroupEnd does (nesting, the group's
-// error, grouped inits), but instead of launching its calls predicts how long they take with
-// the host executor's link-cost model (efccl/host/timing.h, docs/timing-model.md) and discards
-// them, as NCCL does. Collectives are timed through the programs the registry selects for
+// ncclGroupSimulateEnd's estimate: instead of launching a group's calls, predicts how long they
+// take with the host executor's link-cost model (efccl/host/timing.h, docs/timing-model.md);
+// the entry point (api/) ends the group as ncclGroupEnd does and discards the calls, as NCCL
+// does. Collectives are timed through the programs the registry selects for
 // them, send/receive through the rounds a clique would launch.
 //
 // estimatedTime is in microseconds (NCCL's unit: its tuning model's latency in us plus
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "base/api_status.h"
+#include "enqueue/group.h"
 #include "launch/call.h"
 #include "efccl/common/status.h"
 #include "efccl/host/timing.h"
@@ -32,7 +33,7 @@ ApiStatus check_sim_info(const ncclSimInfo_t* sim_info);
 
 /// Predicted time (us) of one collective call run through the programs `registry` selects:
 /// one launch per plan piece. `model.rank_devices` is indexed by communicator rank.
-StatusOr<double> estimate_collective(Registry& registry, const CallShape& call,
+StatusOr<double> estimate_collective(ProgramRegistry& registry, const CallShape& call,
                                      const host::LinkCostModel& model);
 /// The same for a plan already selected (the clique's registry chose it).
 StatusOr<double> estimate_plan(const Plan& plan, const CallShape& call,
@@ -47,9 +48,6 @@ StatusOr<double> estimate_transfers(
 
 /// Predicted time (us) of a group's calls: each communicator's collectives (matched across
 /// ranks by their order, as the clique matches them) and its send/receive rounds, summed.
-StatusOr<double> estimate_group(const std::vector<Call>& calls);
-
-/// ncclGroupSimulateEnd.
-ApiStatus group_simulate_end(ncclSimInfo_t* sim_info);
+StatusOr<double> estimate_group(const std::vector<GroupedCall>& calls);
 
 }  // namespace efccl::runtime

@@ -60,11 +60,9 @@ const char* api_name(CallKind k) {
 std::string describe(const Call& c) {
   std::string s = std::string(api_name(c.kind)) + "(count " + std::to_string(c.count) + ", " +
                   std::string(ef::to_string(c.dtype));
-  if (c.kind == CallKind::kAllReduce || c.kind == CallKind::kReduce ||
-      c.kind == CallKind::kReduceScatter)
-    s += ", " + std::string(ef::to_string(c.op));
+  if (reduces(c.kind)) s += ", " + std::string(ef::to_string(c.op));
   if (is_rooted(c.kind)) s += ", root " + std::to_string(c.root);
-  if (is_p2p(c.kind)) s += ", peer " + std::to_string(c.root);
+  if (is_p2p(c.kind)) s += ", peer " + std::to_string(c.peer);
   return s + ")";
 }
 

@@ -209,4 +209,29 @@ std::vector<P2pRound> plan_p2p_rounds(
   return rounds;
 }
 
+PairRounds plan_pair_rounds(int32_t a, int32_t b, uint64_t bytes_ab, uint64_t bytes_ba,
+                            int32_t (*channels_for)(uint64_t bytes),
+                            const std::function<ef::Protocol(uint64_t bytes)>& protocol_for) {
+  // Stand-in addresses in a fixed order: every process plans the same rounds (each side has
+  // one buffer, at chunk 0).
+  static char stand_in[4];
+  std::vector<Transfer> transfers;
+  if (bytes_ab > 0) transfers.push_back({a, b, &stand_in[0], &stand_in[1], bytes_ab});
+  if (bytes_ba > 0) transfers.push_back({b, a, &stand_in[2], &stand_in[3], bytes_ba});
+  const auto slot = [](const void* p) {
+    for (int i = 0; i < 4; ++i)
+      if (p == &stand_in[i]) return i;
+    return -1;
+  };
+  PairRounds out;
+  out.rounds = plan_p2p_rounds(std::move(transfers), channels_for, protocol_for);
+  for (const P2pRound& round : out.rounds) {
+    out.input_slot.emplace_back();
+    out.output_slot.emplace_back();
+    for (const void* in : round.inputs) out.input_slot.back().push_back(slot(in));
+    for (const void* o : round.outputs) out.output_slot.back().push_back(slot(o));
+  }
+  return out;
+}
+
 }  // namespace efccl::runtime

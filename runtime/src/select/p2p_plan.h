@@ -1,5 +1,6 @@
 // Point-to-point groups as EF programs. All ncclSend/ncclRecv pairs of a group are cut into
-// "rounds"; a round is one custom-collective program run by one interpreter launch per device.
+// "rounds"; a round is one custom-collective program run by one interpreter launch per device
+// (launch/p2p_runner.h runs them; the balancer will plan multi-path rounds here).
 //
 // Why rounds: a program gives each rank one input and one output buffer, but a rank may send
 // from (and receive into) several unrelated user buffers. Transfers whose buffers lie at chunk
@@ -64,5 +65,18 @@ std::vector<P2pRound> plan_p2p_rounds(
 
 /// Builds `round.program` from its placements (what plan_p2p_rounds does with build_programs).
 void build_p2p_program(P2pRound& round);
+
+/// The rounds of one exchange between ranks a < b of a communicator spanning processes. Each
+/// process knows only its own ranks' buffers, so the rounds are planned from the sizes alone
+/// (both processes derive the same programs), with the pair's four buffers named by slot:
+/// a's send (0), b's receive (1), b's send (2), a's receive (3).
+struct PairRounds {
+  std::vector<P2pRound> rounds;  ///< programs built; inputs and outputs are stand-ins
+  /// Per round, per program rank: which slot is its input / output, or -1.
+  std::vector<std::vector<int>> input_slot, output_slot;
+};
+PairRounds plan_pair_rounds(int32_t a, int32_t b, uint64_t bytes_ab, uint64_t bytes_ba,
+                            int32_t (*channels_for)(uint64_t bytes),
+                            const std::function<ef::Protocol(uint64_t bytes)>& protocol_for);
 
 }  // namespace efccl::runtime

@@ -1,33 +1,16 @@
 #include "select/program_registry.h"
 
 #include <algorithm>
-#include <cctype>
-#include <cstdlib>
-#include <filesystem>
 #include <mutex>
-#include <string_view>
-#include <system_error>
 
-#include "select/direct_gather_scatter.h"
 #include "efccl/algorithms/registry.h"
-#include "efccl/ef/load.h"
-#include "efccl/ef/validate.h"
-#include "efccl/runtime/observer.h"
 #include "efccl/common/log.h"
+#include "select/selection_observer.h"
 #include "select/tuning.h"
+#include "select/user_programs.h"
 
 namespace efccl::runtime {
 namespace {
-
-std::mutex& observer_mutex() {
-  static std::mutex m;
-  return m;
-}
-std::function<void(const SelectionRecord&)>& observer() {
-  static std::function<void(const SelectionRecord&)> o;
-  return o;
-}
-
 
 bool is_rooted(ef::Collective c) {
   return c == ef::Collective::kBroadcast || c == ef::Collective::kReduce ||
@@ -39,27 +22,6 @@ uint64_t call_bytes(const CallShape& call) {
   const uint64_t per_rank = call.count * ef::size_of(call.dtype);
   return ef::count_is_per_block(call.collective) ? per_rank * static_cast<uint64_t>(call.nranks)
                                                  : per_rank;
-}
-
-std::vector<std::string> split_list(std::string_view s) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (char c : s) {
-    if (c == ',' || c == ':') {
-      if (!cur.empty()) out.push_back(cur);
-      cur.clear();
-    } else {
-      cur += c;
-    }
-  }
-  if (!cur.empty()) out.push_back(cur);
-  return out;
-}
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
 }
 
 /// Why user program `p` cannot run `call` (empty: it can).
@@ -82,95 +44,13 @@ std::string unusable_reason(const ef::Program& p, const CallShape& call, const P
 
 }  // namespace
 
-void notify_selection(const SelectionRecord& record) {
-  std::lock_guard<std::mutex> lock(observer_mutex());
-  if (observer()) observer()(record);
-}
-
-void set_selection_observer(std::function<void(const SelectionRecord&)> o) {
-  std::lock_guard<std::mutex> lock(observer_mutex());
-  observer() = std::move(o);
-}
-
-ProtocolFilter ProtocolFilter::from_environment() {
-  ProtocolFilter f;
-  const char* v = std::getenv("NCCL_PROTO");
-  if (v == nullptr || *v == '\0') return f;
-  f.spec = v;
-  std::string_view spec = v;
-  const bool exclude = spec.front() == '^';
-  if (exclude) spec.remove_prefix(1);
-  bool listed[3] = {false, false, false};
-  for (const std::string& name : split_list(spec)) {
-    const std::string n = lower(name);
-    if (n == "simple") listed[0] = true;
-    else if (n == "ll") listed[1] = true;
-    else if (n == "ll128") listed[2] = true;
-    else EFCCL_WARN(-1, "NCCL_PROTO: unknown protocol '" + name + "' ignored");
-  }
-  for (int i = 0; i < 3; ++i) f.allowed[i] = exclude ? !listed[i] : listed[i];
-  return f;
-}
-
-std::vector<std::pair<ef::Program, std::string>> load_user_programs() {
-  std::vector<std::string> files;
-  if (const char* dir = std::getenv("EFCCL_ALGO_DIR"); dir != nullptr && *dir != '\0') {
-    std::error_code ec;
-    std::vector<std::string> found;
-    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-      const std::string ext = lower(entry.path().extension().string());
-      if (entry.is_regular_file(ec) && (ext == ".json" || ext == ".xml"))
-        found.push_back(entry.path().string());
-    }
-    if (ec) EFCCL_WARN(-1, "EFCCL_ALGO_DIR=" + std::string(dir) + ": " + ec.message());
-    std::sort(found.begin(), found.end());
-    files.insert(files.end(), found.begin(), found.end());
-  }
-  if (const char* list = std::getenv("EFCCL_ALGO_FILES")) {
-    for (const std::string& f : split_list(list)) files.push_back(f);
-  }
-
-  std::vector<std::pair<ef::Program, std::string>> programs;
-  for (const std::string& file : files) {
-    ef::LoadResult loaded = ef::load_program_file(file);
-    Diagnostics problems = loaded.diagnostics;
-    if (loaded.program && problems.empty()) problems = ef::validate(*loaded.program);
-    if (!loaded.program || !problems.empty()) {
-      std::string message = "user program " + file + " is not used:";
-      for (const auto& d : problems) message += "\n  " + d.to_string();
-      EFCCL_WARN(-1, message);
-      continue;
-    }
-    const ef::Program& p = *loaded.program;
-    EFCCL_INFO(kLogInit | kLogTuning, -1,
-               "loaded user program '" + p.name + "' from " + file + ": " +
-                   std::string(ef::to_string(p.collective)) + ", " + std::to_string(p.nranks) +
-                   " ranks, " + std::string(ef::to_string(p.protocol)) + ", bytes [" +
-                   std::to_string(p.min_bytes) + ", " +
-                   (p.max_bytes ? std::to_string(*p.max_bytes) : std::string("inf")) + "]");
-    programs.emplace_back(std::move(*loaded.program), file);
-  }
-  return programs;
-}
-
-bool builtins_from_environment() {
-  const char* v = std::getenv("EFCCL_BUILTINS");
-  if (v == nullptr || *v == '\0') return true;
-  const std::string value = lower(v);
-  if (value == "1" || value == "on") return true;
-  if (value == "0" || value == "off") return false;
-  EFCCL_WARN(-1, "EFCCL_BUILTINS=" + std::string(v) +
-                     " is not 0/off or 1/on; the built-in algorithms stay enabled");
-  return true;
-}
-
-std::unique_ptr<Registry> Registry::from_environment() {
-  return std::make_unique<Registry>(load_user_programs(), ProtocolFilter::from_environment(),
+std::unique_ptr<ProgramRegistry> ProgramRegistry::from_environment() {
+  return std::make_unique<ProgramRegistry>(load_user_programs(), ProtocolFilter::from_environment(),
                                     builtins_from_environment());
 }
 
-Registry::Registry(std::vector<std::pair<ef::Program, std::string>> user_programs,
-                   ProtocolFilter filter, bool builtins)
+ProgramRegistry::ProgramRegistry(std::vector<std::pair<ef::Program, std::string>> user_programs,
+                                 ProtocolFilter filter, bool builtins)
     : filter_(std::move(filter)), use_builtins_(builtins) {
   for (auto& [program, file] : user_programs) user_.push_back({std::move(program), std::move(file)});
   // Built-ins run in the protocol the tuning table prefers for their size (results never
@@ -185,38 +65,31 @@ Registry::Registry(std::vector<std::pair<ef::Program, std::string>> user_program
     EFCCL_WARN(-1, "NCCL_PROTO=" + filter_.spec + " excludes every protocol; using Simple");
 }
 
-ef::Protocol Registry::allowed_protocol(ef::Protocol preferred) const {
+ef::Protocol ProgramRegistry::allowed_protocol(ef::Protocol preferred) const {
   return filter_.allows(preferred) ? preferred : fallback_protocol_;
 }
 
-ef::Protocol Registry::p2p_protocol(uint64_t bytes) const {
+ef::Protocol ProgramRegistry::p2p_protocol(uint64_t bytes) const {
   return allowed_protocol(runtime::p2p_protocol(bytes));
 }
 
-StatusOr<const ef::Program*> Registry::builtin(const std::string& algorithm, const CallShape& call,
+StatusOr<const ef::Program*> ProgramRegistry::builtin(const std::string& algorithm, const CallShape& call,
                                                int32_t instances, bool inplace_variant,
                                                ef::Protocol protocol) {
   const int32_t root = is_rooted(call.collective) ? call.root : 0;
   auto key = std::make_tuple(algorithm, call.nranks, root, instances, inplace_variant, protocol);
   if (auto it = builtins_.find(key); it != builtins_.end()) return it->second.get();
 
-  StatusOr<ef::Program> generated = Status::error("no generator");
-  if (algorithm == "direct_gather") {
-    generated = direct_gather(call.nranks, root, instances, protocol);
-  } else if (algorithm == "direct_scatter") {
-    generated = direct_scatter(call.nranks, root, instances, protocol);
-  } else {
-    algorithms::AlgorithmParams params;
-    params.ranks = call.nranks;
-    params.instances = instances;
-    params.root = root;
-    params.protocol = protocol;
-    params.inplace = inplace_variant;
-    // The runtime decides sizes through the tuning table; the program claims every size.
-    params.min_bytes = 0;
-    params.max_bytes = std::nullopt;
-    generated = algorithms::generate_algorithm(algorithm, params);
-  }
+  algorithms::AlgorithmParams params;
+  params.ranks = call.nranks;
+  params.instances = instances;
+  params.root = root;
+  params.protocol = protocol;
+  params.inplace = inplace_variant;
+  // The runtime decides sizes through the tuning table; the program claims every size.
+  params.min_bytes = 0;
+  params.max_bytes = std::nullopt;
+  StatusOr<ef::Program> generated = algorithms::generate_algorithm(algorithm, params);
   if (!generated) return Status::error("generating built-in " + algorithm + " for " +
                                        std::to_string(call.nranks) + " ranks: " +
                                        generated.status().message());
@@ -226,7 +99,7 @@ StatusOr<const ef::Program*> Registry::builtin(const std::string& algorithm, con
   return raw;
 }
 
-StatusOr<Plan> Registry::select(const CallShape& call) {
+StatusOr<Plan> ProgramRegistry::select(const CallShape& call) {
   constexpr std::size_t kMaxCachedShapes = 4096;
   const ShapeKey key{static_cast<int>(call.collective), call.nranks, call.root, call.count,
                      static_cast<int>(call.dtype), call.inplace};
@@ -248,7 +121,7 @@ StatusOr<Plan> Registry::select(const CallShape& call) {
   return plan;
 }
 
-StatusOr<Plan> Registry::select_uncached(const CallShape& call,
+StatusOr<Plan> ProgramRegistry::select_uncached(const CallShape& call,
                                          std::vector<SelectionRecord>* records) {
   const uint64_t api_bytes = call.count * ef::size_of(call.dtype);
   const std::string collective(ef::to_string(call.collective));

@@ -1,9 +1,9 @@
-// The algorithm registry of one clique: user programs (EFCCL_ALGO_DIR, EFCCL_ALGO_FILES, read
-// when the communicators are created) first, then the built-in library chosen by the tuning
-// table, unless EFCCL_BUILTINS=0 leaves only the user programs (MSCCL's mode; with
-// EFCCL_FALLBACK=nccl, NCCL runs what they do not cover). Programs are generated once and cached;
-// the pointers returned stay valid for the registry's lifetime (the executor cache is keyed by
-// them).
+// The program registry of one clique: which EF program runs a collective call. User programs
+// (EFCCL_ALGO_DIR, EFCCL_ALGO_FILES, read when the communicators are created) first, then the
+// built-in algorithm library chosen by the tuning table, unless EFCCL_BUILTINS=0 leaves only the
+// user programs (MSCCL's mode; with EFCCL_FALLBACK=nccl, NCCL runs what they do not cover).
+// Programs are generated once and cached; the pointers returned stay valid for the registry's
+// lifetime (executors are keyed by them).
 #pragma once
 
 #include <cstdint>
@@ -18,6 +18,7 @@
 #include "efccl/ef/program.h"
 #include "efccl/common/status.h"
 #include "efccl/runtime/observer.h"
+#include "select/protocol_filter.h"
 
 namespace efccl::runtime {
 
@@ -45,27 +46,19 @@ struct Plan {
   std::string reason;
 };
 
-/// Protocols allowed by NCCL_PROTO (e.g. "Simple,LL128" or "^LL"); all when unset.
-struct ProtocolFilter {
-  bool allowed[3] = {true, true, true};  ///< indexed by ef::Protocol
-  std::string spec;                      ///< the variable's value, for messages
-  static ProtocolFilter from_environment();
-  bool allows(ef::Protocol p) const { return allowed[static_cast<int>(p)]; }
-};
-
-class Registry {
+class ProgramRegistry {
  public:
   /// Reads user programs and EFCCL_BUILTINS from the environment; bad files are logged and
   /// skipped.
-  static std::unique_ptr<Registry> from_environment();
+  static std::unique_ptr<ProgramRegistry> from_environment();
   /// For tests: user programs given directly (already loaded), a protocol filter, and whether
   /// the built-in library may be used.
-  Registry(std::vector<std::pair<ef::Program, std::string>> user_programs, ProtocolFilter filter,
-           bool builtins = true);
+  ProgramRegistry(std::vector<std::pair<ef::Program, std::string>> user_programs,
+                  ProtocolFilter filter, bool builtins = true);
 
   /// The plan for one call, or why there is none. Plans are remembered per call shape (a
   /// program loop calls the same few shapes over and over); the observer still sees every
-  /// selection, and the logs name the program of every call (Clique::run_collective).
+  /// selection, and the logs name the program of every call (launch/collective_runner.h).
   StatusOr<Plan> select(const CallShape& call);
   /// `preferred` (the tuning table's) when NCCL_PROTO allows it, else the first protocol it
   /// allows of Simple, LL128, LL (Simple when it allows none).
@@ -99,14 +92,5 @@ class Registry {
            std::unique_ptr<ef::Program>>
       builtins_;
 };
-
-/// Passes a selection to the observer installed by set_selection_observer (if any).
-void notify_selection(const SelectionRecord& record);
-
-/// Loads the user program files named by EFCCL_ALGO_DIR and EFCCL_ALGO_FILES, validated.
-std::vector<std::pair<ef::Program, std::string>> load_user_programs();
-
-/// EFCCL_BUILTINS: unset, "1" or "on" -> true; "0" or "off" -> false; else a warning and true.
-bool builtins_from_environment();
 
 }  // namespace efccl::runtime

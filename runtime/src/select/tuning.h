@@ -14,9 +14,9 @@ namespace efccl::runtime {
 
 /// A built-in algorithm, its instance count and protocol for one call.
 struct BuiltinChoice {
-  std::string_view algorithm;  ///< an efccl::algorithms name, or "direct_gather"/"direct_scatter"
+  std::string_view algorithm;  ///< a name of the algorithm library (efccl/algorithms/registry.h)
   int32_t instances = 1;
-  /// The protocol measured fastest for the size (before NCCL_PROTO; Registry applies it).
+  /// The protocol measured fastest for the size (before NCCL_PROTO; ProgramRegistry applies it).
   ef::Protocol protocol = ef::Protocol::kSimple;
   std::string why;  ///< the table row that matched, for the INFO log
 };
