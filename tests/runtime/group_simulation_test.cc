@@ -12,8 +12,8 @@
 
 #include "efccl/algorithms/registry.h"
 #include "efccl/host/timing.h"
-#include "group_simulation.h"
-#include "registry.h"
+#include "enqueue/group_simulation.h"
+#include "select/program_registry.h"
 
 namespace efccl::runtime {
 namespace {
@@ -69,7 +69,16 @@ TEST(GroupSimulateEnd, TheVersionIsNotChecked) {
   ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
   sim.version = 22200;  // an application built against NCCL 2.22's header
   ASSERT_EQ(ncclGroupStart(), ncclSuccess);
-  EXPECT_EQ(ncclGroupSimulateEnd(&sim), ncclSuccess);
+  EXPECT_EQ(ncclGroupSimulateEnd(&sim), ncclSuccess) << last_error();
+  EXPECT_EQ(sim.version, 22200u);
+  EXPECT_EQ(sim.estimatedTime, NCCL_UNDEF_FLOAT);  // an empty group leaves it as it was
+  EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage) << "the simulated group must have been closed";
+  // The same info with a wrong magic is refused: what let it through is the version not being
+  // checked, not a check that passes everything.
+  sim.magic ^= 1;
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  EXPECT_EQ(ncclGroupSimulateEnd(&sim), ncclInvalidArgument);
+  EXPECT_NE(last_error().find("magic"), std::string::npos) << last_error();
 }
 
 TEST(GroupSimulateEnd, AFailedCallFailsTheGroupFirst) {
@@ -85,7 +94,7 @@ TEST(GroupSimulateEnd, AFailedCallFailsTheGroupFirst) {
 
 // ---- The estimates behind it ----
 
-Registry builtin_registry() { return Registry({}, ProtocolFilter{}); }
+ProgramRegistry builtin_registry() { return ProgramRegistry({}, ProtocolFilter{}); }
 
 CallShape allreduce(int32_t nranks, uint64_t count) {
   CallShape s;
@@ -102,7 +111,7 @@ double value(const StatusOr<double>& t) {
 }
 
 TEST(GroupSimulationEstimate, CollectiveTimeGrowsWithBytesAndMeetsTheRingBound) {
-  Registry registry = builtin_registry();
+  ProgramRegistry registry = builtin_registry();
   const host::LinkCostModel model;
   double previous = 0;
   for (uint64_t count = 1; count <= (uint64_t{1} << 28); count *= 16) {
@@ -125,7 +134,7 @@ TEST(GroupSimulationEstimate, UsesTheProgramTheRegistrySelects) {
   params.instances = 2;
   StatusOr<ef::Program> user = algorithms::generate_algorithm("ring_allreduce", params);
   ASSERT_TRUE(user.is_ok()) << user.status().message();
-  Registry registry({{*user, "user.json"}}, ProtocolFilter{});
+  ProgramRegistry registry({{*user, "user.json"}}, ProtocolFilter{});
   const uint64_t count = ef::count_granularity(*user) * 100'000;
   host::ExecOptions o;
   o.count = count;
@@ -134,7 +143,7 @@ TEST(GroupSimulationEstimate, UsesTheProgramTheRegistrySelects) {
   ASSERT_TRUE(direct.status.is_ok()) << direct.status.message();
   EXPECT_DOUBLE_EQ(value(estimate_collective(registry, allreduce(4, count), {})), direct.time_us);
   // The built-in choice (32 instances at this size) is faster than the 2-instance program.
-  Registry builtins = builtin_registry();
+  ProgramRegistry builtins = builtin_registry();
   EXPECT_LT(value(estimate_collective(builtins, allreduce(4, count), {})), direct.time_us);
 }
 

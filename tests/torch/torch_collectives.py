@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """PyTorch's NCCL process group on efccl: exact results of every collective torch uses.
 
-Run on a machine with at least 2 GPUs (torch >= 2.4; written against torch 2.11):
+Run on a machine with one or more GPUs (torch >= 2.4; written against torch 2.11); ranks map to
+GPU LOCAL_RANK mod the GPU count, so with one GPU every rank shares it (efccl only: NCCL refuses
+two ranks on one GPU, and processes sharing a GPU want an MPS daemon):
 
     LD_PRELOAD=build/lib/libefccl.so torchrun --nproc_per_node 2 tests/torch/torch_collectives.py
     LD_PRELOAD=build/lib/libefccl.so build/bin/efccl-mprun -n 2 -- python3 tests/torch/torch_collectives.py
@@ -26,7 +28,9 @@ import torch.distributed as dist
 RANK = int(os.environ["RANK"])
 WORLD = int(os.environ["WORLD_SIZE"])
 LOCAL_RANK = int(os.environ.get("LOCAL_RANK", RANK))
-DEVICE = torch.device("cuda", LOCAL_RANK)
+# Several ranks may share a GPU (efccl allows it; NCCL does not): rank i uses GPU i mod count.
+DEVICE_INDEX = LOCAL_RANK % torch.cuda.device_count()
+DEVICE = torch.device("cuda", DEVICE_INDEX)
 N = 1000  # elements per rank in most checks (not a multiple of anything in particular)
 BIG = (1 << 22) + 3  # a large, odd size too: other algorithms and protocols, tiling remainders
 SIZES = [N, BIG]
@@ -260,7 +264,7 @@ def barrier():
     if RANK == WORLD - 1:
         time.sleep(0.5)
     arrived = time.time()
-    dist.barrier(device_ids=[LOCAL_RANK])
+    dist.barrier(device_ids=[DEVICE_INDEX])
     left = time.time()
     arrivals = torch.zeros(WORLD, dtype=torch.float64, device=DEVICE)
     arrivals[RANK] = arrived
