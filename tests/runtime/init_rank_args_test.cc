@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -62,6 +63,24 @@ TEST(InitRankArgs, RejectsBadArguments) {
   EXPECT_EQ(ncclCommInitRankScalable(&comm, 2, 2, 2, ids, nullptr), ncclInvalidArgument);
   EXPECT_EQ(comm, nullptr);
   EXPECT_EQ(efccl::runtime::joined_ranks(id), 0);  // nothing joined
+}
+
+// Hostile counts are refused before anything is sized by them (issue 16's probe: 10^8 and
+// 2^31-1 ranks aborted the process with std::bad_alloc); the limit is named.
+TEST(InitRankArgs, HugeRankCountsAreRefusedBeforeAnyAllocation) {
+  const ncclUniqueId id = new_id();
+  for (int nranks : {100000000, std::numeric_limits<int>::max()}) {
+    ncclComm_t comm = reinterpret_cast<ncclComm_t>(0x1);
+    EXPECT_EQ(ncclCommInitRank(&comm, nranks, id, 0), ncclInvalidArgument);
+    EXPECT_TRUE(contains(last_error(), "exceeds efccl's 1048576 ranks per communicator"))
+        << last_error();
+    EXPECT_EQ(comm, nullptr);
+    EXPECT_EQ(ncclCommInitRank(&comm, nranks, id, nranks - 1), ncclInvalidArgument);
+  }
+  std::vector<ncclComm_t> comms(1);
+  EXPECT_EQ(ncclCommInitAll(comms.data(), std::numeric_limits<int>::max(), nullptr),
+            ncclInvalidArgument);
+  EXPECT_EQ(efccl::runtime::joined_ranks(id), 0);
 }
 
 TEST(InitRankArgs, ConfigMagicVersionAndValuesAreChecked) {

@@ -47,15 +47,15 @@ void log_version_once() {
 ApiStatus init_all(ncclComm_t* comms, int ndev, const int* devlist) {
   if (comms == nullptr) return ApiStatus::invalid_argument("comms is NULL");
   if (ndev < 1) return ApiStatus::invalid_argument("ndev " + std::to_string(ndev) + " must be >= 1");
+  if (ndev > kMaxCommRanks)
+    return ApiStatus::invalid_argument("ndev " + std::to_string(ndev) + " exceeds efccl's " +
+                                       std::to_string(kMaxCommRanks) + " ranks per communicator");
   DeviceGuard guard;
   int visible = 0;
   if (cudaError_t e = cudaGetDeviceCount(&visible); e != cudaSuccess) {
     (void)cudaGetLastError();
     return ApiStatus::cuda(std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e));
   }
-  if (ndev > kMaxCommRanks)
-    return ApiStatus::invalid_argument("ndev " + std::to_string(ndev) + " exceeds efccl's " +
-                                       std::to_string(kMaxCommRanks) + " ranks per communicator");
   std::vector<int> devices(static_cast<std::size_t>(ndev));
   for (int r = 0; r < ndev; ++r) {
     devices[static_cast<std::size_t>(r)] = devlist != nullptr ? devlist[r] : r;
