@@ -7,6 +7,7 @@
 #include <array>
 #include <charconv>
 #include <cstdint>
+#include <exception>
 #include <limits>
 #include <optional>
 #include <span>
@@ -707,17 +708,23 @@ void append_rank(std::string& out, std::size_t r, const Rank& rank) {
 XmlLoadResult load_msccl_xml(std::string_view text, const std::string& file_name,
                              const XmlLimits& limits) {
   XmlLoadResult result;
-  XmlParseResult parsed = parse_xml(text, limits);
-  if (!parsed.document) {
-    result.diagnostics.push_back({file_name,
-                                  "byte " + std::to_string(parsed.error.offset) + " (line " +
-                                      std::to_string(parsed.error.line) + ")",
-                                  "syntax", std::move(parsed.error.message)});
-    return result;
+  try {
+    XmlParseResult parsed = parse_xml(text, limits);
+    if (!parsed.document) {
+      result.diagnostics.push_back({file_name,
+                                    "byte " + std::to_string(parsed.error.offset) + " (line " +
+                                        std::to_string(parsed.error.line) + ")",
+                                    "syntax", std::move(parsed.error.message)});
+      return result;
+    }
+    Importer importer(*parsed.document, file_name);
+    result.program = importer.run();
+    result.diagnostics = importer.take_diagnostics();
+  } catch (const std::exception& e) {  // only allocation failure can get here
+    result.program.reset();
+    result.diagnostics.push_back(
+        {file_name, "", "syntax", std::string("cannot load the document: ") + e.what()});
   }
-  Importer importer(*parsed.document, file_name);
-  result.program = importer.run();
-  result.diagnostics = importer.take_diagnostics();
   return result;
 }
 
