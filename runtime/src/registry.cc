@@ -112,15 +112,23 @@ ProtocolFilter ProtocolFilter::from_environment() {
   return f;
 }
 
+// Files that cannot be listed, read, loaded (the loaders' memory budget included) or
+// validated are logged and skipped: a user's file never makes communicator creation throw.
 std::vector<std::pair<ef::Program, std::string>> load_user_programs() {
   std::vector<std::string> files;
   if (const char* dir = std::getenv("EFCCL_ALGO_DIR"); dir != nullptr && *dir != '\0') {
     std::error_code ec;
     std::vector<std::string> found;
-    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-      const std::string ext = lower(entry.path().extension().string());
-      if (entry.is_regular_file(ec) && (ext == ".json" || ext == ".xml"))
-        found.push_back(entry.path().string());
+    try {
+      for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end;
+           it.increment(ec)) {
+        const std::string ext = lower(it->path().extension().string());
+        std::error_code type_ec;
+        if (it->is_regular_file(type_ec) && (ext == ".json" || ext == ".xml"))
+          found.push_back(it->path().string());
+      }
+    } catch (const std::exception& e) {
+      EFCCL_WARN(-1, "EFCCL_ALGO_DIR=" + std::string(dir) + ": " + e.what());
     }
     if (ec) EFCCL_WARN(-1, "EFCCL_ALGO_DIR=" + std::string(dir) + ": " + ec.message());
     std::sort(found.begin(), found.end());
@@ -132,9 +140,16 @@ std::vector<std::pair<ef::Program, std::string>> load_user_programs() {
 
   std::vector<std::pair<ef::Program, std::string>> programs;
   for (const std::string& file : files) {
-    ef::LoadResult loaded = ef::load_program_file(file);
-    Diagnostics problems = loaded.diagnostics;
-    if (loaded.program && problems.empty()) problems = ef::validate(*loaded.program);
+    ef::LoadResult loaded;
+    Diagnostics problems;
+    try {
+      loaded = ef::load_program_file(file);
+      problems = loaded.diagnostics;
+      if (loaded.program && problems.empty()) problems = ef::validate(*loaded.program);
+    } catch (const std::exception& e) {
+      EFCCL_WARN(-1, "user program " + file + " is not used: " + e.what());
+      continue;
+    }
     if (!loaded.program || !problems.empty()) {
       std::string message = "user program " + file + " is not used:";
       for (const auto& d : problems) message += "\n  " + d.to_string();
