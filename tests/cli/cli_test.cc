@@ -10,6 +10,8 @@
 #include <sstream>
 #include <string>
 
+#include "msccl_corpus.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -58,7 +60,7 @@ class CliTest : public ::testing::Test {
     return std::string(EFCCL_SOURCE_DIR) + "/examples/ef/" + name;
   }
   static std::string corpus(const std::string& name) {
-    return std::string(EFCCL_MSCCL_XML_DIR) + "/" + name;
+    return efccl::test_support::msccl_corpus_file(name);
   }
 
   fs::path dir_;
@@ -78,11 +80,29 @@ TEST_F(CliTest, UsageErrorsExitTwo) {
   EXPECT_EQ(run("help").exit_code, 0);
 }
 
-TEST_F(CliTest, ValidateAcceptsExamplesAndCorpus) {
+TEST_F(CliTest, ValidateAcceptsExamples) {
   auto o = run("validate " + example("ring_allreduce_4r_2ch.json") + " " +
-               example("shift_custom_4r.json") + " " + corpus("alltoall-8n-0-9kb.xml"));
+               example("shift_custom_4r.json"));
   EXPECT_EQ(o.exit_code, 0) << o.err;
   EXPECT_EQ(o.err, "");
+}
+
+TEST_F(CliTest, ValidatesImportsAndShowsCorpusFiles) {
+  EFCCL_REQUIRE_MSCCL_CORPUS();
+  auto o = run("validate " + corpus("alltoall-8n-0-9kb.xml") + " " +
+               corpus("all-reduce-ring-ll128.xml"));
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_EQ(o.err, "");
+  const auto json = dir_ / "a2a.json";
+  o = run("import-msccl " + corpus("alltoall-8n-9kb-190kb.xml") + " -o " + json.string());
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_EQ(run("run-host " + json.string()).exit_code, 0);
+  o = run("show " + corpus("alltoall-8n-0-9kb.xml"));
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_NE(o.out.find("collective:     alltoall"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("ranks:          8"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("recv=56"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("copy=8"), std::string::npos) << o.out;
 }
 
 TEST_F(CliTest, ValidateReportsFileLocationAndRule) {
@@ -166,8 +186,11 @@ TEST_F(CliTest, RunHostReportsDeadlockWithTooFewSlots) {
 }
 
 TEST_F(CliTest, ImportExportRoundTrip) {
+  const auto first_xml = dir_ / "first.xml";
   const auto json = dir_ / "a2a.json", xml = dir_ / "a2a.xml", json2 = dir_ / "a2a2.json";
-  auto o = run("import-msccl " + corpus("alltoall-8n-9kb-190kb.xml") + " -o " + json.string());
+  auto o = run("export-msccl " + example("direct_alltoall_4r.json") + " -o " + first_xml.string());
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  o = run("import-msccl " + first_xml.string() + " -o " + json.string());
   ASSERT_EQ(o.exit_code, 0) << o.err;
   o = run("export-msccl " + json.string() + " -o " + xml.string());
   ASSERT_EQ(o.exit_code, 0) << o.err;
@@ -181,12 +204,14 @@ TEST_F(CliTest, ImportExportRoundTrip) {
 }
 
 TEST_F(CliTest, ShowSummarises) {
-  auto o = run("show " + corpus("alltoall-8n-0-9kb.xml"));
+  auto o = run("show " + example("direct_alltoall_4r.json"));
   ASSERT_EQ(o.exit_code, 0) << o.err;
   EXPECT_NE(o.out.find("collective:     alltoall"), std::string::npos) << o.out;
-  EXPECT_NE(o.out.find("ranks:          8"), std::string::npos) << o.out;
-  EXPECT_NE(o.out.find("recv=56"), std::string::npos) << o.out;
-  EXPECT_NE(o.out.find("copy=8"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("ranks:          4"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("threadblocks:   7 per rank"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("ops:            28 total: send=12 recv=12 copy=4"), std::string::npos)
+      << o.out;
+  EXPECT_NE(o.out.find("  rank 3: 4 / 4 / 0, 7 threadblocks"), std::string::npos) << o.out;
 }
 
 TEST_F(CliTest, CheckPrintsVerdictTable) {

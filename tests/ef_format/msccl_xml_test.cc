@@ -10,6 +10,8 @@
 #include <sstream>
 #include <string>
 
+#include "msccl_corpus.h"
+
 namespace efccl::ef {
 namespace {
 
@@ -77,7 +79,7 @@ Diagnostic load_error(std::string_view text, std::string_view location, std::str
 }
 
 std::string read_corpus_file(const std::string& name) {
-  std::ifstream in(std::string(EFCCL_MSCCL_XML_DIR) + "/" + name, std::ios::binary);
+  std::ifstream in(test_support::msccl_corpus_file(name), std::ios::binary);
   std::stringstream buffer;
   buffer << in.rdbuf();
   return buffer.str();
@@ -492,12 +494,15 @@ const std::vector<CorpusFile>& corpus() {
   return files;
 }
 
+void PrintTo(const CorpusFile& f, std::ostream* os) { *os << f.name; }
+
 class MscclXmlCorpus : public testing::TestWithParam<CorpusFile> {};
 
 TEST_P(MscclXmlCorpus, ImportsWithTheFilesCounts) {
+  EFCCL_REQUIRE_MSCCL_CORPUS();
   const CorpusFile& f = GetParam();
   const std::string text = read_corpus_file(f.name);
-  ASSERT_FALSE(text.empty()) << "missing " << EFCCL_MSCCL_XML_DIR << "/" << f.name;
+  ASSERT_FALSE(text.empty()) << "missing " << test_support::msccl_corpus_file(f.name);
   const auto start = Clock::now();
   const Program p = load_ok(text, f.name);
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(1));
@@ -522,6 +527,7 @@ TEST_P(MscclXmlCorpus, ImportsWithTheFilesCounts) {
 }
 
 TEST_P(MscclXmlCorpus, ExportThenImportIsTheSameProgram) {
+  EFCCL_REQUIRE_MSCCL_CORPUS();
   const CorpusFile& f = GetParam();
   const Program p = load_ok(read_corpus_file(f.name), f.name);
   const StatusOr<std::string> xml = save_msccl_xml(p);
@@ -544,6 +550,7 @@ INSTANTIATE_TEST_SUITE_P(AllFiles, MscclXmlCorpus, testing::ValuesIn(corpus()),
 // ---- Hostile input ----
 
 TEST(MscclXmlHostile, MutatedCorpusFilesNeverCrash) {
+  EFCCL_REQUIRE_MSCCL_CORPUS();
   const std::string original = read_corpus_file("alltoall-8n-0-9kb.xml");
   ASSERT_FALSE(original.empty());
   std::mt19937 rng(99);

@@ -8,6 +8,8 @@
 #include <sstream>
 #include <string>
 
+#include "msccl_corpus.h"
+
 namespace efccl::ef {
 namespace {
 
@@ -32,7 +34,7 @@ XmlError parse_error(std::string_view text, std::string_view words, int line,
 }
 
 std::string read_corpus_file(const std::string& name) {
-  std::ifstream in(std::string(EFCCL_MSCCL_XML_DIR) + "/" + name, std::ios::binary);
+  std::ifstream in(test_support::msccl_corpus_file(name), std::ios::binary);
   std::stringstream buffer;
   buffer << in.rdbuf();
   return buffer.str();
@@ -302,8 +304,9 @@ TEST(XmlReaderHostile, RandomBytesNeverCrash) {
 }
 
 TEST(XmlReaderCorpus, ParsesTheLargestCorpusFileQuickly) {
+  EFCCL_REQUIRE_MSCCL_CORPUS();
   const std::string text = read_corpus_file("all-reduce-ring-ll.xml");
-  ASSERT_GT(text.size(), 1000000u) << "corpus file missing in " << EFCCL_MSCCL_XML_DIR;
+  ASSERT_GT(text.size(), 1000000u) << "corpus file missing in " << test_support::msccl_corpus_dir();
   const auto start = Clock::now();
   const XmlDocument doc = parse_ok(text);
   const auto elapsed = Clock::now() - start;
