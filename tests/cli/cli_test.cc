@@ -241,11 +241,53 @@ TEST_F(CliTest, ListsAndGeneratesLibraryAlgorithms) {
     o = run("run-host " + f.string() + " --dtype int32 --op prod");
     EXPECT_EQ(o.exit_code, 0) << o.out << o.err;
   }
+  // An unknown name is a usage error (README: exit 2), and says where the names are listed.
   o = run("generate no_such_algorithm --ranks 2 -o " + json.string());
-  EXPECT_EQ(o.exit_code, 1);
-  EXPECT_NE(o.err.find("unknown algorithm"), std::string::npos) << o.err;
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_NE(o.err.find("unknown algorithm 'no_such_algorithm' (`efccl list-algorithms` lists "
+                       "them)"),
+            std::string::npos)
+      << o.err;
   EXPECT_EQ(run("generate ring_allreduce -o " + json.string()).exit_code, 2);  // no --ranks
   EXPECT_EQ(run("generate ring_allreduce --ranks 0 -o " + json.string()).exit_code, 2);
+  EXPECT_EQ(run("generate hierarchical_allreduce --nodes 2 -o " + json.string()).exit_code, 2);
+  // A valid parameter the algorithm refuses is a failed run, not a usage error.
+  o = run("generate ring_broadcast --ranks 3 --root 5 -o " + json.string());
+  EXPECT_EQ(o.exit_code, 1) << o.err;
+}
+
+TEST_F(CliTest, GenerateTakesNodesTimesGpusWithoutRanks) {
+  const auto split = dir_ / "split.json", explicit_ranks = dir_ / "ranks.json";
+  auto o = run("generate hierarchical_allreduce --nodes 2 --gpus-per-node 3 -o " + split.string());
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  o = run("generate hierarchical_allreduce --ranks 6 --nodes 2 --gpus-per-node 3 -o " +
+          explicit_ranks.string());
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_EQ(read_file(split), read_file(explicit_ranks));
+  EXPECT_NE(read_file(split).find("\"nranks\": 6,"), std::string::npos);
+  o = run("run-host " + split.string());
+  EXPECT_EQ(o.exit_code, 0) << o.out << o.err;
+  o = run("generate ring_allreduce --nodes 64 --gpus-per-node 65 -o " + split.string());
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_NE(o.err.find("4160 ranks; at most 4096"), std::string::npos) << o.err;
+}
+
+TEST_F(CliTest, AMissingFileIsNamedAsMissing) {
+  const std::string missing = (dir_ / "ring.json").string();
+  auto o = run("run-host " + missing);
+  EXPECT_EQ(o.exit_code, 1);
+  EXPECT_EQ(o.out, "FAIL " + missing + ": no such file (see the messages above)\n");
+  EXPECT_EQ(o.err, missing + ": (file): cannot open: no such file [io]\n");
+  o = run("check " + missing);
+  EXPECT_EQ(o.exit_code, 1);
+  EXPECT_NE(o.out.find("ring.json" + std::string(31, ' ') + "FAIL: no such file"),
+            std::string::npos)
+      << o.out;
+  // An invalid program is still called one.
+  auto bad = write("bad.json", "{}");
+  o = run("run-host " + bad.string());
+  EXPECT_EQ(o.exit_code, 1);
+  EXPECT_EQ(o.out, "FAIL " + bad.string() + ": invalid program (see the messages above)\n");
 }
 
 // `efccl compile` needs the Python package the build puts at build/python (next to bin/).
@@ -269,8 +311,10 @@ TEST_F(CliTest, CompileWritesJsonAndXmlThatRun) {
   auto o = run("compile " + script + " -o " + json.string() + " -- 4 --channels 2");
   ASSERT_EQ(o.exit_code, 0) << o.out << o.err;
   EXPECT_NE(read_file(json).find("\"efccl-ef\""), std::string::npos);
+  EXPECT_EQ(o.out, "");  // saved, not also printed
   o = run("compile " + script + " -o " + xml.string() + " -- 4");
   ASSERT_EQ(o.exit_code, 0) << o.out << o.err;
+  EXPECT_EQ(o.out, "");
   EXPECT_NE(read_file(xml).find("<algo"), std::string::npos);
   for (const auto& f : {json, xml}) {
     o = run("run-host " + f.string());
