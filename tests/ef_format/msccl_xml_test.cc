@@ -122,7 +122,7 @@ TEST(MscclXmlImport, MapsEveryAttribute) {
   const Op& send = r0.threadblocks.at(0).ops.at(0);
   EXPECT_EQ(send.code, OpCode::kSend);
   EXPECT_EQ(send.src, (BufferRef{BufferKind::kInput, 0}));
-  EXPECT_FALSE(send.dst.has_value());  // unused by a send: ignored
+  EXPECT_FALSE(send.dst.has_value());  // unused by a send: not stored
   EXPECT_EQ(send.count, 1);
   EXPECT_TRUE(send.deps.empty());
   EXPECT_EQ(send.declared_hasdep, false);
@@ -183,6 +183,23 @@ TEST(MscclXmlImport, NamesTheElementPathAttributeAndLine) {
             "0 ... 9223372036854775807, found \"12abc\" [schema]");
 }
 
+TEST(MscclXmlImport, OperandsAStepDoesNotUseMustStillBeWellFormed) {
+  // The send on line 4 does not use dstbuf/dstoff, the nop on line 11 neither operand.
+  EXPECT_FALSE(load_ok(kBase).ranks.at(0).threadblocks.at(0).ops.at(0).dst.has_value());
+  load_error(base_with("dstbuf=\"o\" dstoff=\"-1\" cnt=\"1\"", "dstbuf=\"q\" dstoff=\"-1\" cnt=\"1\""),
+             "algo/gpu[id=0]/tb[id=0]/step[s=0]@dstbuf (line 4)",
+             "unknown buffer \"q\"; expected i, o or s (also where the step type does not use it)");
+  load_error(base_with("dstoff=\"-1\"", "dstoff=\"x\""),
+             "algo/gpu[id=0]/tb[id=0]/step[s=0]@dstoff (line 4)",
+             "expected an integer in -1 ... 9223372036854775807, found \"x\"");
+  load_error(base_with("dstoff=\"-1\"", "dstoff=\"-2\""),
+             "algo/gpu[id=0]/tb[id=0]/step[s=0]@dstoff (line 4)", "found \"-2\"");
+  load_error(base_with("type=\"nop\" srcbuf=\"i\" srcoff=\"-1\"", "type=\"nop\" srcbuf=\"i\" srcoff=\"1.5\""),
+             "algo/gpu[id=0]/tb[id=2]/step[s=0]@srcoff (line 11)", "found \"1.5\"");
+  // A copy of the other side, as MSCCL writes it, is well-formed.
+  load_ok(base_with("dstbuf=\"o\" dstoff=\"-1\" cnt=\"1\"", "dstbuf=\"o\" dstoff=\"0\" cnt=\"1\""));
+}
+
 TEST(MscclXmlImport, RejectsNamesLongerThanEfJsonAllows) {
   // EF JSON limits names to 256 bytes; a longer imported name would make import-msccl write
   // JSON that cannot be loaded back.
@@ -227,17 +244,26 @@ TEST(MscclXmlImport, RejectsUnknownStepTypesAndBuffers) {
              "algo/gpu[id=0]/tb[id=1]/step[s=1]@srcbuf (line 8)", "unknown buffer \"x\"");
 }
 
-TEST(MscclXmlImport, IgnoresFieldsTheStepTypeDoesNotUse) {
-  // The recv's src and the nop's both fields hold junk; only names must be known.
+TEST(MscclXmlImport, UnusedOperandsMayBeAbsentButNotJunk) {
+  // The recv's src and the nop's both operands hold junk: each is reported.
   std::string text = base_with("srcbuf=\"i\" srcoff=\"-1\" dstbuf=\"s\"",
                                "srcbuf=\"zz\" srcoff=\"junk\" dstbuf=\"s\"");
   const std::string_view nop_fields =
       "type=\"nop\" srcbuf=\"i\" srcoff=\"-1\" dstbuf=\"o\" dstoff=\"-1\"";
   text.replace(text.find(nop_fields), nop_fields.size(),
                "type=\"nop\" srcbuf=\"?\" srcoff=\"\" dstbuf=\"\" dstoff=\"99999999999999999999\"");
-  const Program p = load_ok(text);
-  EXPECT_EQ(without_declared_hasdep(p), without_declared_hasdep(load_ok(kBase)));
-  // Missing entirely is fine too.
+  const XmlLoadResult junk = load_msccl_xml(text, "junk.xml");
+  EXPECT_FALSE(junk.program.has_value());
+  std::vector<std::string> locations;
+  for (const Diagnostic& d : junk.diagnostics) locations.push_back(d.location);
+  EXPECT_EQ(locations, (std::vector<std::string>{
+                           "algo/gpu[id=0]/tb[id=1]/step[s=0]@srcbuf (line 7)",
+                           "algo/gpu[id=0]/tb[id=1]/step[s=0]@srcoff (line 7)",
+                           "algo/gpu[id=0]/tb[id=2]/step[s=0]@srcbuf (line 11)",
+                           "algo/gpu[id=0]/tb[id=2]/step[s=0]@srcoff (line 11)",
+                           "algo/gpu[id=0]/tb[id=2]/step[s=0]@dstbuf (line 11)",
+                           "algo/gpu[id=0]/tb[id=2]/step[s=0]@dstoff (line 11)"}));
+  // Missing entirely is fine.
   const Program q = load_ok(base_with("srcbuf=\"i\" srcoff=\"-1\" dstbuf=\"s\"", "dstbuf=\"s\""));
   EXPECT_EQ(q, load_ok(kBase));
   // ... but a used field must be there.
