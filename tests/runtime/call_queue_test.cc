@@ -1,7 +1,7 @@
 // The meeting of the local ranks' collectives (call_queue.h) without a GPU: which submissions
 // wait for the others and which return at once, deadlines and abort, dropped sets reported to
 // every rank of them, departed ranks, ncclCommFinalize's flush.
-#include "call_queue.h"
+#include "enqueue/call_queue.h"
 
 #include <gtest/gtest.h>
 
@@ -31,9 +31,9 @@ Call allreduce(int32_t rank, uint64_t count = 16) {
   return c;
 }
 
-/// A queue over `n` local ranks with the clique's lock, and a run that records the sets it ran
-/// (a set whose counts differ is a mismatch; `fail_runs` makes every run fail). The test's
-/// thread initialised every rank (as with ncclCommInitAll), so it drives them all at first.
+/// A queue over `n` local ranks with the clique's lock, and a run that records the sets the
+/// queue made ready (`fail_runs` makes every run fail). The test's thread initialised every rank
+/// (as with ncclCommInitAll), so it drives them all at first.
 struct Harness {
   explicit Harness(int n, std::chrono::milliseconds timeout = 10s, std::vector<bool> local = {})
       : queue(local.empty() ? std::vector<bool>(static_cast<std::size_t>(n), true) : local, timeout,
@@ -49,7 +49,10 @@ struct Harness {
   ApiStatus call(std::vector<Call> calls, bool whole = false) {
     std::unique_lock<std::mutex> lock(mu);
     std::shared_ptr<CallQueue::Submission> unfinished;
-    ApiStatus s = queue.submit(std::move(calls), whole, run, &unfinished);
+    CallQueue::Admission admission = queue.admit(std::move(calls), whole);
+    std::vector<ApiStatus> ran;
+    for (const std::vector<Call>& set : admission.ready()) ran.push_back(run(set));
+    ApiStatus s = queue.settle(admission, ran, &unfinished);
     if (unfinished != nullptr) {
       ApiStatus w = queue.wait(unfinished, lock);
       if (s) s = w;
@@ -68,19 +71,13 @@ struct Harness {
   CallQueue queue;
   std::vector<std::vector<int32_t>> runs;  ///< ranks of each set run, under mu
   bool fail_runs = false;
-  CallQueue::RunSet run = [this](std::vector<Call>& set, bool* mismatch) {
+  ApiStatus run(const std::vector<Call>& set) {
     std::vector<int32_t> ranks;
     for (const Call& c : set) ranks.push_back(c.rank);
     runs.push_back(ranks);
-    for (const Call& c : set)
-      if (c.count != set[0].count) {
-        *mismatch = true;
-        return ApiStatus::invalid_usage("counts differ: rank " + std::to_string(set[0].rank) +
-                                        " vs rank " + std::to_string(c.rank));
-      }
     if (fail_runs) return ApiStatus::invalid_usage("first use during capture");
     return ApiStatus::ok();
-  };
+  }
 };
 
 /// A live thread that drives a rank but never calls.
@@ -240,7 +237,10 @@ TEST(CallQueue, AMismatchIsReturnedToEveryWaitingRank) {
   rank0.join();
   EXPECT_EQ(s1.code(), ncclInvalidUsage);
   EXPECT_EQ(s0.code(), ncclInvalidUsage) << "the rank that queued first must see it too";
-  EXPECT_TRUE(contains(s0.message(), "counts differ")) << s0.message();
+  EXPECT_TRUE(contains(s0.message(), "do not match across the ranks")) << s0.message();
+  EXPECT_TRUE(contains(s0.message(), "count 16") && contains(s0.message(), "count 32"))
+      << s0.message();
+  EXPECT_EQ(h.sets_run(), 0u) << "a set whose calls disagree never reaches the runners";
   EXPECT_TRUE(h.queue.error_of(0).is_ok());  // seen as a return code: nothing asynchronous
 }
 
@@ -272,7 +272,44 @@ TEST(CallQueue, AMismatchDropsEveryQueuedCallAndRealigns) {
   EXPECT_EQ(h.queue.error_of(0).code(), ncclInvalidUsage);
   EXPECT_TRUE(h.call(allreduce(0)).is_ok());
   EXPECT_TRUE(h.call(allreduce(1)).is_ok());
-  EXPECT_EQ(h.sets_run(), 2u);  // the mismatched set, then the realigned one
+  EXPECT_EQ(h.sets_run(), 1u);  // the realigned one; the mismatched set never ran
+}
+
+// The queue checks everything the ranks must agree on before a set runs: the collective, the
+// count, the datatype, the root of rooted collectives and the operator of reducing ones.
+TEST(CallQueue, EveryDisagreementIsAMismatch) {
+  const auto variant = [](int what, int32_t rank) {
+    Call c = allreduce(rank);
+    if (rank == 0) return c;
+    switch (what) {
+      case 0: c.kind = CallKind::kAllGather; break;
+      case 1: c.count = 17; break;
+      case 2: c.dtype = ef::DataType::kFloat64; break;
+      case 3: c.op = ef::RedOp::kMax; break;
+      default: break;
+    }
+    return c;
+  };
+  for (int what = 0; what < 4; ++what) {
+    SCOPED_TRACE(what);
+    Harness h(2);
+    const ApiStatus s = h.call({variant(what, 0), variant(what, 1)}, true);
+    EXPECT_EQ(s.code(), ncclInvalidUsage);
+    EXPECT_TRUE(contains(s.message(), "do not match across the ranks")) << s.message();
+    EXPECT_EQ(h.sets_run(), 0u);
+  }
+  // Roots matter for rooted collectives only; operators for reducing ones only.
+  Harness h(2);
+  Call b0 = allreduce(0), b1 = allreduce(1);
+  b0.kind = b1.kind = CallKind::kBroadcast;
+  b1.root = 1;
+  EXPECT_EQ(h.call({b0, b1}, true).code(), ncclInvalidUsage);
+  Call a0 = allreduce(0), a1 = allreduce(1);
+  a0.kind = a1.kind = CallKind::kAllGather;
+  a1.root = 1;
+  a1.op = ef::RedOp::kMax;
+  EXPECT_TRUE(h.call({a0, a1}, true).is_ok());
+  EXPECT_EQ(h.sets_run(), 1u);
 }
 
 TEST(CallQueue, AWholeCliqueGroupWithAnUnmatchedCallFailsAndStaysUsable) {

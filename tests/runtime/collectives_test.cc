@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "communicator.h"  // the clique behind a communicator (executor cache statistics)
+#include "comm/communicator.h"  // the clique behind a communicator (executor cache statistics)
 #include "efccl/device/device_executor.h"
 #include "runtime_test_util.h"
 

@@ -1,7 +1,7 @@
 // The executor cache's rules (executor_cache.h) with stand-in executors: least recently used
 // first out, pinned executors (used by a captured CUDA graph) never, and evictable again once
 // every pin is released, from any thread, even after the cache itself is gone.
-#include "executor_cache.h"
+#include "launch/executor_cache.h"
 
 #include <gtest/gtest.h>
 

@@ -3,7 +3,7 @@
 // and the re-entry guard. Tests that need NVIDIA's libnccl.so.2 skip, saying so, where none is
 // installed next to the nccl.h the tests are built with (or at $EFCCL_REAL_NCCL): CI's CPU
 // machines build no runtime at all (no CUDA toolkit), the CUDA toolkit here ships one.
-#include "fallback.h"
+#include "fallback/nccl_fallback.h"
 
 #include <dlfcn.h>
 #include <gtest/gtest.h>
@@ -83,7 +83,7 @@ TEST(Fallback, ModeFromTheEnvironment) {
 
 TEST(Fallback, BadValueFailsCommunicatorCreation) {
   ASSERT_EQ(setenv("EFCCL_FALLBACK", "yes", 1), 0);
-  std::shared_ptr<CliqueFallback> fallback;
+  std::shared_ptr<NcclFallback> fallback;
   const ApiStatus s = create_fallback(single_process_fallback_plan({0, 1}), &fallback);
   EXPECT_EQ(s.code(), ncclInvalidUsage);
   EXPECT_TRUE(contains(s.message(), "EFCCL_FALLBACK=yes is not a fallback efccl knows"))
@@ -98,7 +98,7 @@ TEST(Fallback, BadValueFailsCommunicatorCreation) {
 TEST(Fallback, MissingLibraryIsNamed) {
   ASSERT_EQ(setenv("EFCCL_FALLBACK", "nccl", 1), 0);
   ASSERT_EQ(setenv("EFCCL_NCCL_LIB", "/nonexistent/libnccl.so.2", 1), 0);
-  std::shared_ptr<CliqueFallback> fallback;
+  std::shared_ptr<NcclFallback> fallback;
   const ApiStatus s = create_fallback(single_process_fallback_plan({0}), &fallback);
   EXPECT_EQ(s.code(), ncclSystemError);
   EXPECT_TRUE(contains(s.message(),
@@ -247,7 +247,7 @@ TEST(Fallback, SeveralRanksOnOneGpuHaveNoFallback) {
   EXPECT_EQ(single_process_fallback_plan({0, 1, 0}).shared_gpu,
             "ranks 0 and 2 share CUDA device 0");
 
-  CliqueFallback unavailable(nullptr, "ranks 0 and 1 share CUDA device 0");
+  NcclFallback unavailable(nullptr, "ranks 0 and 1 share CUDA device 0");
   Call call;
   call.kind = CallKind::kAllGather;
   call.count = 8;

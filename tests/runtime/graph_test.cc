@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "communicator.h"  // the clique behind a communicator (executor cache statistics)
+#include "comm/communicator.h"  // the clique behind a communicator (executor cache statistics)
 #include "runtime_test_util.h"
 
 namespace efccl::runtime::testing {

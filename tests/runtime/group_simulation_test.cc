@@ -12,8 +12,8 @@
 
 #include "efccl/algorithms/registry.h"
 #include "efccl/host/timing.h"
-#include "group_simulation.h"
-#include "registry.h"
+#include "enqueue/group_simulation.h"
+#include "select/program_registry.h"
 
 namespace efccl::runtime {
 namespace {
@@ -85,7 +85,7 @@ TEST(GroupSimulateEnd, AFailedCallFailsTheGroupFirst) {
 
 // ---- The estimates behind it ----
 
-Registry builtin_registry() { return Registry({}, ProtocolFilter{}); }
+ProgramRegistry builtin_registry() { return ProgramRegistry({}, ProtocolFilter{}); }
 
 CallShape allreduce(int32_t nranks, uint64_t count) {
   CallShape s;
@@ -102,7 +102,7 @@ double value(const StatusOr<double>& t) {
 }
 
 TEST(GroupSimulationEstimate, CollectiveTimeGrowsWithBytesAndMeetsTheRingBound) {
-  Registry registry = builtin_registry();
+  ProgramRegistry registry = builtin_registry();
   const host::LinkCostModel model;
   double previous = 0;
   for (uint64_t count = 1; count <= (uint64_t{1} << 28); count *= 16) {
@@ -125,7 +125,7 @@ TEST(GroupSimulationEstimate, UsesTheProgramTheRegistrySelects) {
   params.instances = 2;
   StatusOr<ef::Program> user = algorithms::generate_algorithm("ring_allreduce", params);
   ASSERT_TRUE(user.is_ok()) << user.status().message();
-  Registry registry({{*user, "user.json"}}, ProtocolFilter{});
+  ProgramRegistry registry({{*user, "user.json"}}, ProtocolFilter{});
   const uint64_t count = ef::count_granularity(*user) * 100'000;
   host::ExecOptions o;
   o.count = count;
@@ -134,7 +134,7 @@ TEST(GroupSimulationEstimate, UsesTheProgramTheRegistrySelects) {
   ASSERT_TRUE(direct.status.is_ok()) << direct.status.message();
   EXPECT_DOUBLE_EQ(value(estimate_collective(registry, allreduce(4, count), {})), direct.time_us);
   // The built-in choice (32 instances at this size) is faster than the 2-instance program.
-  Registry builtins = builtin_registry();
+  ProgramRegistry builtins = builtin_registry();
   EXPECT_LT(value(estimate_collective(builtins, allreduce(4, count), {})), direct.time_us);
 }
 

@@ -14,7 +14,9 @@
 #include <thread>
 #include <vector>
 
-#include "init_rank.h"  // joined_ranks (test hook), offer/collect_in_process
+#include "comm/comm_config.h"
+#include "comm/in_process_meeting.h"
+#include "comm/rendezvous.h"  // joined_ranks (test hook)
 
 namespace {
 

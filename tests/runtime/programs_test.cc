@@ -10,16 +10,16 @@
 #include <utility>
 #include <vector>
 
-#include "direct_gather_scatter.h"
 #include "efccl/algorithms/registry.h"
-#include "efccl/ef/json_io.h"
 #include "efccl/common/log.h"
+#include "efccl/ef/json_io.h"
 #include "efccl/ef/validate.h"
 #include "efccl/host/executor.h"
 #include "efccl/runtime/observer.h"
-#include "p2p_program.h"
-#include "registry.h"
-#include "tuning.h"
+#include "select/p2p_plan.h"
+#include "select/program_registry.h"
+#include "select/user_programs.h"
+#include "select/tuning.h"
 
 namespace efccl::runtime {
 namespace {
@@ -36,21 +36,44 @@ void expect_verifies(const ef::Program& p, uint64_t count, ef::DataType dtype, e
   }
 }
 
-TEST(RuntimePrograms, DirectGatherAndScatter) {
+// Gather and scatter run the library's direct programs, with the tuning table's instances
+// (1, 4, 8), in place and out of place.
+TEST(RuntimePrograms, GatherAndScatterRunTheLibraryPrograms) {
+  ProgramRegistry registry({}, ProtocolFilter{});
   for (int n : {1, 2, 3, 8}) {
-    for (int ch : {1, 4}) {
-      for (int root : {0, n - 1}) {
-        SCOPED_TRACE("n " + std::to_string(n) + " ch " + std::to_string(ch) + " root " + std::to_string(root));
-        auto g = direct_gather(n, root, ch, ef::Protocol::kSimple);
-        ASSERT_TRUE(g) << g.status().message();
-        expect_verifies(*g, 3 * ch, ef::DataType::kFloat32, ef::RedOp::kSum);
-        auto s = direct_scatter(n, root, ch, ef::Protocol::kSimple);
-        ASSERT_TRUE(s) << s.status().message();
-        expect_verifies(*s, 5 * ch, ef::DataType::kInt8, ef::RedOp::kSum);
+    for (int root : {0, n - 1}) {
+      for (uint64_t count : {uint64_t{3}, uint64_t{4} << 20, uint64_t{64} << 20}) {
+        for (bool inplace : {false, true}) {
+          SCOPED_TRACE("n " + std::to_string(n) + " root " + std::to_string(root) + " count " +
+                       std::to_string(count) + (inplace ? " in place" : " out of place"));
+          for (ef::Collective c : {ef::Collective::kGather, ef::Collective::kScatter}) {
+            CallShape shape;
+            shape.collective = c;
+            shape.nranks = n;
+            shape.root = root;
+            shape.count = count;
+            shape.dtype = ef::DataType::kInt8;
+            shape.inplace = inplace;
+            auto plan = registry.select(shape);
+            ASSERT_TRUE(plan) << plan.status().message();
+            ASSERT_EQ(plan->pieces.size(), 1u);
+            const ef::Program& p = *plan->pieces[0].program;
+            EXPECT_EQ(p.name, c == ef::Collective::kGather ? "direct_gather" : "direct_scatter");
+            EXPECT_EQ(p.root, root);
+            EXPECT_TRUE(inplace ? p.inplace : p.outofplace);
+            // Verified on the host at a small count of the same granularity.
+            host::ExecOptions o;
+            o.count = ef::count_granularity(p) * 3;
+            o.dtype = ef::DataType::kFloat32;
+            o.op = ef::RedOp::kSum;
+            o.inplace = inplace;
+            const auto r = host::run_and_verify(p, o, 7);
+            EXPECT_TRUE(r.pass) << p.name << ": " << r.message;
+          }
+        }
       }
     }
   }
-  EXPECT_FALSE(direct_gather(2, 2, 1, ef::Protocol::kSimple));
 }
 
 std::vector<char> g_arena(1 << 20);
@@ -160,7 +183,7 @@ CallShape shape(ef::Collective c, int n, uint64_t count, bool inplace = false,
 }
 
 TEST(RuntimePrograms, BuiltinPlansRunEveryCount) {
-  Registry registry({}, ProtocolFilter{});
+  ProgramRegistry registry({}, ProtocolFilter{});
   for (auto c : {ef::Collective::kAllReduce, ef::Collective::kAllGather, ef::Collective::kReduceScatter,
                  ef::Collective::kBroadcast, ef::Collective::kReduce, ef::Collective::kAllToAll,
                  ef::Collective::kGather, ef::Collective::kScatter}) {
@@ -202,7 +225,7 @@ TEST(RuntimePrograms, UserProgramsTakePrecedenceOrAreSkippedWithAReason) {
   ProtocolFilter no_ll;
   no_ll.allowed[static_cast<int>(ef::Protocol::kLL)] = false;
   no_ll.spec = "^LL";
-  Registry registry(user, no_ll);
+  ProgramRegistry registry(user, no_ll);
 
   std::vector<SelectionRecord> seen;
   set_selection_observer([&](const SelectionRecord& r) { seen.push_back(r); });
@@ -235,7 +258,7 @@ TEST(RuntimePrograms, WithoutBuiltinsOnlyUserProgramsRun) {
   auto ring = algorithms::generate_algorithm("ring_allreduce", params);
   ASSERT_TRUE(ring);
   ring->name = "user_ring4";
-  Registry registry({{*ring, "ring4.json"}}, ProtocolFilter{}, /*builtins=*/false);
+  ProgramRegistry registry({{*ring, "ring4.json"}}, ProtocolFilter{}, /*builtins=*/false);
 
   auto plan = registry.select(shape(ef::Collective::kAllReduce, 4, 400));
   ASSERT_TRUE(plan) << plan.status().message();
@@ -366,7 +389,7 @@ TEST(RuntimePrograms, ProtocolsFollowTheTuningTableAndNcclProto) {
   EXPECT_EQ(choose_builtin(ef::Collective::kAllReduce, 2, 1 << 20).algorithm, "ring_allreduce");
 
   // The registry generates the built-in in that protocol, unless NCCL_PROTO excludes it.
-  Registry all({}, ProtocolFilter{});
+  ProgramRegistry all({}, ProtocolFilter{});
   auto small = all.select(shape(ef::Collective::kAllReduce, 2, 16));
   ASSERT_TRUE(small) << small.status().message();
   EXPECT_EQ(small->pieces.at(0).program->protocol, ef::Protocol::kSimple) << small->reason;
@@ -375,7 +398,7 @@ TEST(RuntimePrograms, ProtocolsFollowTheTuningTableAndNcclProto) {
   ProtocolFilter no_ll128;
   no_ll128.allowed[static_cast<int>(ef::Protocol::kLL128)] = false;
   no_ll128.spec = "^LL128";
-  Registry simple_or_ll({}, no_ll128);
+  ProgramRegistry simple_or_ll({}, no_ll128);
   EXPECT_EQ(simple_or_ll.p2p_protocol(8), ef::Protocol::kSimple);  // the first allowed
   auto kept = simple_or_ll.select(shape(ef::Collective::kAllReduce, 2, 16));
   ASSERT_TRUE(kept) << kept.status().message();
@@ -385,7 +408,7 @@ TEST(RuntimePrograms, ProtocolsFollowTheTuningTableAndNcclProto) {
   only_ll.allowed[static_cast<int>(ef::Protocol::kSimple)] = false;
   only_ll.allowed[static_cast<int>(ef::Protocol::kLL128)] = false;
   only_ll.spec = "LL";
-  Registry ll({}, only_ll);
+  ProgramRegistry ll({}, only_ll);
   auto forced = ll.select(shape(ef::Collective::kAllReduce, 2, 1 << 20));
   ASSERT_TRUE(forced) << forced.status().message();
   EXPECT_EQ(forced->pieces.at(0).program->protocol, ef::Protocol::kLL);

@@ -1890,6 +1890,18 @@ std::size_t DeviceExecutor::connection_bytes() const {
 }
 const std::string& DeviceExecutor::protocol_note() const { return impl_->protocol_note; }
 
+Status DeviceExecutor::wait_launches() {
+  for (LocalDevice& local : impl_->locals) {
+    if (!local.launched_before) continue;
+    DeviceScope scope(local.device);
+    auto event = local.last_launch->get(local.device);
+    if (!event) return event.status();
+    EFCCL_CUDA_RETURN(cudaEventSynchronize(*event),
+                      "waiting for the launches on device " + std::to_string(local.device));
+  }
+  return Status::ok();
+}
+
 void DeviceExecutor::abort() {
   std::atomic_ref<uint32_t>(impl_->signals()->abort).store(1, std::memory_order_release);
 }

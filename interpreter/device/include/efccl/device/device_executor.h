@@ -182,6 +182,9 @@ class DeviceExecutor {
   Status error_status() const;
   /// Thread-safe: makes every waiting CTA give up within about a millisecond.
   void abort();
+  /// Waits for this executor's eager launches enqueued so far (launches replayed from captured
+  /// graphs are the replayer's), not for the rest of its devices' work.
+  Status wait_launches();
 
   /// Device memory of the connections (FIFO slots and counters) on the device that holds the
   /// most of it.

@@ -1,0 +1,54 @@
+#include "base/settings.h"
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "efccl/common/log.h"
+
+namespace efccl::runtime {
+namespace {
+
+/// A decimal integer in [1, `max`] from `name`, else `fallback` (unset silently, bad values
+/// with a warning saying what the variable takes).
+uint64_t positive_integer(const char* name, uint64_t fallback, uint64_t max, const char* unit) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  const unsigned long long parsed = std::strtoull(v, &end, 10);
+  if (end != nullptr && *end == '\0' && v[0] != '-' && parsed > 0 && parsed <= max) return parsed;
+  EFCCL_WARN(-1, std::string(name) + "=" + v + " is not a number of " + unit + " in 1.." +
+                     std::to_string(max) + "; using " + std::to_string(fallback));
+  return fallback;
+}
+
+}  // namespace
+
+std::chrono::nanoseconds call_timeout() {
+  constexpr uint64_t kDefaultMs = 600000;
+  return std::chrono::milliseconds(
+      positive_integer("EFCCL_TIMEOUT_MS", kDefaultMs, (uint64_t{1} << 40) - 1, "milliseconds"));
+}
+
+std::chrono::milliseconds init_timeout() {
+  constexpr uint64_t kDefaultMs = 120000;
+  return std::chrono::milliseconds(positive_integer("EFCCL_INIT_TIMEOUT_MS", kDefaultMs,
+                                                    (uint64_t{1} << 40) - 1, "milliseconds"));
+}
+
+std::size_t executor_cache_capacity() {
+  constexpr uint64_t kDefault = 256;
+  return static_cast<std::size_t>(
+      positive_integer("EFCCL_EXECUTOR_CACHE", kDefault, uint64_t{1} << 20, "executors"));
+}
+
+bool group_fusion_enabled() {
+  const char* v = std::getenv("EFCCL_GROUP_FUSION");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "1") == 0) return true;
+  if (std::strcmp(v, "0") == 0) return false;
+  EFCCL_WARN(-1, "EFCCL_GROUP_FUSION=" + std::string(v) + " is neither 0 nor 1; using 1");
+  return true;
+}
+
+}  // namespace efccl::runtime

@@ -1,0 +1,181 @@
+#include "launch/collective_runner.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "efccl/common/log.h"
+
+namespace efccl::runtime {
+namespace {
+
+/// Copies of one program's executor that the runs of one batch may take turns on: a batch's
+/// runs of one executor share CTAs (one after another); copies with their own connections
+/// overlap. Up to kMaxCopies, within kCopyBytes of connection memory per program and device.
+/// Single process only (processes create executors in lockstep, and their batches may differ).
+constexpr int kMaxCopies = 8;
+constexpr std::size_t kCopyBytes = std::size_t{64} << 20;
+
+/// The program buffers of rank `c.rank` for elements [offset, ...) (offset: element-wise
+/// collectives only). Buffers NCCL ignores on a rank are replaced as the executor expects.
+void program_buffers(const Call& c, uint64_t offset, const void** in, void** out) {
+  const uint64_t off = offset * ef::size_of(c.dtype);
+  const char* send = static_cast<const char*>(c.sendbuff);
+  char* recv = static_cast<char*>(c.recvbuff);
+  const auto shift = [off](auto* p) { return p == nullptr ? p : p + off; };
+  const bool root = c.rank == c.root;
+  *in = shift(send);
+  *out = shift(recv);
+  switch (c.kind) {
+    case CallKind::kBroadcast:
+      if (!root) *in = shift(recv);  // non-root sendbuff is ignored by NCCL
+      break;
+    case CallKind::kReduce:
+    case CallKind::kGather:
+      if (!root) *out = nullptr;  // executor-owned memory
+      break;
+    case CallKind::kScatter:
+      if (!root) *in = nullptr;
+      break;
+    default:
+      break;
+  }
+}
+
+/// Which copy of `program`'s executor (cache key prefix `key`) this run uses: 0 for the first
+/// run in the batch (and without fusion), then 1, 2, ... round robin within the budget.
+int copy_for(LaunchContext& ctx, LaunchBatch& batch, const ef::Program& program,
+             const std::string& key, const std::vector<int32_t>& ranks) {
+  if (!batch.fusing() || ctx.processes != nullptr) return 0;
+  const int use = batch.next_use(&program);
+  if (use == 0) return 0;
+  // The first run's executor is cached (it is in this batch): its connection memory says how
+  // many copies the budget allows.
+  const device::DeviceExecutor* first = ctx.executors->find(ctx.executors->cache_key(key, ranks));
+  if (first == nullptr) return 0;
+  const std::size_t bytes = std::max<std::size_t>(first->connection_bytes(), 1);
+  const auto copies = static_cast<int>(
+      std::min<std::size_t>(kMaxCopies, std::max<std::size_t>(1, kCopyBytes / bytes)));
+  return use % copies;
+}
+
+}  // namespace
+
+ApiStatus run_collective(LaunchContext& ctx, const std::vector<Call>& set, LaunchBatch& batch) {
+  const Call& ref = set[0];
+  const uint64_t op_count = ctx.launches++;
+  if (ref.count == 0) {
+    EFCCL_INFO(kLogColl, ctx.device(ref.rank),
+               std::string(api_name(ref.kind)) + ": opCount " + std::to_string(op_count) +
+                   " count 0: nothing to do");
+    return ApiStatus::ok();
+  }
+
+  // One mode for the whole call: the root's for rooted collectives, else every rank's.
+  // (Multi-process: the local root's, else the local ranks' own; other processes decide theirs.)
+  const Call* mode_ref = &set[0];
+  for (const Call& c : set)
+    if (is_rooted(ref.kind) && c.rank == ref.root) mode_ref = &c;
+  const bool inplace = is_inplace(*mode_ref);
+  if (!is_rooted(ref.kind)) {
+    for (const Call& c : set) {
+      if (is_inplace(c) != inplace)
+        return ApiStatus::invalid_usage(
+            std::string(api_name(ref.kind)) + ": rank " + std::to_string(ref.rank) + " calls " +
+            (inplace ? "in place" : "out of place") + " but rank " + std::to_string(c.rank) +
+            " does not; efccl runs a call in one mode on every rank");
+    }
+  }
+
+  CallShape shape;
+  shape.collective = collective_of(ref.kind);
+  shape.nranks = ctx.nranks();
+  shape.root = is_rooted(ref.kind) ? ref.root : 0;
+  shape.count = ref.count;
+  shape.dtype = ref.dtype;
+  shape.inplace = inplace;
+  StatusOr<Plan> plan = ctx.registry->select(shape);
+  if (!plan && ctx.fallback != nullptr) {
+    (void)batch.flush();  // the calls before this one go first (a failure stays the batch's)
+    return ctx.fallback->run(set, plan.status().message(), ctx.timeout);
+  }
+  if (!plan)
+    return ApiStatus::internal(std::string(api_name(ref.kind)) + ": " + plan.status().message());
+
+  std::vector<cudaStream_t> streams;
+  for (const Call& c : set) streams.push_back(c.stream);
+  StatusOr<bool> capturing = any_capturing(streams);
+  if (!capturing) return ApiStatus::cuda(capturing.status().message());
+
+  if (log_enabled(LogLevel::kInfo, kLogColl)) {
+    std::string programs;
+    for (const PlanPiece& p : plan->pieces)
+      programs += (programs.empty() ? "" : " + ") + ("'" + p.program->name + "'") + " [" +
+                  std::to_string(p.offset) + ", " + std::to_string(p.offset + p.count) + ")";
+    log_line(LogLevel::kInfo, kLogColl, ctx.device(ref.rank),
+             std::string(api_name(ref.kind)) + ": opCount " + std::to_string(op_count) +
+                 " count " + std::to_string(ref.count) + " datatype " +
+                 std::string(ef::to_string(ref.dtype)) + " op " +
+                 std::string(ef::to_string(ref.op)) + " root " + std::to_string(shape.root) +
+                 " inplace " + (inplace ? "1" : "0") + " nranks " + std::to_string(ctx.nranks()) +
+                 (*capturing ? " (captured)" : "") + " -> " + programs + ": " + plan->reason);
+  }
+
+  std::vector<int32_t> all_ranks(static_cast<std::size_t>(ctx.nranks()));
+  for (int32_t r = 0; r < ctx.nranks(); ++r) all_ranks[static_cast<std::size_t>(r)] = r;
+  for (const PlanPiece& piece : plan->pieces) {
+    char key[64];  // not an ostringstream: this runs on every call
+    std::snprintf(key, sizeof(key), "coll:%p", static_cast<const void*>(piece.program));
+    if (const int copy = copy_for(ctx, batch, *piece.program, key, all_ranks); copy > 0)
+      std::snprintf(key, sizeof(key), "coll:%p#%d", static_cast<const void*>(piece.program), copy);
+    device::DeviceExecutor* executor = nullptr;
+    if (ApiStatus s = ctx.executors->get(
+            *piece.program, key, all_ranks, *capturing, piece.count, ref.dtype,
+            ExchangeName::program(ctx.executors->fingerprint(*piece.program)), batch, &executor);
+        !s)
+      return s;
+    Launch l;
+    l.executor = executor;
+    l.args.count = piece.count;
+    l.args.dtype = ref.dtype;
+    l.args.op = ref.op;
+    l.args.inplace = inplace;
+    l.args.timeout = ctx.timeout;
+    // Per program rank (= clique rank); other processes' ranks stay null.
+    const auto n = static_cast<std::size_t>(ctx.nranks());
+    if (ref.op == ef::RedOp::kPreMulSum) l.args.premul_scalars.assign(n, 1.0);
+    l.args.inputs.assign(n, nullptr);
+    l.args.outputs.assign(n, nullptr);
+    for (const Call& c : set) {
+      const void* in = nullptr;
+      void* out = nullptr;
+      program_buffers(c, piece.offset, &in, &out);
+      const auto r = static_cast<std::size_t>(c.rank);
+      l.args.inputs[r] = in;
+      l.args.outputs[r] = out;
+      if (ref.op == ef::RedOp::kPreMulSum) l.args.premul_scalars[r] = c.premul_scalar;
+      l.ranks.push_back(c.rank);
+      l.rank_streams.push_back(c.stream);
+    }
+    if (ApiStatus s = batch.add(std::move(l), *capturing); !s)
+      return ApiStatus(s.code(), std::string(api_name(ref.kind)) + " (program '" +
+                                     piece.program->name + "'): " + s.message());
+  }
+  return ApiStatus::ok();
+}
+
+StatusOr<bool> any_capturing(const std::vector<cudaStream_t>& streams) {
+  bool capturing = false;
+  for (cudaStream_t s : streams) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    const cudaError_t e = cudaStreamIsCapturing(s, &status);
+    if (e != cudaSuccess)
+      return Status::error(std::string("cudaStreamIsCapturing: ") + cudaGetErrorString(e));
+    if (status == cudaStreamCaptureStatusInvalidated)
+      return Status::error("a stream's CUDA graph capture has been invalidated");
+    capturing = capturing || status == cudaStreamCaptureStatusActive;
+  }
+  return capturing;
+}
+
+}  // namespace efccl::runtime

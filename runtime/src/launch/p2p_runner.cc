@@ -1,0 +1,235 @@
+#include "launch/p2p_runner.h"
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "efccl/common/log.h"
+#include "select/selection_observer.h"
+#include "select/tuning.h"
+
+namespace efccl::runtime {
+namespace {
+
+/// Pair plans kept before the table is cleared (their executors stay cached).
+constexpr std::size_t kMaxCachedPairPlans = 4096;
+
+/// One direction of a group's transfers: the sends of its sender and the receives of its
+/// receiver, in call order (only those of this process's ranks).
+struct Direction {
+  std::vector<const Call*> sends, recvs;
+};
+using DirectionKey = std::pair<int32_t, int32_t>;  ///< (sender, receiver)
+
+/// A round ready to launch: its plan, the buffers of its program ranks, its ranks here.
+struct ReadyRound {
+  const P2pRound* round = nullptr;
+  std::vector<const void*> inputs;
+  std::vector<void*> outputs;
+  ExchangeName exchange;
+};
+
+ApiStatus cuda_status(cudaError_t e, const std::string& what) {
+  if (e == cudaSuccess) return ApiStatus::ok();
+  return ApiStatus::cuda(what + ": " + cudaGetErrorString(e));
+}
+
+/// Matches the calls per direction and checks what this process can check: one stream per
+/// rank, and equal counts and sizes where both ends are its ranks. `*bytes` receives, per
+/// direction, the size of each message (known from whichever end is here).
+ApiStatus match(const LaunchContext& ctx, const std::vector<Call>& calls,
+                std::map<DirectionKey, Direction>* directions,
+                std::map<DirectionKey, std::vector<uint64_t>>* bytes,
+                std::map<int32_t, cudaStream_t>* stream_of) {
+  for (const Call& c : calls) {
+    auto [it, fresh] = stream_of->emplace(c.rank, c.stream);
+    if (!fresh && it->second != c.stream)
+      return ApiStatus::invalid_usage(
+          "rank " + std::to_string(c.rank) + " uses different streams for its sends/receives "
+          "of one group; efccl needs one stream per rank and group for point-to-point calls");
+    if (c.kind == CallKind::kSend)
+      (*directions)[{c.rank, c.peer}].sends.push_back(&c);
+    else
+      (*directions)[{c.peer, c.rank}].recvs.push_back(&c);
+  }
+  for (const auto& [dir, d] : *directions) {
+    const auto [from, to] = dir;
+    const bool both = ctx.is_local(from) && ctx.is_local(to);
+    if (both && d.sends.size() != d.recvs.size())
+      return ApiStatus::invalid_usage(
+          "rank " + std::to_string(from) + " posts " + std::to_string(d.sends.size()) +
+          " ncclSend to rank " + std::to_string(to) + " but rank " + std::to_string(to) +
+          " posts " + std::to_string(d.recvs.size()) + " ncclRecv from rank " +
+          std::to_string(from) + " in this group (sends and receives between ranks of one "
+          "process are matched within one group)");
+    const auto& known = ctx.is_local(from) ? d.sends : d.recvs;
+    std::vector<uint64_t>& sizes = (*bytes)[dir];
+    for (std::size_t k = 0; k < known.size(); ++k) {
+      const uint64_t b = call_bytes(*known[k]);
+      if (both && call_bytes(*d.recvs[k]) != b)
+        return ApiStatus::invalid_usage(
+            "send #" + std::to_string(k) + " from rank " + std::to_string(from) + " to rank " +
+            std::to_string(to) + " has " + std::to_string(b) + " bytes (" +
+            describe(*d.sends[k]) + ") but the matching receive has " +
+            std::to_string(call_bytes(*d.recvs[k])) + " (" + describe(*d.recvs[k]) + ")");
+      sizes.push_back(b);
+    }
+  }
+  return ApiStatus::ok();
+}
+
+/// Sends to self: a copy on the rank's stream.
+ApiStatus copy_to_self(const LaunchContext& ctx, const std::map<DirectionKey, Direction>& dirs,
+                       const std::map<int32_t, cudaStream_t>& stream_of, std::size_t* copies) {
+  for (const auto& [dir, d] : dirs) {
+    if (dir.first != dir.second) continue;
+    for (std::size_t k = 0; k < d.sends.size(); ++k) {
+      const uint64_t b = call_bytes(*d.sends[k]);
+      if (b == 0) continue;
+      cudaSetDevice(ctx.device(dir.first));
+      if (ApiStatus s = cuda_status(
+              cudaMemcpyAsync(d.recvs[k]->recvbuff, d.sends[k]->sendbuff, b,
+                              cudaMemcpyDeviceToDevice, stream_of.at(dir.first)),
+              "ncclSend/ncclRecv to self on rank " + std::to_string(dir.first));
+          !s)
+        return s;
+      ++*copies;
+    }
+  }
+  return ApiStatus::ok();
+}
+
+}  // namespace
+
+ApiStatus run_send_recv(LaunchContext& ctx, const std::vector<Call>& calls, LaunchBatch& batch) {
+  std::map<DirectionKey, Direction> directions;
+  std::map<DirectionKey, std::vector<uint64_t>> bytes;
+  std::map<int32_t, cudaStream_t> stream_of;
+  if (ApiStatus s = match(ctx, calls, &directions, &bytes, &stream_of); !s) return s;
+
+  std::vector<cudaStream_t> streams;
+  for (const auto& [rank, stream] : stream_of) streams.push_back(stream);
+  StatusOr<bool> capturing = any_capturing(streams);
+  if (!capturing) return ApiStatus::cuda(capturing.status().message());
+
+  std::size_t to_self = 0;
+  if (ApiStatus s = copy_to_self(ctx, directions, stream_of, &to_self); !s) return s;
+
+  const auto protocol_for = [&ctx](uint64_t b) { return ctx.registry->p2p_protocol(b); };
+  std::vector<P2pRound> local_rounds;  // one process: the group's rounds
+  std::vector<ReadyRound> ready;
+  std::size_t transfers = 0;
+  if (ctx.processes == nullptr) {
+    std::vector<Transfer> list;
+    for (const auto& [dir, d] : directions) {
+      if (dir.first == dir.second) continue;
+      for (std::size_t k = 0; k < d.sends.size(); ++k)
+        if (const uint64_t b = call_bytes(*d.sends[k]); b > 0)
+          list.push_back({dir.first, dir.second, d.sends[k]->sendbuff, d.recvs[k]->recvbuff, b});
+    }
+    transfers = list.size();
+    // Programs are built only for signatures without a prepared executor: a group repeated
+    // with the same layout (every training step) skips building them.
+    local_rounds = plan_p2p_rounds(std::move(list), &p2p_channels, protocol_for,
+                                   /*build_programs=*/false);
+    for (const P2pRound& round : local_rounds)
+      ready.push_back({&round, round.inputs, round.outputs, ExchangeName{}});
+  } else {
+    // Pairs in one global order; each side of a message is known here from its local end.
+    std::map<DirectionKey, std::size_t> messages;
+    for (const auto& [dir, sizes] : bytes)
+      if (dir.first != dir.second) {
+        auto& n = messages[{std::min(dir.first, dir.second), std::max(dir.first, dir.second)}];
+        n = std::max(n, sizes.size());
+      }
+    for (const auto& [pair, count] : messages) {
+      const auto [a, b] = pair;
+      const std::vector<uint64_t>& ab = bytes[{a, b}];
+      const std::vector<uint64_t>& ba = bytes[{b, a}];
+      const Direction& dab = directions[{a, b}];
+      const Direction& dba = directions[{b, a}];
+      for (std::size_t k = 0; k < count; ++k) {
+        const uint64_t bytes_ab = k < ab.size() ? ab[k] : 0, bytes_ba = k < ba.size() ? ba[k] : 0;
+        if (bytes_ab == 0 && bytes_ba == 0) continue;
+        transfers += (bytes_ab > 0) + (bytes_ba > 0);
+        // The pair's four buffers (a's send, b's receive, b's send, a's receive); those of
+        // the other process's ranks stay null.
+        void* const slot[4] = {
+            bytes_ab > 0 && ctx.is_local(a) ? const_cast<void*>(dab.sends[k]->sendbuff) : nullptr,
+            bytes_ab > 0 && ctx.is_local(b) ? dab.recvs[k]->recvbuff : nullptr,
+            bytes_ba > 0 && ctx.is_local(b) ? const_cast<void*>(dba.sends[k]->sendbuff) : nullptr,
+            bytes_ba > 0 && ctx.is_local(a) ? dba.recvs[k]->recvbuff : nullptr};
+        const auto key = std::make_tuple(a, b, bytes_ab, bytes_ba);
+        auto cached = ctx.pair_rounds.find(key);
+        if (cached == ctx.pair_rounds.end()) {
+          if (ctx.pair_rounds.size() >= kMaxCachedPairPlans) ctx.pair_rounds.clear();
+          cached = ctx.pair_rounds
+                       .emplace(key, plan_pair_rounds(a, b, bytes_ab, bytes_ba, &p2p_channels,
+                                                      protocol_for))
+                       .first;
+        }
+        const PairRounds& plan = cached->second;
+        for (std::size_t i = 0; i < plan.rounds.size(); ++i) {
+          ReadyRound r{&plan.rounds[i], {}, {}, ExchangeName::pair(a, b)};
+          for (int s : plan.input_slot[i]) r.inputs.push_back(s < 0 ? nullptr : slot[s]);
+          for (int s : plan.output_slot[i]) r.outputs.push_back(s < 0 ? nullptr : slot[s]);
+          ready.push_back(std::move(r));
+        }
+      }
+    }
+  }
+
+  if (ready.empty()) return ApiStatus::ok();  // only copies to self, or nothing
+  const uint64_t op_count = ctx.launches++;
+  const std::string reason =
+      std::to_string(transfers) + " transfer(s) between ranks and " + std::to_string(to_self) +
+      " to self -> " + std::to_string(ready.size()) +
+      " launch(es) of generated 'p2p' programs (channels per transfer: " +
+      std::to_string(ready.front().round->channels) + ")" +
+      (ctx.processes != nullptr ? ", pairs in one global order across processes" : "");
+  EFCCL_INFO(kLogP2p, ctx.device(stream_of.begin()->first),
+             "ncclSend/ncclRecv group: opCount " + std::to_string(op_count) + " " + reason +
+                 (*capturing ? " (captured)" : ""));
+  notify_selection({"p2p", "p2p", "runtime", reason, false, transfers, ctx.nranks()});
+
+  for (ReadyRound& r : ready) {
+    const P2pRound& round = *r.round;
+    device::DeviceExecutor* executor =
+        ctx.executors->find(ctx.executors->cache_key(round.signature, round.ranks));
+    if (executor == nullptr) {
+      const P2pRound* planned = &round;
+      P2pRound built;
+      if (round.program.ranks.empty()) {  // planned without its program (one process)
+        built = round;
+        build_p2p_program(built);
+        planned = &built;
+      }
+      device::ExecutorConfig config;
+      config.slot_bytes = planned->slot_bytes;
+      if (ApiStatus s = ctx.executors->get(planned->program, planned->signature, planned->ranks,
+                                           *capturing, planned->chunk_bytes, ef::DataType::kInt8,
+                                           r.exchange, batch, &executor, config);
+          !s)
+        return s;
+    }
+    Launch l;
+    l.executor = executor;
+    l.args.count = round.chunk_bytes;  // nchunksperloop 1: one chunk of chunk_bytes int8
+    l.args.dtype = ef::DataType::kInt8;
+    l.args.op = ef::RedOp::kSum;
+    l.args.inplace = false;
+    l.args.timeout = ctx.timeout;
+    l.args.inputs = std::move(r.inputs);
+    l.args.outputs = std::move(r.outputs);
+    for (int32_t rank : round.ranks) {
+      if (!ctx.is_local(rank)) continue;
+      l.ranks.push_back(rank);
+      l.rank_streams.push_back(stream_of.at(rank));
+    }
+    if (ApiStatus s = batch.add(std::move(l), *capturing); !s) return s;
+  }
+  return ApiStatus::ok();
+}
+
+}  // namespace efccl::runtime

@@ -1,0 +1,105 @@
+#include "launch/rank_streams.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "base/device_guard.h"
+
+namespace efccl::runtime {
+namespace {
+
+ApiStatus cuda_status(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return ApiStatus::ok();
+  return ApiStatus::cuda(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<RankStreams>> RankStreams::create(const std::vector<int>& devices,
+                                                           const std::vector<bool>& local) {
+  std::unique_ptr<RankStreams> s(new RankStreams());
+  s->devices_ = devices;
+  s->ready_.assign(devices.size(), nullptr);
+  s->done_.assign(devices.size(), nullptr);
+  DeviceGuard guard;
+  for (std::size_t r = 0; r < devices.size(); ++r) {
+    if (!local[r]) continue;
+    cudaError_t e = cudaSetDevice(devices[r]);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&s->ready_[r], cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&s->done_[r], cudaEventDisableTiming);
+    if (e != cudaSuccess)
+      return Status::error("creating the events of rank " + std::to_string(r) + " on device " +
+                           std::to_string(devices[r]) + ": " + cudaGetErrorString(e));
+  }
+  return s;
+}
+
+RankStreams::~RankStreams() {
+  DeviceGuard guard;
+  for (std::size_t r = 0; r < devices_.size(); ++r) {
+    if (ready_[r] == nullptr && done_[r] == nullptr) continue;
+    cudaSetDevice(devices_[r]);
+    if (ready_[r] != nullptr) cudaEventDestroy(ready_[r]);
+    if (done_[r] != nullptr) cudaEventDestroy(done_[r]);
+  }
+}
+
+ApiStatus RankStreams::order_before(Launch& l) {
+  const std::vector<int>& devices = l.executor->devices();
+  l.launch_rank.assign(devices.size(), SIZE_MAX);
+  l.device_index.assign(l.ranks.size(), 0);
+  l.args.streams.assign(devices.size(), nullptr);
+  for (std::size_t i = 0; i < l.ranks.size(); ++i) {
+    const int d = devices_[static_cast<std::size_t>(l.ranks[i])];
+    const auto di = static_cast<std::size_t>(std::lower_bound(devices.begin(), devices.end(), d) -
+                                             devices.begin());
+    l.device_index[i] = di;
+    if (l.launch_rank[di] == SIZE_MAX || l.ranks[i] < l.ranks[l.launch_rank[di]]) {
+      l.launch_rank[di] = i;
+      l.args.streams[di] = l.rank_streams[i];
+    }
+  }
+  for (std::size_t i = 0; i < l.ranks.size(); ++i) {
+    cudaStream_t launch_stream = l.args.streams[l.device_index[i]];
+    if (l.rank_streams[i] == launch_stream) continue;
+    const auto r = static_cast<std::size_t>(l.ranks[i]);
+    cudaSetDevice(devices_[r]);
+    if (ApiStatus s = cuda_status(cudaEventRecord(ready_[r], l.rank_streams[i]), "cudaEventRecord");
+        !s)
+      return s;
+    if (ApiStatus s = cuda_status(cudaStreamWaitEvent(launch_stream, ready_[r], 0),
+                                  "cudaStreamWaitEvent");
+        !s)
+      return s;
+  }
+  return ApiStatus::ok();
+}
+
+ApiStatus RankStreams::join_after(const Launch& l) {
+  const std::vector<int>& devices = l.executor->devices();
+  for (std::size_t di = 0; di < devices.size(); ++di) {
+    const std::size_t first = l.launch_rank[di];
+    if (first == SIZE_MAX) continue;
+    bool recorded = false;
+    for (std::size_t i = 0; i < l.ranks.size(); ++i) {
+      if (l.device_index[i] != di || l.rank_streams[i] == l.args.streams[di]) continue;
+      const auto r0 = static_cast<std::size_t>(l.ranks[first]);
+      cudaSetDevice(devices[di]);
+      if (!recorded) {
+        if (ApiStatus s = cuda_status(cudaEventRecord(done_[r0], l.args.streams[di]),
+                                      "cudaEventRecord");
+            !s)
+          return s;
+        recorded = true;
+      }
+      if (ApiStatus s = cuda_status(cudaStreamWaitEvent(l.rank_streams[i], done_[r0], 0),
+                                    "cudaStreamWaitEvent");
+          !s)
+        return s;
+    }
+  }
+  return ApiStatus::ok();
+}
+
+}  // namespace efccl::runtime

@@ -1,0 +1,11 @@
+// Tells the observer installed through efccl/runtime/observer.h about every program selection.
+#pragma once
+
+#include "efccl/runtime/observer.h"
+
+namespace efccl::runtime {
+
+/// Passes a selection to the observer set by set_selection_observer (if any).
+void notify_selection(const SelectionRecord& record);
+
+}  // namespace efccl::runtime

@@ -1,0 +1,178 @@
+#include "select/tuning.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "efccl/common/log.h"
+
+namespace efccl::runtime {
+namespace {
+
+constexpr uint64_t KiB = 1024;
+constexpr uint64_t MiB = 1024 * KiB;
+constexpr uint64_t kNoLimit = std::numeric_limits<uint64_t>::max();
+
+constexpr ef::Protocol kSimple = ef::Protocol::kSimple;
+constexpr ef::Protocol kLL128 = ef::Protocol::kLL128;
+
+/// A row applies when nranks is in [min_ranks, max_ranks] and bytes in [min_bytes, max_bytes).
+/// The first matching row of a collective wins. More instances for larger messages give the
+/// interpreter enough CTAs (one per threadblock) to saturate NVLink.
+struct Row {
+  ef::Collective collective;
+  std::string_view algorithm;
+  int32_t min_ranks, max_ranks;
+  uint64_t min_bytes, max_bytes;
+  int32_t instances;
+  ef::Protocol protocol = kSimple;
+};
+
+constexpr Row kTable[] = {
+    // allreduce: one-step all-pairs for latency-bound sizes on small cliques, then the ring.
+    // Instances measured on 2x H200 (docs/performance.md, 2026-11-22): one ring threadblock
+    // moves ~12 GB/s, so large messages need ~32 to approach NVLink's ceiling. Two ranks:
+    // all-pairs is one send + recv-reduce-copy per lane (the same bytes as the ring in one
+    // step instead of two), lanes growing with the size up to the program's 1 MiB. Simple:
+    // under CUDA graphs it matched LL128 up to 2 KB and beat it from 4 KB (and LL everywhere)
+    // once the interpreter's per-op overheads were cut (docs/performance.md, session 4).
+    {ef::Collective::kAllReduce, "allpairs_allreduce", 2, 2, 0, 16 * KiB, 1},
+    {ef::Collective::kAllReduce, "allpairs_allreduce", 2, 2, 16 * KiB, 64 * KiB, 2},
+    {ef::Collective::kAllReduce, "allpairs_allreduce", 2, 2, 64 * KiB, 256 * KiB, 4},
+    {ef::Collective::kAllReduce, "allpairs_allreduce", 2, 2, 256 * KiB, 1 * MiB, 8},
+    {ef::Collective::kAllReduce, "allpairs_allreduce", 3, 8, 0, 256 * KiB, 1},
+    {ef::Collective::kAllReduce, "ring_allreduce", 1, 4096, 0, 256 * KiB, 1},
+    {ef::Collective::kAllReduce, "ring_allreduce", 1, 4096, 256 * KiB, 1 * MiB, 8},
+    {ef::Collective::kAllReduce, "ring_allreduce", 1, 4096, 1 * MiB, 8 * MiB, 16},
+    {ef::Collective::kAllReduce, "ring_allreduce", 1, 4096, 8 * MiB, kNoLimit, 32},
+    {ef::Collective::kAllGather, "ring_allgather", 1, 4096, 0, 256 * KiB, 1},
+    {ef::Collective::kAllGather, "ring_allgather", 1, 4096, 256 * KiB, 1 * MiB, 8},
+    {ef::Collective::kAllGather, "ring_allgather", 1, 4096, 1 * MiB, 8 * MiB, 16},
+    {ef::Collective::kAllGather, "ring_allgather", 1, 4096, 8 * MiB, kNoLimit, 32},
+    {ef::Collective::kReduceScatter, "ring_reducescatter", 1, 4096, 0, 256 * KiB, 1},
+    {ef::Collective::kReduceScatter, "ring_reducescatter", 1, 4096, 256 * KiB, 1 * MiB, 8},
+    {ef::Collective::kReduceScatter, "ring_reducescatter", 1, 4096, 1 * MiB, 8 * MiB, 16},
+    {ef::Collective::kReduceScatter, "ring_reducescatter", 1, 4096, 8 * MiB, kNoLimit, 32},
+    {ef::Collective::kBroadcast, "ring_broadcast", 1, 4096, 0, 256 * KiB, 1},
+    {ef::Collective::kBroadcast, "ring_broadcast", 1, 4096, 256 * KiB, 1 * MiB, 8},
+    {ef::Collective::kBroadcast, "ring_broadcast", 1, 4096, 1 * MiB, 8 * MiB, 16},
+    {ef::Collective::kBroadcast, "ring_broadcast", 1, 4096, 8 * MiB, kNoLimit, 32},
+    {ef::Collective::kReduce, "ring_reduce", 1, 4096, 0, 256 * KiB, 1},
+    {ef::Collective::kReduce, "ring_reduce", 1, 4096, 256 * KiB, 1 * MiB, 8},
+    {ef::Collective::kReduce, "ring_reduce", 1, 4096, 1 * MiB, 8 * MiB, 16},
+    {ef::Collective::kReduce, "ring_reduce", 1, 4096, 8 * MiB, kNoLimit, 32},
+    // alltoall: every rank already has n-1 send and n-1 receive threadblocks per instance.
+    {ef::Collective::kAllToAll, "direct_alltoall", 1, 4096, 0, 1 * MiB, 1},
+    {ef::Collective::kAllToAll, "direct_alltoall", 1, 4096, 1 * MiB, 64 * MiB, 4},
+    {ef::Collective::kAllToAll, "direct_alltoall", 1, 4096, 64 * MiB, kNoLimit, 8},
+    // gather/scatter: direct from/to the root; each instance adds one channel per block.
+    {ef::Collective::kGather, "direct_gather", 1, 4096, 0, 1 * MiB, 1},
+    {ef::Collective::kGather, "direct_gather", 1, 4096, 1 * MiB, 64 * MiB, 4},
+    {ef::Collective::kGather, "direct_gather", 1, 4096, 64 * MiB, kNoLimit, 8},
+    {ef::Collective::kScatter, "direct_scatter", 1, 4096, 0, 1 * MiB, 1},
+    {ef::Collective::kScatter, "direct_scatter", 1, 4096, 1 * MiB, 64 * MiB, 4},
+    {ef::Collective::kScatter, "direct_scatter", 1, 4096, 64 * MiB, kNoLimit, 8},
+};
+
+/// Point-to-point: channels and protocol per transfer by size (the first row whose min_bytes
+/// the transfer reaches).
+struct P2pRow {
+  uint64_t min_bytes;
+  int32_t channels;
+  ef::Protocol protocol = kSimple;
+};
+// Send/recv: LL128 below 4 KiB (0.5-0.7 us faster than Simple per round under CUDA graphs on
+// 2x H200, slower from 8 KiB). Channels: the fewest within ~5% of the fastest GPU time
+// (sendrecv_perf -G 20, 4 KiB .. 128 MiB, 1-32 channels, 2x H200, docs/performance.md
+// session 7): one channel moves ~35 GB/s, 32 reach NCCL's 345 GB/s; from 128 KiB a transfer
+// takes 32 (64 CTAs per GPU while it runs; NCCL_MAX_P2P_NCHANNELS bounds it), 16 between 16
+// and 64 MiB (within 5% of 32, half the connection memory). Slots shrink with the chunk
+// (P2pRound::slot_bytes), so below 16 MiB the connection memory is no larger than with the
+// fewer, fuller channels of before.
+constexpr P2pRow kP2pTable[] = {{64 * MiB, 32}, {16 * MiB, 16}, {128 * KiB, 32}, {16 * KiB, 8},
+                                {8 * KiB, 2},   {4 * KiB, 1},   {0, 1, kLL128}};
+
+std::string describe_range(uint64_t lo, uint64_t hi) {
+  const auto human = [](uint64_t b) {
+    if (b >= MiB && b % MiB == 0) return std::to_string(b / MiB) + " MiB";
+    if (b >= KiB && b % KiB == 0) return std::to_string(b / KiB) + " KiB";
+    return std::to_string(b) + " B";
+  };
+  if (hi == kNoLimit) return "bytes >= " + human(lo);
+  return human(lo) + " <= bytes < " + human(hi);
+}
+
+}  // namespace
+
+BuiltinChoice choose_builtin(ef::Collective collective, int32_t nranks, uint64_t bytes) {
+  for (const Row& row : kTable) {
+    if (row.collective != collective || nranks < row.min_ranks || nranks > row.max_ranks ||
+        bytes < row.min_bytes || bytes >= row.max_bytes)
+      continue;
+    return {row.algorithm, row.instances, row.protocol,
+            "tuning table: " + describe_range(row.min_bytes, row.max_bytes) + ", nranks " +
+                std::to_string(row.min_ranks) + ".." + std::to_string(row.max_ranks) + " -> " +
+                std::to_string(row.instances) + " instance(s), " +
+                std::string(ef::to_string(row.protocol))};
+  }
+  return {};
+}
+
+namespace {
+
+constexpr int32_t kMaxP2pChannels = 64;  // NCCL's MAXCHANNELS
+
+/// NCCL_MIN_P2P_NCHANNELS / NCCL_MAX_P2P_NCHANNELS (1..64 each): bounds on the table's channels
+/// per transfer. A value that is not such a number is refused with a warning naming it.
+int32_t p2p_channel_bound(const char* name, int32_t fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  errno = 0;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  if (errno != 0 || end == v || *end != '\0' || n < 1 || n > kMaxP2pChannels) {
+    EFCCL_WARN(-1, std::string(name) + "='" + v + "' is not a number from 1 to " +
+                       std::to_string(kMaxP2pChannels) + "; ignored (the tuning table decides)");
+    return fallback;
+  }
+  return static_cast<int32_t>(n);
+}
+
+}  // namespace
+
+std::pair<int32_t, int32_t> p2p_channel_bounds() {
+  const int32_t lo = p2p_channel_bound("NCCL_MIN_P2P_NCHANNELS", 1);
+  const int32_t hi = p2p_channel_bound("NCCL_MAX_P2P_NCHANNELS", kMaxP2pChannels);
+  if (lo > hi) {
+    EFCCL_WARN(-1, "NCCL_MIN_P2P_NCHANNELS=" + std::to_string(lo) + " exceeds NCCL_MAX_P2P_NCHANNELS=" +
+                       std::to_string(hi) + "; using " + std::to_string(hi) + " for both");
+    return {hi, hi};
+  }
+  return {lo, hi};
+}
+
+int32_t p2p_channels(uint64_t bytes) {
+  static const std::pair<int32_t, int32_t> bounds = p2p_channel_bounds();
+  return p2p_channels(bytes, bounds);
+}
+
+int32_t p2p_channels(uint64_t bytes, std::pair<int32_t, int32_t> bounds) {
+  int32_t channels = 1;
+  for (const P2pRow& row : kP2pTable)
+    if (bytes >= row.min_bytes) {
+      channels = row.channels;
+      break;
+    }
+  return std::clamp(channels, bounds.first, bounds.second);
+}
+
+ef::Protocol p2p_protocol(uint64_t bytes) {
+  for (const P2pRow& row : kP2pTable)
+    if (bytes >= row.min_bytes) return row.protocol;
+  return kSimple;
+}
+
+}  // namespace efccl::runtime

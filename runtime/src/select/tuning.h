@@ -1,0 +1,39 @@
+// The tuning table: which built-in algorithm runs a collective, and with how many instances
+// (parallel copies of the program on separate channels, hence CTAs), by size. All tuning
+// numbers live in tuning.cc so that they can be read, and changed, in one place.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <string_view>
+
+#include "efccl/ef/program.h"
+
+namespace efccl::runtime {
+
+/// A built-in algorithm, its instance count and protocol for one call.
+struct BuiltinChoice {
+  std::string_view algorithm;  ///< a name of the algorithm library (efccl/algorithms/registry.h)
+  int32_t instances = 1;
+  /// The protocol measured fastest for the size (before NCCL_PROTO; ProgramRegistry applies it).
+  ef::Protocol protocol = ef::Protocol::kSimple;
+  std::string why;  ///< the table row that matched, for the INFO log
+};
+
+/// `bytes` is the whole call's data (NCCL count x nranks x element size for the collectives
+/// whose count is per block, count x element size otherwise).
+BuiltinChoice choose_builtin(ef::Collective collective, int32_t nranks, uint64_t bytes);
+
+/// Channels (CTAs per direction) for one point-to-point transfer of `bytes`: the tuning table's,
+/// within the bounds NCCL_MIN_P2P_NCHANNELS / NCCL_MAX_P2P_NCHANNELS gave at the first call.
+int32_t p2p_channels(uint64_t bytes);
+/// The same within explicit {min, max} bounds.
+int32_t p2p_channels(uint64_t bytes, std::pair<int32_t, int32_t> bounds);
+/// NCCL_MIN_P2P_NCHANNELS / NCCL_MAX_P2P_NCHANNELS as set now: {1, 64} where unset; a value that
+/// is not a number from 1 to 64 is ignored with a warning naming it; min > max gives {max, max}.
+std::pair<int32_t, int32_t> p2p_channel_bounds();
+/// The protocol measured fastest for a point-to-point transfer of `bytes` (before NCCL_PROTO).
+ef::Protocol p2p_protocol(uint64_t bytes);
+
+}  // namespace efccl::runtime
