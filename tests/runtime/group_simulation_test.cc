@@ -69,7 +69,16 @@ TEST(GroupSimulateEnd, TheVersionIsNotChecked) {
   ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
   sim.version = 22200;  // an application built against NCCL 2.22's header
   ASSERT_EQ(ncclGroupStart(), ncclSuccess);
-  EXPECT_EQ(ncclGroupSimulateEnd(&sim), ncclSuccess);
+  EXPECT_EQ(ncclGroupSimulateEnd(&sim), ncclSuccess) << last_error();
+  EXPECT_EQ(sim.version, 22200u);
+  EXPECT_EQ(sim.estimatedTime, NCCL_UNDEF_FLOAT);  // an empty group leaves it as it was
+  EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage) << "the simulated group must have been closed";
+  // The same info with a wrong magic is refused: what let it through is the version not being
+  // checked, not a check that passes everything.
+  sim.magic ^= 1;
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  EXPECT_EQ(ncclGroupSimulateEnd(&sim), ncclInvalidArgument);
+  EXPECT_NE(last_error().find("magic"), std::string::npos) << last_error();
 }
 
 TEST(GroupSimulateEnd, AFailedCallFailsTheGroupFirst) {

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <string>
 #include <thread>
+#include <cstring>
 #include <vector>
 
 #include "runtime_test_util.h"
@@ -166,14 +167,19 @@ TEST(InitRank, ScalableUsesTheFirstId) {
   EFCCL_REQUIRE_GPUS(1);
   const int n = 2;
   const std::vector<int> devices = rank_devices(n);
-  ncclUniqueId ids[2];
-  NCCL_OK(ncclGetUniqueId(&ids[0]));
-  NCCL_OK(ncclGetUniqueId(&ids[1]));
+  // Each rank's second id differs (rank 0's is not even an id): ranks that used it would not
+  // meet (failing within the init timeout), or would be refused at once.
+  efccl::runtime::testing::ScopedEnv timeout("EFCCL_INIT_TIMEOUT_MS", "20000");
+  ncclUniqueId ids[2][2];
+  NCCL_OK(ncclGetUniqueId(&ids[0][0]));
+  ids[1][0] = ids[0][0];
+  std::memset(ids[0][1].internal, 0xab, sizeof(ids[0][1].internal));
+  NCCL_OK(ncclGetUniqueId(&ids[1][1]));
   std::vector<ncclComm_t> comms(n, nullptr);
   NCCL_OK(ncclGroupStart());
   for (int r = 0; r < n; ++r) {
     CUDA_OK(cudaSetDevice(devices[r]));
-    NCCL_OK(ncclCommInitRankScalable(&comms[r], n, r, 2, ids, nullptr));
+    NCCL_OK(ncclCommInitRankScalable(&comms[r], n, r, 2, ids[r], nullptr));
   }
   NCCL_OK(ncclGroupEnd());
   expect_allreduce_works(comms, devices);

@@ -112,15 +112,15 @@ EFCCL_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyn
   const char* fn = "ncclCommGetAsyncError";
   return run_entry_point(fn, [&] {
     CommInit init = CommInit::kReady;
-    ApiStatus init_error;
-    if (ApiStatus s = efccl::runtime::check_comm_handle(comm, &init, &init_error); !s) return s;
+    ApiStatus init_failure;
+    if (ApiStatus s = efccl::runtime::check_comm_handle(comm, &init, &init_failure); !s) return s;
     if (asyncError == nullptr) return ApiStatus::invalid_argument("asyncError is NULL");
     switch (init) {
       case CommInit::kPending:
         *asyncError = ncclInProgress;  // a grouped or non-blocking init
         break;
       case CommInit::kFailed:
-        *asyncError = init_error.code();
+        *asyncError = init_failure.code();
         break;
       case CommInit::kReady:
         // Revoked: quiescent once ncclCommRevoke returned (it waits for the aborted kernels).

@@ -27,7 +27,7 @@ bool unregister_comm(ncclComm* comm) {
   return live_comms().erase(comm) > 0;
 }
 
-ApiStatus check_comm_handle(const ncclComm* comm, CommInit* init, ApiStatus* init_error) {
+ApiStatus check_comm_handle(const ncclComm* comm, CommInit* init, ApiStatus* init_failure) {
   if (comm == nullptr) return ApiStatus::invalid_argument("comm is NULL");
   std::lock_guard<std::mutex> lock(live_mutex());
   if (live_comms().count(comm) == 0) {
@@ -39,14 +39,14 @@ ApiStatus check_comm_handle(const ncclComm* comm, CommInit* init, ApiStatus* ini
   if (comm->magic != kCommMagic)
     return ApiStatus::invalid_argument("comm is corrupted (bad magic)");
   *init = comm->init;
-  if (init_error != nullptr && comm->init == CommInit::kFailed) *init_error = comm->init_error;
+  if (init_failure != nullptr && comm->init == CommInit::kFailed) *init_failure = comm->init_failure;
   return ApiStatus::ok();
 }
 
 ApiStatus check_comm(const ncclComm* comm) {
   CommInit init = CommInit::kReady;
-  ApiStatus error;
-  if (ApiStatus s = check_comm_handle(comm, &init, &error); !s) return s;
+  ApiStatus failure;
+  if (ApiStatus s = check_comm_handle(comm, &init, &failure); !s) return s;
   switch (init) {
     case CommInit::kReady:
       return ApiStatus::ok();
@@ -57,7 +57,7 @@ ApiStatus check_comm(const ncclComm* comm) {
           "ncclGroupEnd)");
     case CommInit::kFailed:
       return ApiStatus::invalid_usage("the communicator's initialization failed (" +
-                                      error.message() +
+                                      failure.message() +
                                       "); it can only be destroyed or aborted");
   }
   return ApiStatus::internal("bad communicator init state");
@@ -72,7 +72,7 @@ void attach_clique(ncclComm* comm, std::shared_ptr<Clique> clique) {
 void fail_init(ncclComm* comm, const ApiStatus& why) {
   std::lock_guard<std::mutex> lock(live_mutex());
   comm->init = CommInit::kFailed;
-  comm->init_error = why;
+  comm->init_failure = why;
 }
 
 }  // namespace efccl::runtime

@@ -53,7 +53,7 @@ struct ncclComm {
   int device = 0;
   std::shared_ptr<efccl::runtime::Clique> clique;  ///< set once, when ready
   efccl::runtime::CommInit init = efccl::runtime::CommInit::kReady;  ///< under the live-set lock
-  efccl::runtime::ApiStatus init_error;                              ///< kFailed: why
+  efccl::runtime::ApiStatus init_failure;                              ///< kFailed: why
   /// ncclCommInitRank*: the rendezvous of its unique id (immutable; null for ncclCommInitAll).
   std::shared_ptr<efccl::runtime::Rendezvous> rendezvous;
   bool blocking = true;  ///< ncclConfig_t::blocking (efccl completes every init synchronously)
@@ -82,9 +82,9 @@ bool unregister_comm(ncclComm* comm);
 /// ok when `comm` is a live communicator whose clique has formed (pending or failed
 /// initialisation: ncclInvalidUsage saying why).
 ApiStatus check_comm(const ncclComm* comm);
-/// ok when `comm` is a live communicator in any init state; `*init` (and `*init_error` when
+/// ok when `comm` is a live communicator in any init state; `*init` (and `*init_failure` when
 /// failed) receive its state.
-ApiStatus check_comm_handle(const ncclComm* comm, CommInit* init, ApiStatus* init_error = nullptr);
+ApiStatus check_comm_handle(const ncclComm* comm, CommInit* init, ApiStatus* init_failure = nullptr);
 /// Pending -> ready with `clique`.
 void attach_clique(ncclComm* comm, std::shared_ptr<Clique> clique);
 /// Pending -> failed with `why`.

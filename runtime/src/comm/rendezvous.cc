@@ -50,8 +50,8 @@ class Rendezvous {
   std::condition_variable cv;
   State state = State::kCollecting;  // below: under mu
   std::map<int, Member> members;     ///< by rank
-  ApiStatus error;                   ///< kFailed: why
-  ApiStatus cancelled;               ///< set while kBuilding: fail instead of attaching
+  ApiStatus failure;                 ///< kFailed: why
+  ApiStatus cancellation;            ///< set while kBuilding: fail instead of attaching
   /// The bootstrap's table of every rank (PeerInfo), once a member's bootstrap received it;
   /// `expected`: the ranks of this process, which must all join here.
   bool table_known = false;
@@ -88,7 +88,7 @@ void stop_pending(const std::shared_ptr<Rendezvous>& r) {
 void fail_locked(Rendezvous& r, const ApiStatus& why) {
   r.abort.store(true);
   r.state = Rendezvous::State::kFailed;
-  r.error = why;
+  r.failure = why;
   for (auto& [rank, m] : r.members)
     if (m.comm != nullptr) fail_init(m.comm, why);
   r.cv.notify_all();
@@ -299,7 +299,7 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
     if (clique != nullptr)
       for (const auto& [rank, m] : r.members) clique->set_driver(rank, m.thread);
   }
-  if (!r.cancelled) status = r.cancelled;
+  if (!r.cancellation) status = r.cancellation;
   if (!status) {
     fail_locked(r, status);
   } else {
@@ -384,7 +384,7 @@ ApiStatus complete_rendezvous(const std::shared_ptr<Rendezvous>& r,
       case Rendezvous::State::kFormed:
         return ApiStatus::ok();
       case Rendezvous::State::kFailed:
-        return r->error;
+        return r->failure;
       case Rendezvous::State::kBuilding:
         // The builder only creates CUDA events; it waits on nobody, so this ends.
         r->cv.wait(lock);
@@ -406,10 +406,10 @@ ApiStatus complete_rendezvous(const std::shared_ptr<Rendezvous>& r,
                               : ApiStatus::invalid_usage("bootstrap: " + got.message());
       if (!learned) {
         fail_locked(*r, learned);
-        const ApiStatus error = r->error;
+        const ApiStatus failure = r->failure;
         lock.unlock();
         stop_pending(r);
-        return error;
+        return failure;
       }
       continue;
     }
@@ -427,10 +427,10 @@ ApiStatus complete_rendezvous(const std::shared_ptr<Rendezvous>& r,
                           " ranks of this unique id that run in this process joined within " +
                           std::to_string(timeout.count()) + " ms (EFCCL_INIT_TIMEOUT_MS; missing rank(s) " +
                           missing_ranks(*r) + ")"));
-      const ApiStatus error = r->error;
+      const ApiStatus failure = r->failure;
       lock.unlock();
       stop_pending(r);
-      return error;
+      return failure;
     }
     r->cv.wait_until(lock, deadline);
   }
@@ -442,8 +442,8 @@ void cancel_rendezvous(const std::shared_ptr<Rendezvous>& r, const ApiStatus& wh
     fail_locked(*r, why);
     lock.unlock();
     stop_pending(r);
-  } else if (r->state == Rendezvous::State::kBuilding && r->cancelled) {
-    r->cancelled = why;
+  } else if (r->state == Rendezvous::State::kBuilding && r->cancellation) {
+    r->cancellation = why;
     r->abort.store(true);  // the builder's waits (bootstrap, NCCL fallback init) give up
   }
 }
@@ -461,7 +461,7 @@ void leave_rendezvous(ncclComm* comm, bool abort) {
       "rank " + std::to_string(comm->rank) + "'s communicator was " +
       (abort ? "aborted" : "destroyed") + " before its clique formed");
   if (r->state == Rendezvous::State::kBuilding) {
-    if (r->cancelled) r->cancelled = why;
+    if (r->cancellation) r->cancellation = why;
     r->abort.store(true);  // the builder's waits (bootstrap, NCCL fallback init) give up
     return;
   }

@@ -13,7 +13,7 @@ namespace {
 struct GroupState {
   int depth = 0;
   std::vector<GroupedCall> calls;
-  ApiStatus error;
+  ApiStatus first_failure;  ///< of the calls recorded so far (ok: none failed)
 };
 
 GroupState& state() {
@@ -63,11 +63,12 @@ ClosedGroup close_group(const char* function) {
   std::vector<GroupedCall> calls = std::move(g.calls);
   g.calls.clear();
   g.calls.reserve(calls.size());  // the next group is likely the same size: no regrowth per call
-  const ApiStatus error = std::move(g.error);
-  g.error = ApiStatus::ok();
-  if (!error) {
+  const ApiStatus first_failure = std::move(g.first_failure);
+  g.first_failure = ApiStatus::ok();
+  if (!first_failure) {
     closed.failure = ApiStatus(
-        error.code(), "the group was not run because a call in it failed: " + error.message());
+        first_failure.code(),
+        "the group was not run because a call in it failed: " + first_failure.message());
     return closed;
   }
   closed.calls = std::move(calls);
@@ -94,7 +95,7 @@ bool in_group() { return state().depth > 0; }
 
 void fail_group(const ApiStatus& status) {
   GroupState& g = state();
-  if (g.depth > 0 && g.error) g.error = status;
+  if (g.depth > 0 && g.first_failure) g.first_failure = status;
 }
 
 }  // namespace efccl::runtime

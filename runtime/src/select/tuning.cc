@@ -33,12 +33,12 @@ struct Row {
 
 constexpr Row kTable[] = {
     // allreduce: one-step all-pairs for latency-bound sizes on small cliques, then the ring.
-    // Instances measured on 2x H200 (docs/performance.md, 2026-11-22): one ring threadblock
-    // moves ~12 GB/s, so large messages need ~32 to approach NVLink's ceiling. Two ranks:
-    // all-pairs is one send + recv-reduce-copy per lane (the same bytes as the ring in one
-    // step instead of two), lanes growing with the size up to the program's 1 MiB. Simple:
-    // under CUDA graphs it matched LL128 up to 2 KB and beat it from 4 KB (and LL everywhere)
-    // once the interpreter's per-op overheads were cut (docs/performance.md, session 4).
+    // One ring threadblock moves ~12 GB/s over H200 NVLink, so large messages need ~32
+    // instances to approach the link's ceiling. Two ranks: all-pairs is one send +
+    // recv-reduce-copy per lane (the same bytes as the ring in one step instead of two), lanes
+    // growing with the size up to the program's 1 MiB. Simple: under CUDA graphs it matches
+    // LL128 up to 2 KB and beats it from 4 KB, and LL everywhere. The measurements behind every
+    // row: docs/performance.md.
     {ef::Collective::kAllReduce, "allpairs_allreduce", 2, 2, 0, 16 * KiB, 1},
     {ef::Collective::kAllReduce, "allpairs_allreduce", 2, 2, 16 * KiB, 64 * KiB, 2},
     {ef::Collective::kAllReduce, "allpairs_allreduce", 2, 2, 64 * KiB, 256 * KiB, 4},
@@ -86,12 +86,11 @@ struct P2pRow {
 };
 // Send/recv: LL128 below 4 KiB (0.5-0.7 us faster than Simple per round under CUDA graphs on
 // 2x H200, slower from 8 KiB). Channels: the fewest within ~5% of the fastest GPU time
-// (sendrecv_perf -G 20, 4 KiB .. 128 MiB, 1-32 channels, 2x H200, docs/performance.md
-// session 7): one channel moves ~35 GB/s, 32 reach NCCL's 345 GB/s; from 128 KiB a transfer
-// takes 32 (64 CTAs per GPU while it runs; NCCL_MAX_P2P_NCHANNELS bounds it), 16 between 16
-// and 64 MiB (within 5% of 32, half the connection memory). Slots shrink with the chunk
-// (P2pRound::slot_bytes), so below 16 MiB the connection memory is no larger than with the
-// fewer, fuller channels of before.
+// (sendrecv_perf -G 20, 4 KiB .. 128 MiB, 1-32 channels, 2x H200; docs/performance.md): one
+// channel moves ~35 GB/s, 32 reach NCCL's 345 GB/s; from 128 KiB a transfer takes 32 (64 CTAs
+// per GPU while it runs; NCCL_MAX_P2P_NCHANNELS bounds it), 16 between 16 and 64 MiB (within 5%
+// of 32, half the connection memory). Slots shrink with the chunk (P2pRound::slot_bytes), so
+// small transfers on many channels do not each hold full-size slots.
 constexpr P2pRow kP2pTable[] = {{64 * MiB, 32}, {16 * MiB, 16}, {128 * KiB, 32}, {16 * KiB, 8},
                                 {8 * KiB, 2},   {4 * KiB, 1},   {0, 1, kLL128}};
 
