@@ -3,8 +3,10 @@
 # already present are not reinstalled, and apt is not touched when nothing is missing.
 set -euo pipefail
 
+# python3-venv, -setuptools, -wheel: `pip install --no-build-isolation .` in a venv made with
+# --system-site-packages (README, "Python"); nothing else needs them.
 packages=(build-essential cmake g++ python3 python3-dev pybind11-dev googletest libgtest-dev nlohmann-json3-dev
-          clang libclang-rt-14-dev)
+          clang libclang-rt-14-dev python3-venv python3-setuptools python3-wheel)
 
 missing=()
 for p in "${packages[@]}"; do

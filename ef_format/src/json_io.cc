@@ -4,8 +4,10 @@
 //   1. limits: the size check, then a linear scan that rejects nesting deeper than allowed
 //      (so the parser below never sees deep input);
 //   2. syntax: nlohmann's SAX parser feeding a DOM builder that also rejects duplicate keys
-//      (nlohmann's own DOM parser keeps the last one silently) and remembers the literal text
-//      of floating-point numbers, so that errors can quote what the file says;
+//      (nlohmann's own DOM parser keeps the last one silently), remembers the literal text
+//      of floating-point numbers, so that errors can quote what the file says, and charges
+//      every value to a memory budget before it is built (a file of `{}` would otherwise take
+//      30 times its size);
 //   3. structure: every field's presence, type, range and name, reported at its JSON pointer.
 // Semantic rules (buffer ranges, connections, deadlock, ...) are validate()'s job.
 //
@@ -19,6 +21,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <span>
+
+#include "memory_budget.h"
 
 namespace efccl::ef {
 namespace {
@@ -241,6 +245,41 @@ std::optional<Diagnostic> check_limits(std::string_view text, const std::string&
 
 // ---- Stage 2: syntax ----
 
+/// What the parsed document costs, estimated from the sizes of nlohmann's types plus the
+/// allocator's header of every heap block (docs/ef-format.md §8, "Limits"). A value is charged
+/// three slots of its parent array (a vector that grows holds its old storage and the new one,
+/// twice as large, at once); an object member is charged its tree node; strings longer than
+/// the small-string buffer are charged their bytes.
+constexpr std::size_t kHeapBlockHeader = 16;
+constexpr std::size_t kTreeNodeHeader = 32;  // std::map's node: color and three links
+constexpr std::size_t kSmallStringBytes = 15;
+
+std::size_t heap_block(std::size_t bytes) { return bytes + kHeapBlockHeader; }
+
+std::size_t string_bytes(std::size_t length) {
+  return length <= kSmallStringBytes ? 0 : heap_block(length + 1);
+}
+
+std::size_t value_cost(const Json& value) {
+  std::size_t cost = 3 * sizeof(Json);
+  switch (value.type()) {
+    case Json::value_t::object:
+      return cost + heap_block(sizeof(Json::object_t));
+    case Json::value_t::array:
+      return cost + heap_block(sizeof(Json::array_t));
+    case Json::value_t::string:
+      return cost + heap_block(sizeof(Json::string_t)) +
+             string_bytes(value.get_ref<const Json::string_t&>().size());
+    default:
+      return cost;
+  }
+}
+
+std::size_t member_cost(std::string_view key) {
+  return heap_block(kTreeNodeHeader + sizeof(Json::object_t::value_type)) +
+         string_bytes(key.size());
+}
+
 /// Literal text of floating-point numbers by JSON pointer. Valid EF JSON has none, so the map
 /// stays empty for valid input; hostile input is bounded by kMaxRememberedFloats.
 using FloatLiterals = std::map<std::string, std::string, std::less<>>;
@@ -250,8 +289,11 @@ constexpr std::size_t kMaxRememberedFloats = 2 * kMaxDiagnostics;
 /// number overflow at their JSON pointers and never throws.
 class DomBuilder final : public nlohmann::json_sax<Json> {
  public:
-  DomBuilder(std::string_view text, const std::string& file, Diagnostics& diagnostics)
-      : text_(text), file_(file), diagnostics_(diagnostics) {}
+  DomBuilder(std::string_view text, const std::string& file, std::size_t memory_budget,
+             Diagnostics& diagnostics)
+      : text_(text), file_(file), budget_(memory_budget), diagnostics_(diagnostics) {}
+
+  ~DomBuilder() override { release(root_); }
 
   Json& root() { return root_; }
   const FloatLiterals& float_literals() const { return float_literals_; }
@@ -273,6 +315,7 @@ class DomBuilder final : public nlohmann::json_sax<Json> {
   bool end_array() override { return close(); }
 
   bool key(string_t& key) override {
+    if (!charge(member_cost(key))) return false;
     Level& level = levels_.back();
     if (level.container->contains(key) && diagnostics_.size() < kMaxDiagnostics) {
       diagnostics_.push_back(
@@ -307,7 +350,23 @@ class DomBuilder final : public nlohmann::json_sax<Json> {
     std::string key;
   };
 
+  /// Empties `v` from the leaves up. nlohmann's destructor flattens a container into a
+  /// vector it allocates, which terminates the process when memory has run out; emptied
+  /// containers need no such vector, and the depth check bounds this recursion.
+  static void release(Json& v) noexcept {
+    if (v.is_array()) {
+      auto& array = v.get_ref<Json::array_t&>();
+      for (Json& element : array) release(element);
+      array.clear();
+    } else if (v.is_object()) {
+      auto& object = v.get_ref<Json::object_t&>();
+      for (auto& member : object) release(member.second);
+      object.clear();
+    }
+  }
+
   bool add(Json&& value, bool opens = false) {
+    if (!charge(value_cost(value))) return false;
     Json* slot = &root_;
     if (levels_.empty()) {
       root_ = std::move(value);
@@ -325,6 +384,15 @@ class DomBuilder final : public nlohmann::json_sax<Json> {
   bool close() {
     levels_.pop_back();
     return true;
+  }
+
+  /// Adds `bytes` to the document's estimated size; past the budget, reports where loading
+  /// stopped and returns false (which ends the parse).
+  bool charge(std::size_t bytes) {
+    if (budget_.charge(bytes)) return true;
+    diagnostics_.push_back(
+        {file_, pointer_of_next_value(), "syntax", budget_.exceeded_message("value")});
+    return false;
   }
 
   /// The reference token of the member or element being read inside `level`. The element an
@@ -362,6 +430,7 @@ class DomBuilder final : public nlohmann::json_sax<Json> {
 
   std::string_view text_;
   const std::string& file_;
+  MemoryBudget budget_;
   Diagnostics& diagnostics_;
   Json root_;
   std::vector<Level> levels_;
@@ -785,7 +854,7 @@ JsonLoadResult load_json(std::string_view text, const std::string& file_name,
       result.diagnostics.push_back(std::move(*problem));
       return result;
     }
-    DomBuilder builder(text, file_name, result.diagnostics);
+    DomBuilder builder(text, file_name, limits.max_memory_bytes, result.diagnostics);
     const bool parsed = Json::sax_parse(text, &builder, Json::input_format_t::json,
                                         /*strict=*/true, /*ignore_comments=*/false);
     if (!parsed || !result.diagnostics.empty()) return result;

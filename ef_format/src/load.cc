@@ -1,13 +1,14 @@
 #include "efccl/ef/load.h"
 
-#include <fstream>
-#include <sstream>
-#include <system_error>
+#include <exception>
 #include <filesystem>
+#include <fstream>
+#include <system_error>
 
 namespace efccl::ef {
 
-LoadResult load_program_text(std::string_view text, const std::string& file_name) {
+LoadResult load_program_text(std::string_view text, const std::string& file_name,
+                             const LoadLimits& limits) {
   std::size_t i = 0;
   // Skip a UTF-8 byte-order mark and leading white space.
   if (text.size() >= 3 && text.substr(0, 3) == "\xEF\xBB\xBF") i = 3;
@@ -15,11 +16,17 @@ LoadResult load_program_text(std::string_view text, const std::string& file_name
     ++i;
   LoadResult out;
   if (i < text.size() && text[i] == '{') {
-    auto r = load_json(text, file_name);
+    JsonLimits json_limits;
+    json_limits.max_bytes = limits.max_file_bytes;
+    json_limits.max_memory_bytes = limits.max_memory_bytes;
+    auto r = load_json(text, file_name, json_limits);
     out.program = std::move(r.program);
     out.diagnostics = std::move(r.diagnostics);
   } else if (i < text.size() && text[i] == '<') {
-    auto r = load_msccl_xml(text, file_name);
+    XmlLimits xml_limits;
+    xml_limits.max_bytes = limits.max_file_bytes;
+    xml_limits.max_memory_bytes = limits.max_memory_bytes;
+    auto r = load_msccl_xml(text, file_name, xml_limits);
     out.program = std::move(r.program);
     out.diagnostics = std::move(r.diagnostics);
   } else {
@@ -33,7 +40,7 @@ LoadResult load_program_text(std::string_view text, const std::string& file_name
   return out;
 }
 
-LoadResult load_program_file(const std::string& path) {
+LoadResult load_program_file(const std::string& path, const LoadLimits& limits) {
   LoadResult out;
   std::error_code ec;
   const auto status = std::filesystem::status(path, ec);
@@ -46,15 +53,14 @@ LoadResult load_program_file(const std::string& path) {
     return out;
   }
   const auto size = std::filesystem::file_size(path, ec);
-  constexpr std::uintmax_t kMaxFileBytes = 256u << 20;
   if (ec) {
     out.diagnostics.push_back({path, "", "io", "cannot read its size: " + ec.message()});
     return out;
   }
-  if (size > kMaxFileBytes) {
+  if (size > limits.max_file_bytes) {
     out.diagnostics.push_back({path, "", "file-too-large",
                                "file is " + std::to_string(size) + " bytes; the limit is " +
-                                   std::to_string(kMaxFileBytes)});
+                                   std::to_string(limits.max_file_bytes)});
     return out;
   }
   std::ifstream in(path, std::ios::binary);
@@ -62,10 +68,16 @@ LoadResult load_program_file(const std::string& path) {
     out.diagnostics.push_back({path, "", "io", "cannot open for reading"});
     return out;
   }
-  std::string text(static_cast<std::size_t>(size), '\0');
-  in.read(text.data(), static_cast<std::streamsize>(size));
-  text.resize(static_cast<std::size_t>(in.gcount()));
-  return load_program_text(text, path);
+  try {
+    std::string text(static_cast<std::size_t>(size), '\0');
+    in.read(text.data(), static_cast<std::streamsize>(size));
+    text.resize(static_cast<std::size_t>(in.gcount()));
+    return load_program_text(text, path, limits);
+  } catch (const std::exception& e) {  // allocation failure: the text or a loader's result
+    out.program.reset();
+    out.diagnostics.push_back({path, "", "io", std::string("cannot load the file: ") + e.what()});
+    return out;
+  }
 }
 
 }  // namespace efccl::ef

@@ -7,6 +7,7 @@
 #include <array>
 #include <charconv>
 #include <cstdint>
+#include <exception>
 #include <limits>
 #include <optional>
 #include <span>
@@ -510,7 +511,15 @@ std::optional<Op> Importer::read_step(const XmlElement& step, const ElementPath&
     return std::nullopt;
   }
   op.code = *code;
-  // Fields the type does not use are ignored whatever they hold (§4's table).
+  // Operands the type does not use (§4's table) are not stored, but must still be well-formed
+  // when present: a buffer name, and an offset of -1 (MSCCL's "none") or more.
+  const auto check_unused_ref = [&](std::string_view buf_name, std::string_view off_name) {
+    if (const auto buf = attributes.text(buf_name, false); buf && !parse_msccl_buffer(*buf))
+      attributes.report(buf_name, "unknown buffer " + quoted_for_message(*buf) +
+                                      "; expected i, o or s (also where the step type does "
+                                      "not use it)");
+    attributes.integer(off_name, -1, kInt64Max, false);
+  };
   const auto read_ref = [&](std::string_view buf_name,
                             std::string_view off_name) -> std::optional<BufferRef> {
     const std::optional<std::string_view> buf = attributes.text(buf_name, true);
@@ -524,8 +533,16 @@ std::optional<Op> Importer::read_step(const XmlElement& step, const ElementPath&
     }
     return BufferRef{*kind, *off};
   };
-  if (op_reads_src(op.code)) op.src = read_ref("srcbuf", "srcoff");
-  if (op_writes_dst(op.code)) op.dst = read_ref("dstbuf", "dstoff");
+  if (op_reads_src(op.code)) {
+    op.src = read_ref("srcbuf", "srcoff");
+  } else {
+    check_unused_ref("srcbuf", "srcoff");
+  }
+  if (op_writes_dst(op.code)) {
+    op.dst = read_ref("dstbuf", "dstoff");
+  } else {
+    check_unused_ref("dstbuf", "dstoff");
+  }
   op.count = attributes.integer("cnt", 0, kInt64Max).value_or(0);
 
   const std::optional<int64_t> depid = attributes.integer("depid", -1, kInt32Max, false);
@@ -707,17 +724,23 @@ void append_rank(std::string& out, std::size_t r, const Rank& rank) {
 XmlLoadResult load_msccl_xml(std::string_view text, const std::string& file_name,
                              const XmlLimits& limits) {
   XmlLoadResult result;
-  XmlParseResult parsed = parse_xml(text, limits);
-  if (!parsed.document) {
-    result.diagnostics.push_back({file_name,
-                                  "byte " + std::to_string(parsed.error.offset) + " (line " +
-                                      std::to_string(parsed.error.line) + ")",
-                                  "syntax", std::move(parsed.error.message)});
-    return result;
+  try {
+    XmlParseResult parsed = parse_xml(text, limits);
+    if (!parsed.document) {
+      result.diagnostics.push_back({file_name,
+                                    "byte " + std::to_string(parsed.error.offset) + " (line " +
+                                        std::to_string(parsed.error.line) + ")",
+                                    "syntax", std::move(parsed.error.message)});
+      return result;
+    }
+    Importer importer(*parsed.document, file_name);
+    result.program = importer.run();
+    result.diagnostics = importer.take_diagnostics();
+  } catch (const std::exception& e) {  // only allocation failure can get here
+    result.program.reset();
+    result.diagnostics.push_back(
+        {file_name, "", "syntax", std::string("cannot load the document: ") + e.what()});
   }
-  Importer importer(*parsed.document, file_name);
-  result.program = importer.run();
-  result.diagnostics = importer.take_diagnostics();
   return result;
 }
 

@@ -24,7 +24,6 @@ using detail::WaitForGraph;
 
 constexpr int32_t kMaxRanks = 4096;
 constexpr int32_t kMaxChannels = 1024;
-constexpr int64_t kMaxChunksPerLoop = std::numeric_limits<int32_t>::max();
 /// Cycle members and blocked threadblocks listed in one message; the rest are counted.
 constexpr std::size_t kMaxListedItems = 12;
 /// Threadblock visits the capacity simulation may spend before giving up (about a second).
@@ -375,10 +374,10 @@ class Validator {
       report(top("nranks"), rule,
              "nranks is " + std::to_string(p_.nranks) + " but ranks lists " +
                  std::to_string(p_.ranks.size()) + " ranks");
-    if (p_.nchunksperloop < 1 || p_.nchunksperloop > kMaxChunksPerLoop)
+    if (p_.nchunksperloop < 1 || p_.nchunksperloop > kMaxChunks)
       report(top("nchunksperloop"), rule,
              "nchunksperloop is " + std::to_string(p_.nchunksperloop) + "; expected 1.." +
-                 std::to_string(kMaxChunksPerLoop));
+                 std::to_string(kMaxChunks) + " (2^24, the limit of valid programs)");
     if (p_.nchannels < 1 || p_.nchannels > kMaxChannels)
       report(top("nchannels"), rule,
              "nchannels is " + std::to_string(p_.nchannels) + "; expected 1.." +
@@ -410,11 +409,21 @@ class Validator {
     const int64_t chunks = p_.nchunksperloop;
     const bool shape_known = is_known(p_.collective) && n >= 1 &&
                              static_cast<std::size_t>(n) == p_.ranks.size() && chunks >= 1;
-    for (std::size_t r = 0; r < p_.ranks.size(); ++r)
-      if (p_.ranks[r].scratch_chunks < 0)
+    for (std::size_t r = 0; r < p_.ranks.size(); ++r) {
+      const Rank& rank = p_.ranks[r];
+      if (rank.scratch_chunks < 0)
         report(where(r, -1, -1, "scratch_chunks"), rule,
-               "scratch_chunks is " + std::to_string(p_.ranks[r].scratch_chunks) +
+               "scratch_chunks is " + std::to_string(rank.scratch_chunks) +
                    "; expected 0 or more");
+      const std::pair<const char*, int64_t> sizes[] = {{"input_chunks", rank.input_chunks},
+                                                       {"output_chunks", rank.output_chunks},
+                                                       {"scratch_chunks", rank.scratch_chunks}};
+      for (const auto& [field, chunks] : sizes)
+        if (chunks > kMaxChunks)
+          report(where(r, -1, -1, field), rule,
+                 std::string(field) + " is " + std::to_string(chunks) + "; expected at most " +
+                     std::to_string(kMaxChunks) + " (2^24, the limit of valid programs)");
+    }
     if (!shape_known) return;
 
     const Collective c = p_.collective;

@@ -4,6 +4,8 @@
 #include <charconv>
 #include <limits>
 
+#include "memory_budget.h"
+
 namespace efccl::ef {
 namespace {
 
@@ -80,7 +82,8 @@ std::optional<std::string_view> XmlDocument::attribute(const XmlElement& e,
 /// One parse of one text; holds the cursor, the open-element stack and the first error.
 class XmlParser {
  public:
-  XmlParser(std::string_view text, const XmlLimits& limits) : text_(text), limits_(limits) {}
+  XmlParser(std::string_view text, const XmlLimits& limits)
+      : text_(text), limits_(limits), budget_(limits.max_memory_bytes) {}
 
   XmlParseResult run() {
     if (text_.size() > limits_.max_bytes)
@@ -154,6 +157,12 @@ class XmlParser {
     return line_;
   }
 
+  /// Adds `bytes` to the document's estimated size; past the budget, fails at `offset`.
+  bool charge(std::size_t bytes, std::size_t offset) {
+    if (budget_.charge(bytes)) return true;
+    return fail(offset, budget_.exceeded_message("element or attribute"));
+  }
+
   /// Skips white space; returns whether there was any.
   bool skip_spaces() {
     const std::size_t start = pos_;
@@ -216,6 +225,7 @@ class XmlParser {
         doc_.elements_.size() >= std::numeric_limits<uint32_t>::max())
       return fail(start, "more elements than the limit of " +
                              std::to_string(limits_.max_elements));
+    if (!charge(kXmlElementCost, start)) return false;
     ++pos_;
     XmlElement element;
     element.name = parse_name();
@@ -268,6 +278,7 @@ class XmlParser {
   bool parse_attribute(std::string_view element_name) {
     const auto tag = [&] { return "<" + std::string(element_name) + ">"; };
     XmlAttribute attribute;
+    const std::size_t attribute_start = pos_;
     attribute.name = parse_name();
     if (attribute.name.empty())
       return fail(pos_, "expected an attribute name in " + tag() + ", found " + found_at(pos_));
@@ -280,6 +291,7 @@ class XmlParser {
     if (pos_ >= text_.size() || (text_[pos_] != '"' && text_[pos_] != '\''))
       return fail(pos_, "expected a quoted value for attribute " + std::string(attribute.name) +
                             " in " + tag() + ", found " + found_at(pos_));
+    if (!charge(kXmlAttributeCost, attribute_start)) return false;
     if (!parse_attribute_value(attribute)) return false;
     doc_.attributes_.push_back(attribute);
     return true;
@@ -319,6 +331,8 @@ class XmlParser {
       attribute.value = raw;
       return true;
     }
+    // The list node and the string's own block, besides the bytes.
+    if (!charge(raw.size() + 1 + sizeof(std::string) + 48, begin)) return false;
     std::string decoded;
     decoded.reserve(raw.size());
     for (std::size_t k = 0; k < raw.size(); ++k) {
@@ -429,6 +443,7 @@ class XmlParser {
   std::string_view text_;
   const XmlLimits& limits_;
   std::size_t pos_ = 0;
+  MemoryBudget budget_;  ///< charged for doc_, parents_ and decoded values
   XmlDocument doc_;
   std::vector<uint32_t> parents_;  ///< parent index of each element (kNoParent for the root)
   std::vector<uint32_t> open_;     ///< indices of the elements not yet closed, outermost first

@@ -11,11 +11,12 @@
 // entity definition), other entities and character references, CDATA sections, processing
 // instructions other than the leading declaration, non-white-space text, control characters in
 // attribute values, malformed or mismatched tags, duplicate attributes, truncation, and input
-// beyond XmlLimits (bytes, nesting depth, attribute value bytes, element count).
+// beyond XmlLimits (bytes, nesting depth, attribute value bytes, element count, memory).
 //
 // The parser is iterative (an explicit stack, no recursion), runs in time linear in the input
 // (duplicate-attribute checks sort when an element has many attributes) and uses memory linear
-// in the input.
+// in the input, charged to XmlLimits::max_memory_bytes as it grows (xml_element_cost and
+// xml_attribute_cost).
 #pragma once
 
 #include <cstddef>
@@ -91,6 +92,12 @@ struct XmlParseResult {
   std::optional<XmlDocument> document;
   XmlError error;
 };
+
+/// The memory budget's estimate of one element: its XmlElement, parent and child indices, each
+/// three times (a vector that grows holds its old storage and the new one, twice as large).
+inline constexpr std::size_t kXmlElementCost = 3 * (sizeof(XmlElement) + 2 * sizeof(uint32_t));
+/// The estimate of one attribute; a value that needed decoding adds its own bytes.
+inline constexpr std::size_t kXmlAttributeCost = 3 * sizeof(XmlAttribute);
 
 /// `s` quoted for a diagnostic: at most 24 bytes shown, non-printable bytes as \xNN.
 std::string quoted_for_message(std::string_view s);

@@ -1,6 +1,7 @@
 """Command-line tail shared by the GC3 examples: print or save the compiled program."""
 
 import argparse
+import os
 import sys
 
 
@@ -16,10 +17,15 @@ def emit(prog, args):
     """Prints (or, with -o, saves) the compiled program of an MSCCLProgram. Custom collectives
     are printed as EF JSON: MSCCL XML cannot state their postconditions.
 
+    Under `efccl compile` (EFCCL_COMPILE_OUTPUT set) the program was saved to the command's
+    -o file when its `with` block ended: nothing is printed.
+
     Under msccl-tools itself (the scripts run there after `efccl` is replaced by `msccl` in
     their imports) only MSCCL XML exists: it is printed whatever the flags say."""
     if not hasattr(prog, "generate_json"):
         print(prog.generate_xml())
+    elif os.environ.get("EFCCL_COMPILE_OUTPUT"):
+        return
     elif args.output:
         prog.save(args.output)
     elif args.json or prog.collective.name == "custom":

@@ -10,6 +10,8 @@
 #include <sstream>
 #include <string>
 
+#include "msccl_corpus.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -58,7 +60,7 @@ class CliTest : public ::testing::Test {
     return std::string(EFCCL_SOURCE_DIR) + "/examples/ef/" + name;
   }
   static std::string corpus(const std::string& name) {
-    return std::string(EFCCL_MSCCL_XML_DIR) + "/" + name;
+    return efccl::test_support::msccl_corpus_file(name);
   }
 
   fs::path dir_;
@@ -78,11 +80,29 @@ TEST_F(CliTest, UsageErrorsExitTwo) {
   EXPECT_EQ(run("help").exit_code, 0);
 }
 
-TEST_F(CliTest, ValidateAcceptsExamplesAndCorpus) {
+TEST_F(CliTest, ValidateAcceptsExamples) {
   auto o = run("validate " + example("ring_allreduce_4r_2ch.json") + " " +
-               example("shift_custom_4r.json") + " " + corpus("alltoall-8n-0-9kb.xml"));
+               example("shift_custom_4r.json"));
   EXPECT_EQ(o.exit_code, 0) << o.err;
   EXPECT_EQ(o.err, "");
+}
+
+TEST_F(CliTest, ValidatesImportsAndShowsCorpusFiles) {
+  EFCCL_REQUIRE_MSCCL_CORPUS();
+  auto o = run("validate " + corpus("alltoall-8n-0-9kb.xml") + " " +
+               corpus("all-reduce-ring-ll128.xml"));
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_EQ(o.err, "");
+  const auto json = dir_ / "a2a.json";
+  o = run("import-msccl " + corpus("alltoall-8n-9kb-190kb.xml") + " -o " + json.string());
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_EQ(run("run-host " + json.string()).exit_code, 0);
+  o = run("show " + corpus("alltoall-8n-0-9kb.xml"));
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_NE(o.out.find("collective:     alltoall"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("ranks:          8"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("recv=56"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("copy=8"), std::string::npos) << o.out;
 }
 
 TEST_F(CliTest, ValidateReportsFileLocationAndRule) {
@@ -166,8 +186,11 @@ TEST_F(CliTest, RunHostReportsDeadlockWithTooFewSlots) {
 }
 
 TEST_F(CliTest, ImportExportRoundTrip) {
+  const auto first_xml = dir_ / "first.xml";
   const auto json = dir_ / "a2a.json", xml = dir_ / "a2a.xml", json2 = dir_ / "a2a2.json";
-  auto o = run("import-msccl " + corpus("alltoall-8n-9kb-190kb.xml") + " -o " + json.string());
+  auto o = run("export-msccl " + example("direct_alltoall_4r.json") + " -o " + first_xml.string());
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  o = run("import-msccl " + first_xml.string() + " -o " + json.string());
   ASSERT_EQ(o.exit_code, 0) << o.err;
   o = run("export-msccl " + json.string() + " -o " + xml.string());
   ASSERT_EQ(o.exit_code, 0) << o.err;
@@ -181,12 +204,14 @@ TEST_F(CliTest, ImportExportRoundTrip) {
 }
 
 TEST_F(CliTest, ShowSummarises) {
-  auto o = run("show " + corpus("alltoall-8n-0-9kb.xml"));
+  auto o = run("show " + example("direct_alltoall_4r.json"));
   ASSERT_EQ(o.exit_code, 0) << o.err;
   EXPECT_NE(o.out.find("collective:     alltoall"), std::string::npos) << o.out;
-  EXPECT_NE(o.out.find("ranks:          8"), std::string::npos) << o.out;
-  EXPECT_NE(o.out.find("recv=56"), std::string::npos) << o.out;
-  EXPECT_NE(o.out.find("copy=8"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("ranks:          4"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("threadblocks:   7 per rank"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("ops:            28 total: send=12 recv=12 copy=4"), std::string::npos)
+      << o.out;
+  EXPECT_NE(o.out.find("  rank 3: 4 / 4 / 0, 7 threadblocks"), std::string::npos) << o.out;
 }
 
 TEST_F(CliTest, CheckPrintsVerdictTable) {
@@ -216,11 +241,53 @@ TEST_F(CliTest, ListsAndGeneratesLibraryAlgorithms) {
     o = run("run-host " + f.string() + " --dtype int32 --op prod");
     EXPECT_EQ(o.exit_code, 0) << o.out << o.err;
   }
+  // An unknown name is a usage error (README: exit 2), and says where the names are listed.
   o = run("generate no_such_algorithm --ranks 2 -o " + json.string());
-  EXPECT_EQ(o.exit_code, 1);
-  EXPECT_NE(o.err.find("unknown algorithm"), std::string::npos) << o.err;
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_NE(o.err.find("unknown algorithm 'no_such_algorithm' (`efccl list-algorithms` lists "
+                       "them)"),
+            std::string::npos)
+      << o.err;
   EXPECT_EQ(run("generate ring_allreduce -o " + json.string()).exit_code, 2);  // no --ranks
   EXPECT_EQ(run("generate ring_allreduce --ranks 0 -o " + json.string()).exit_code, 2);
+  EXPECT_EQ(run("generate hierarchical_allreduce --nodes 2 -o " + json.string()).exit_code, 2);
+  // A valid parameter the algorithm refuses is a failed run, not a usage error.
+  o = run("generate ring_broadcast --ranks 3 --root 5 -o " + json.string());
+  EXPECT_EQ(o.exit_code, 1) << o.err;
+}
+
+TEST_F(CliTest, GenerateTakesNodesTimesGpusWithoutRanks) {
+  const auto split = dir_ / "split.json", explicit_ranks = dir_ / "ranks.json";
+  auto o = run("generate hierarchical_allreduce --nodes 2 --gpus-per-node 3 -o " + split.string());
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  o = run("generate hierarchical_allreduce --ranks 6 --nodes 2 --gpus-per-node 3 -o " +
+          explicit_ranks.string());
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_EQ(read_file(split), read_file(explicit_ranks));
+  EXPECT_NE(read_file(split).find("\"nranks\": 6,"), std::string::npos);
+  o = run("run-host " + split.string());
+  EXPECT_EQ(o.exit_code, 0) << o.out << o.err;
+  o = run("generate ring_allreduce --nodes 64 --gpus-per-node 65 -o " + split.string());
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_NE(o.err.find("4160 ranks; at most 4096"), std::string::npos) << o.err;
+}
+
+TEST_F(CliTest, AMissingFileIsNamedAsMissing) {
+  const std::string missing = (dir_ / "ring.json").string();
+  auto o = run("run-host " + missing);
+  EXPECT_EQ(o.exit_code, 1);
+  EXPECT_EQ(o.out, "FAIL " + missing + ": no such file (see the messages above)\n");
+  EXPECT_EQ(o.err, missing + ": (file): cannot open: no such file [io]\n");
+  o = run("check " + missing);
+  EXPECT_EQ(o.exit_code, 1);
+  EXPECT_NE(o.out.find("ring.json" + std::string(31, ' ') + "FAIL: no such file"),
+            std::string::npos)
+      << o.out;
+  // An invalid program is still called one.
+  auto bad = write("bad.json", "{}");
+  o = run("run-host " + bad.string());
+  EXPECT_EQ(o.exit_code, 1);
+  EXPECT_EQ(o.out, "FAIL " + bad.string() + ": invalid program (see the messages above)\n");
 }
 
 // `efccl compile` needs the Python package the build puts at build/python (next to bin/).
@@ -244,8 +311,10 @@ TEST_F(CliTest, CompileWritesJsonAndXmlThatRun) {
   auto o = run("compile " + script + " -o " + json.string() + " -- 4 --channels 2");
   ASSERT_EQ(o.exit_code, 0) << o.out << o.err;
   EXPECT_NE(read_file(json).find("\"efccl-ef\""), std::string::npos);
+  EXPECT_EQ(o.out, "");  // saved, not also printed
   o = run("compile " + script + " -o " + xml.string() + " -- 4");
   ASSERT_EQ(o.exit_code, 0) << o.out << o.err;
+  EXPECT_EQ(o.out, "");
   EXPECT_NE(read_file(xml).find("<algo"), std::string::npos);
   for (const auto& f : {json, xml}) {
     o = run("run-host " + f.string());

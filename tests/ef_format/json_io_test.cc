@@ -608,6 +608,33 @@ TEST(JsonIoTest, RejectsOversizedDocumentsBeforeParsing) {
   EXPECT_EQ(loaded.diagnostics[0].message, "the document is 101 bytes; the limit is 100 bytes");
 }
 
+TEST(JsonIoTest, TheMemoryBudgetStopsParsingWhereItRunsOut) {
+  // 1000 empty objects cost about 100 KB parsed; a 20 KB budget stops among them.
+  std::string text = "{\"ranks\": [{}";
+  for (int i = 1; i < 1000; ++i) text += ",{}";
+  text += "]}";
+  JsonLimits limits;
+  limits.max_memory_bytes = 20000;
+  const JsonLoadResult loaded = load_json(text, "objects.json", limits);
+  EXPECT_FALSE(loaded.program);
+  ASSERT_EQ(loaded.diagnostics.size(), 1u);
+  const Diagnostic& d = loaded.diagnostics[0];
+  EXPECT_EQ(d.rule, "syntax");
+  EXPECT_EQ(d.location.rfind("/ranks/", 0), 0u) << d.location;
+  const int stopped_at = std::stoi(d.location.substr(7));
+  EXPECT_GT(stopped_at, 50);
+  EXPECT_LT(stopped_at, 500);
+  EXPECT_NE(d.message.find("needs more than 20000 bytes of memory, the loaders' budget"),
+            std::string::npos)
+      << d.message;
+
+  // A real program fits in the default budget, and in one just large enough for it.
+  const std::string program = save_json(exchange_program());
+  EXPECT_TRUE(load_json(program).program);
+  limits.max_memory_bytes = 40000;
+  EXPECT_TRUE(load_json(program, "f", limits).program);
+}
+
 TEST(JsonIoTest, HugeStringsGiveShortDiagnostics) {
   const std::string huge(20u << 20, 'x');
   json doc = base_document();

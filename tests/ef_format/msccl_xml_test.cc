@@ -10,6 +10,8 @@
 #include <sstream>
 #include <string>
 
+#include "msccl_corpus.h"
+
 namespace efccl::ef {
 namespace {
 
@@ -77,7 +79,7 @@ Diagnostic load_error(std::string_view text, std::string_view location, std::str
 }
 
 std::string read_corpus_file(const std::string& name) {
-  std::ifstream in(std::string(EFCCL_MSCCL_XML_DIR) + "/" + name, std::ios::binary);
+  std::ifstream in(test_support::msccl_corpus_file(name), std::ios::binary);
   std::stringstream buffer;
   buffer << in.rdbuf();
   return buffer.str();
@@ -120,7 +122,7 @@ TEST(MscclXmlImport, MapsEveryAttribute) {
   const Op& send = r0.threadblocks.at(0).ops.at(0);
   EXPECT_EQ(send.code, OpCode::kSend);
   EXPECT_EQ(send.src, (BufferRef{BufferKind::kInput, 0}));
-  EXPECT_FALSE(send.dst.has_value());  // unused by a send: ignored
+  EXPECT_FALSE(send.dst.has_value());  // unused by a send: not stored
   EXPECT_EQ(send.count, 1);
   EXPECT_TRUE(send.deps.empty());
   EXPECT_EQ(send.declared_hasdep, false);
@@ -181,6 +183,23 @@ TEST(MscclXmlImport, NamesTheElementPathAttributeAndLine) {
             "0 ... 9223372036854775807, found \"12abc\" [schema]");
 }
 
+TEST(MscclXmlImport, OperandsAStepDoesNotUseMustStillBeWellFormed) {
+  // The send on line 4 does not use dstbuf/dstoff, the nop on line 11 neither operand.
+  EXPECT_FALSE(load_ok(kBase).ranks.at(0).threadblocks.at(0).ops.at(0).dst.has_value());
+  load_error(base_with("dstbuf=\"o\" dstoff=\"-1\" cnt=\"1\"", "dstbuf=\"q\" dstoff=\"-1\" cnt=\"1\""),
+             "algo/gpu[id=0]/tb[id=0]/step[s=0]@dstbuf (line 4)",
+             "unknown buffer \"q\"; expected i, o or s (also where the step type does not use it)");
+  load_error(base_with("dstoff=\"-1\"", "dstoff=\"x\""),
+             "algo/gpu[id=0]/tb[id=0]/step[s=0]@dstoff (line 4)",
+             "expected an integer in -1 ... 9223372036854775807, found \"x\"");
+  load_error(base_with("dstoff=\"-1\"", "dstoff=\"-2\""),
+             "algo/gpu[id=0]/tb[id=0]/step[s=0]@dstoff (line 4)", "found \"-2\"");
+  load_error(base_with("type=\"nop\" srcbuf=\"i\" srcoff=\"-1\"", "type=\"nop\" srcbuf=\"i\" srcoff=\"1.5\""),
+             "algo/gpu[id=0]/tb[id=2]/step[s=0]@srcoff (line 11)", "found \"1.5\"");
+  // A copy of the other side, as MSCCL writes it, is well-formed.
+  load_ok(base_with("dstbuf=\"o\" dstoff=\"-1\" cnt=\"1\"", "dstbuf=\"o\" dstoff=\"0\" cnt=\"1\""));
+}
+
 TEST(MscclXmlImport, RejectsNamesLongerThanEfJsonAllows) {
   // EF JSON limits names to 256 bytes; a longer imported name would make import-msccl write
   // JSON that cannot be loaded back.
@@ -225,17 +244,26 @@ TEST(MscclXmlImport, RejectsUnknownStepTypesAndBuffers) {
              "algo/gpu[id=0]/tb[id=1]/step[s=1]@srcbuf (line 8)", "unknown buffer \"x\"");
 }
 
-TEST(MscclXmlImport, IgnoresFieldsTheStepTypeDoesNotUse) {
-  // The recv's src and the nop's both fields hold junk; only names must be known.
+TEST(MscclXmlImport, UnusedOperandsMayBeAbsentButNotJunk) {
+  // The recv's src and the nop's both operands hold junk: each is reported.
   std::string text = base_with("srcbuf=\"i\" srcoff=\"-1\" dstbuf=\"s\"",
                                "srcbuf=\"zz\" srcoff=\"junk\" dstbuf=\"s\"");
   const std::string_view nop_fields =
       "type=\"nop\" srcbuf=\"i\" srcoff=\"-1\" dstbuf=\"o\" dstoff=\"-1\"";
   text.replace(text.find(nop_fields), nop_fields.size(),
                "type=\"nop\" srcbuf=\"?\" srcoff=\"\" dstbuf=\"\" dstoff=\"99999999999999999999\"");
-  const Program p = load_ok(text);
-  EXPECT_EQ(without_declared_hasdep(p), without_declared_hasdep(load_ok(kBase)));
-  // Missing entirely is fine too.
+  const XmlLoadResult junk = load_msccl_xml(text, "junk.xml");
+  EXPECT_FALSE(junk.program.has_value());
+  std::vector<std::string> locations;
+  for (const Diagnostic& d : junk.diagnostics) locations.push_back(d.location);
+  EXPECT_EQ(locations, (std::vector<std::string>{
+                           "algo/gpu[id=0]/tb[id=1]/step[s=0]@srcbuf (line 7)",
+                           "algo/gpu[id=0]/tb[id=1]/step[s=0]@srcoff (line 7)",
+                           "algo/gpu[id=0]/tb[id=2]/step[s=0]@srcbuf (line 11)",
+                           "algo/gpu[id=0]/tb[id=2]/step[s=0]@srcoff (line 11)",
+                           "algo/gpu[id=0]/tb[id=2]/step[s=0]@dstbuf (line 11)",
+                           "algo/gpu[id=0]/tb[id=2]/step[s=0]@dstoff (line 11)"}));
+  // Missing entirely is fine.
   const Program q = load_ok(base_with("srcbuf=\"i\" srcoff=\"-1\" dstbuf=\"s\"", "dstbuf=\"s\""));
   EXPECT_EQ(q, load_ok(kBase));
   // ... but a used field must be there.
@@ -492,12 +520,15 @@ const std::vector<CorpusFile>& corpus() {
   return files;
 }
 
+void PrintTo(const CorpusFile& f, std::ostream* os) { *os << f.name; }
+
 class MscclXmlCorpus : public testing::TestWithParam<CorpusFile> {};
 
 TEST_P(MscclXmlCorpus, ImportsWithTheFilesCounts) {
+  EFCCL_REQUIRE_MSCCL_CORPUS();
   const CorpusFile& f = GetParam();
   const std::string text = read_corpus_file(f.name);
-  ASSERT_FALSE(text.empty()) << "missing " << EFCCL_MSCCL_XML_DIR << "/" << f.name;
+  ASSERT_FALSE(text.empty()) << "missing " << test_support::msccl_corpus_file(f.name);
   const auto start = Clock::now();
   const Program p = load_ok(text, f.name);
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(1));
@@ -522,6 +553,7 @@ TEST_P(MscclXmlCorpus, ImportsWithTheFilesCounts) {
 }
 
 TEST_P(MscclXmlCorpus, ExportThenImportIsTheSameProgram) {
+  EFCCL_REQUIRE_MSCCL_CORPUS();
   const CorpusFile& f = GetParam();
   const Program p = load_ok(read_corpus_file(f.name), f.name);
   const StatusOr<std::string> xml = save_msccl_xml(p);
@@ -544,6 +576,7 @@ INSTANTIATE_TEST_SUITE_P(AllFiles, MscclXmlCorpus, testing::ValuesIn(corpus()),
 // ---- Hostile input ----
 
 TEST(MscclXmlHostile, MutatedCorpusFilesNeverCrash) {
+  EFCCL_REQUIRE_MSCCL_CORPUS();
   const std::string original = read_corpus_file("alltoall-8n-0-9kb.xml");
   ASSERT_FALSE(original.empty());
   std::mt19937 rng(99);

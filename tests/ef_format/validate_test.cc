@@ -358,8 +358,38 @@ TEST(Validate, CapacityCountsSlotsOfEveryConnectionOnTheWay) {
       << message;
 }
 
+TEST(Validate, ChunkCountsAreBounded) {
+  // 2^24 chunks per call and per buffer; more is refused by name, however the program was made.
+  Program p = ring_allreduce_2();
+  p.ranks[1].scratch_chunks = 1'000'000'000'000;
+  EXPECT_EQ(expect_rule(p, "collective-shape", "/ranks/1/scratch_chunks"),
+            "scratch_chunks is 1000000000000; expected at most 16777216 (2^24, the limit of valid "
+            "programs)");
+  p.ranks[1].scratch_chunks = kMaxChunks;
+  EXPECT_EQ(dump(validate(p)), "");
+
+  p = ring_allreduce_2();
+  p.nchunksperloop = kMaxChunks + 1;
+  EXPECT_EQ(expect_rule(p, "program-shape", "/nchunksperloop"),
+            "nchunksperloop is 16777217; expected 1..16777216 (2^24, the limit of valid programs)");
+
+  Program custom = make_program(Collective::kCustom, 2, 1);
+  custom.ranks[0].input_chunks = kMaxChunks + 1;
+  custom.ranks[1].output_chunks = int64_t{1} << 40;
+  custom.ranks[0].threadblocks = {make_tb(1, -1, {send(in(0))})};
+  custom.ranks[1].threadblocks = {make_tb(-1, 0, {recv(out(0))})};
+  custom.postconditions = {{1, 0, {{0, 0}}}};
+  const Diagnostics diagnostics = validate(custom);
+  ASSERT_EQ(diagnostics.size(), 2u) << dump(diagnostics);
+  EXPECT_EQ(diagnostics[0].location, "/ranks/0/input_chunks");
+  EXPECT_EQ(diagnostics[1].location, "/ranks/1/output_chunks");
+  EXPECT_NE(diagnostics[1].message.find("output_chunks is 1099511627776; expected at most"),
+            std::string::npos);
+}
+
 TEST(Validate, CapacityWithHugeCountsIsFast) {
-  // Streams of 10^12 units: finishing (or not) must not take 10^12 steps.
+  // Streams of 10^12 units: finishing (or not) must not take 10^12 steps. Buffers that large
+  // break the chunk limit, which is reported, and the capacity check still runs.
   const int64_t huge = 1'000'000'000'000;
   Program chain = make_program(Collective::kCustom, 3, 1);
   chain.ranks[0].input_chunks = huge;
@@ -370,7 +400,11 @@ TEST(Validate, CapacityWithHugeCountsIsFast) {
       make_tb(2, 0, {make_op(OpCode::kRecvCopySend, std::nullopt, out(0), huge)})};
   chain.ranks[2].threadblocks = {make_tb(-1, 1, {recv(out(0), huge)})};
   chain.postconditions = {{2, 0, {{0, 0}}}};
-  EXPECT_EQ(dump(validate(chain)), "");
+  const Diagnostics chain_diagnostics = validate(chain);
+  EXPECT_EQ(chain_diagnostics.size(), 3u) << dump(chain_diagnostics);
+  for (const Diagnostic& d : chain_diagnostics)
+    EXPECT_NE(d.message.find("is 1000000000000; expected at most 16777216"), std::string::npos)
+        << d.to_string();
 
   const std::string message = expect_rule(echo(huge), "capacity", "/ranks/0/threadblocks/0/ops/0");
   EXPECT_NE(message.find("units left"), std::string::npos) << message;

@@ -8,6 +8,8 @@
 #include <sstream>
 #include <string>
 
+#include "msccl_corpus.h"
+
 namespace efccl::ef {
 namespace {
 
@@ -32,7 +34,7 @@ XmlError parse_error(std::string_view text, std::string_view words, int line,
 }
 
 std::string read_corpus_file(const std::string& name) {
-  std::ifstream in(std::string(EFCCL_MSCCL_XML_DIR) + "/" + name, std::ios::binary);
+  std::ifstream in(test_support::msccl_corpus_file(name), std::ios::binary);
   std::stringstream buffer;
   buffer << in.rdbuf();
   return buffer.str();
@@ -194,6 +196,23 @@ TEST(XmlReader, RejectsDocumentAboveLimit) {
   parse_error("<algo    />", "11 bytes; the limit is 10", 1, limits);
 }
 
+TEST(XmlReader, RejectsDocumentsAboveTheMemoryBudget) {
+  XmlLimits limits;
+  limits.max_memory_bytes = 10 * kXmlElementCost + 4 * kXmlAttributeCost;
+  parse_ok("<a x=\"1\"><b y=\"2\" z=\"3\"/><c/><d/><e/><f/><g/><h/><i/><j w=\"4\"/></a>", limits);
+  parse_error("<a x=\"1\"><b y=\"2\" z=\"3\"/><c/><d/><e/><f/><g/><h/><i/><j w=\"4\" v=\"5\"/></a>",
+              "the loaders' budget (stopped at element or attribute 15)", 1, limits);
+  limits.max_memory_bytes = 10 * kXmlElementCost;
+  const XmlError e = parse_error("<a>\n<b/><c/><d/><e/><f/><g/><h/><i/><j/>\n<k/></a>",
+                                 "of memory, the loaders' budget (stopped at element or attribute 11)",
+                                 3, limits);
+  EXPECT_EQ(e.offset, 41u);  // the <k/> that did not fit
+  // A decoded value is charged its bytes too.
+  limits.max_memory_bytes = kXmlElementCost + kXmlAttributeCost + 100;
+  parse_ok("<a v=\"&lt;\"/>", limits);
+  parse_error("<a v=\"" + std::string(100, 'x') + "&lt;\"/>", "the loaders' budget", 1, limits);
+}
+
 TEST(XmlReader, RejectsElementCountAboveLimit) {
   XmlLimits limits;
   limits.max_elements = 3;
@@ -285,8 +304,9 @@ TEST(XmlReaderHostile, RandomBytesNeverCrash) {
 }
 
 TEST(XmlReaderCorpus, ParsesTheLargestCorpusFileQuickly) {
+  EFCCL_REQUIRE_MSCCL_CORPUS();
   const std::string text = read_corpus_file("all-reduce-ring-ll.xml");
-  ASSERT_GT(text.size(), 1000000u) << "corpus file missing in " << EFCCL_MSCCL_XML_DIR;
+  ASSERT_GT(text.size(), 1000000u) << "corpus file missing in " << test_support::msccl_corpus_dir();
   const auto start = Clock::now();
   const XmlDocument doc = parse_ok(text);
   const auto elapsed = Clock::now() - start;

@@ -1,12 +1,17 @@
 // The runtime's own programs and its selection, checked on the host reference executor (no GPU).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "efccl/algorithms/registry.h"
+#include "efccl/common/log.h"
 #include "efccl/ef/json_io.h"
 #include "efccl/ef/validate.h"
 #include "efccl/host/executor.h"
@@ -272,6 +277,57 @@ TEST(RuntimePrograms, WithoutBuiltinsOnlyUserProgramsRun) {
   EXPECT_NE(plan.status().message().find("no user program covers allgather count 400"),
             std::string::npos)
       << plan.status().message();
+}
+
+TEST(RuntimePrograms, UserProgramFilesThatCannotBeLoadedAreLoggedAndSkipped) {
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::temp_directory_path() / ("efccl_user_programs_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  algorithms::AlgorithmParams params;
+  params.ranks = 2;
+  auto ring = algorithms::generate_algorithm("ring_allreduce", params);
+  ASSERT_TRUE(ring);
+  ring->name = "good_ring";
+  std::ofstream(dir / "good.json") << ef::save_json(*ring);
+  std::ofstream(dir / "garbage.xml") << "<algo";
+  {
+    // Beyond the loaders' memory budget (about 30 bytes parsed per 3 bytes of text).
+    std::ofstream big(dir / "empty_objects.json");
+    big << "{\"ranks\": [{}";
+    for (int i = 0; i < 12000000; ++i) big << ",{}";
+    big << "]}";
+  }
+  const std::string missing = (dir / "missing.json").string();
+  ASSERT_EQ(setenv("EFCCL_ALGO_DIR", dir.c_str(), 1), 0);
+  ASSERT_EQ(setenv("EFCCL_ALGO_FILES", missing.c_str(), 1), 0);
+  ASSERT_EQ(setenv("EFCCL_DEBUG", "WARN", 1), 0);
+  reload_log_config();
+  std::vector<std::string> lines;
+  set_log_sink([&](const std::string& line) { lines.push_back(line); });
+
+  std::vector<std::pair<ef::Program, std::string>> loaded;
+  EXPECT_NO_THROW(loaded = load_user_programs());
+
+  set_log_sink(nullptr);
+  ASSERT_EQ(unsetenv("EFCCL_DEBUG"), 0);
+  ASSERT_EQ(unsetenv("EFCCL_ALGO_DIR"), 0);
+  ASSERT_EQ(unsetenv("EFCCL_ALGO_FILES"), 0);
+  reload_log_config();
+  fs::remove_all(dir);
+
+  ASSERT_EQ(loaded.size(), 1u);
+  EXPECT_EQ(loaded[0].first.name, "good_ring");
+  const auto warned = [&](const std::string& file, const std::string& why) {
+    for (const std::string& line : lines)
+      if (line.find("user program " + file + " is not used") != std::string::npos &&
+          line.find(why) != std::string::npos)
+        return true;
+    return false;
+  };
+  EXPECT_TRUE(warned((dir / "empty_objects.json").string(), "the loaders' budget"));
+  EXPECT_TRUE(warned((dir / "garbage.xml").string(), "[syntax]"));
+  EXPECT_TRUE(warned(missing, "no such file"));
 }
 
 TEST(RuntimePrograms, BuiltinsSwitchReadsTheEnvironment) {

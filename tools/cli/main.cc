@@ -60,10 +60,11 @@ constexpr std::string_view kUsage =
     "  export-msccl IN.json -o OUT.xml\n"
     "  show FILE                   human summary of a program\n"
     "  list-algorithms             the built-in algorithm library\n"
-    "  generate NAME --ranks N [--nodes N --gpus-per-node G] [--instances R] [--channels C]\n"
-    "           [--protocol Simple|LL|LL128] [--root R] [--inplace] -o FILE\n"
+    "  generate NAME (--ranks N | --nodes N --gpus-per-node G) [--instances R]\n"
+    "           [--channels C] [--protocol Simple|LL|LL128] [--root R] [--inplace] -o FILE\n"
     "                              write a library algorithm as EF JSON (.json) or MSCCL XML\n"
-    "                              (.xml), chosen by the output's extension\n"
+    "                              (.xml), chosen by the output's extension; --ranks defaults\n"
+    "                              to nodes x gpus-per-node\n"
     "  compile PROG.py -o FILE [-- ARGS...]\n"
     "                              run a Python program written with efccl.language (ARGS\n"
     "                              are passed to it) and write the program it compiles to\n"
@@ -71,6 +72,9 @@ constexpr std::string_view kUsage =
     "                              the result is validated. The efccl package is looked up\n"
     "                              in $EFCCL_PYTHONPATH, else in <bin>/../python\n"
     "  help                        this text\n"
+    "\n"
+    "Exit codes: 0 success, 1 invalid input or failed run, 2 usage error (including an\n"
+    "unknown command, option, datatype, operator or algorithm name).\n"
     "\n"
     "Datatypes: int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 f8e4m3 f8e5m2\n"
     "Ops: sum prod min max avg premulsum\n";
@@ -83,16 +87,28 @@ void print_diagnostics(const Diagnostics& diagnostics) {
   for (const auto& d : diagnostics) std::cerr << d.to_string() << '\n';
 }
 
-/// Loads and validates; prints every problem. Returns the program only when it is valid.
-std::optional<ef::Program> load_valid(const std::string& path) {
+/// Loads and validates; prints every problem. Returns the program only when it is valid;
+/// otherwise `why` (when given) says in a few words what failed: "no such file", "cannot be
+/// read", "too large" or "invalid program".
+std::optional<ef::Program> load_valid(const std::string& path, std::string* why = nullptr) {
   auto loaded = ef::load_program_file(path);
   if (!loaded.diagnostics.empty() || !loaded.program) {
     print_diagnostics(loaded.diagnostics);
+    if (why != nullptr) {
+      *why = "invalid program";
+      for (const auto& d : loaded.diagnostics) {
+        if (d.rule == "io")
+          *why = d.message.find("no such file") != std::string::npos ? "no such file"
+                                                                     : "cannot be read";
+        if (d.rule == "file-too-large") *why = "too large";
+      }
+    }
     return std::nullopt;
   }
   auto diagnostics = ef::validate(*loaded.program);
   if (!diagnostics.empty()) {
     print_diagnostics(diagnostics);
+    if (why != nullptr) *why = "invalid program";
     return std::nullopt;
   }
   return std::move(loaded.program);
@@ -225,9 +241,10 @@ int cmd_run_host(const std::vector<std::string>& argv) {
     throw UsageError{"--slots must be between 1 and 1048576"};
 
   const std::string& path = args.positional()[0];
-  auto program = load_valid(path);
+  std::string why;
+  auto program = load_valid(path, &why);
   if (!program) {
-    std::cout << "FAIL " << path << ": invalid program (see the messages above)\n";
+    std::cout << "FAIL " << path << ": " << why << " (see the messages above)\n";
     return kExitFailed;
   }
   bool inplace;
@@ -279,9 +296,10 @@ int cmd_check(const std::vector<std::string>& argv) {
     std::string name = path.substr(path.find_last_of('/') == std::string::npos
                                        ? 0
                                        : path.find_last_of('/') + 1);
-    auto program = load_valid(path);
+    std::string why;
+    auto program = load_valid(path, &why);
     if (!program) {
-      std::cout << pad(name, 40) << "INVALID (see the messages above)\n";
+      std::cout << pad(name, 40) << "FAIL: " << why << " (see the messages above)\n";
       ++failures;
       continue;
     }
@@ -420,13 +438,27 @@ int cmd_generate(const std::vector<std::string>& argv) {
              "--root", "-o"},
             {"--inplace"});
   if (args.positional().size() != 1) throw UsageError{"generate needs exactly one NAME"};
-  if (!args.value("--ranks")) throw UsageError{"generate needs --ranks N"};
   if (!args.value("-o")) throw UsageError{"generate needs -o FILE"};
+  const std::string& name = args.positional()[0];
+  const auto algorithms = efccl::algorithms::list_algorithms();
+  if (std::none_of(algorithms.begin(), algorithms.end(),
+                   [&](const auto& a) { return a.name == name; }))
+    throw UsageError{"unknown algorithm '" + name + "' (`efccl list-algorithms` lists them)"};
   efccl::algorithms::AlgorithmParams params;
-  params.ranks = parse_i32("--ranks", *args.value("--ranks"), 1, 4096);
   if (auto v = args.value("--nodes")) params.nodes = parse_i32("--nodes", *v, 1, 4096);
   if (auto v = args.value("--gpus-per-node"))
     params.gpus_per_node = parse_i32("--gpus-per-node", *v, 1, 4096);
+  if (auto v = args.value("--ranks")) {
+    params.ranks = parse_i32("--ranks", *v, 1, 4096);
+  } else if (args.value("--nodes") && args.value("--gpus-per-node")) {
+    const int64_t ranks = int64_t{params.nodes} * params.gpus_per_node;
+    if (ranks > 4096)
+      throw UsageError{"--nodes x --gpus-per-node is " + std::to_string(ranks) +
+                       " ranks; at most 4096"};
+    params.ranks = static_cast<int32_t>(ranks);
+  } else {
+    throw UsageError{"generate needs --ranks N, or --nodes N and --gpus-per-node G"};
+  }
   if (auto v = args.value("--instances")) params.instances = parse_i32("--instances", *v, 1, 64);
   if (auto v = args.value("--channels")) params.channels = parse_i32("--channels", *v, 1, 64);
   if (auto v = args.value("--root")) params.root = parse_i32("--root", *v, 0, 4095);
@@ -437,7 +469,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
   }
   params.inplace = args.has("--inplace");
 
-  auto program = efccl::algorithms::generate_algorithm(args.positional()[0], params);
+  auto program = efccl::algorithms::generate_algorithm(name, params);
   if (!program) {
     std::cerr << "efccl generate: " << program.status().message() << '\n';
     return kExitFailed;

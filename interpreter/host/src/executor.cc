@@ -1,7 +1,7 @@
-// Discrete-event interpretation of a Program (docs/ef-format.md §5): every threadblock of every
-// rank is a state machine (iteration, op, unit) visited in one fixed round-robin order; each
-// visit runs it until it blocks on a connection or a dependency. Connections are bounded FIFOs
-// whose slot storage is allocated once, before the run.
+// Interpretation of a Program over host memory (docs/ef-format.md §5): the walk shared with the
+// timing model (program_walk.h) decides which unit runs next; this file's cost function moves
+// each unit's data, taking no time, so the lowest-numbered threadblock that can go on runs.
+// Connection slots are allocated once, before the run.
 #include "efccl/host/executor.h"
 
 #include <algorithm>
@@ -16,6 +16,7 @@
 #include "efccl/ef/premul_analysis.h"
 #include "efccl/host/numeric.h"
 #include "index_check.h"
+#include "program_walk.h"
 
 namespace efccl::host {
 namespace {
@@ -58,55 +59,27 @@ Status check_call(const ef::Program& p, const ExecOptions& o) {
   return Status::ok();
 }
 
-/// A bounded FIFO of units between two threadblocks; storage is one block of `capacity` slots.
-struct Connection {
-  int sender = 0, receiver = 0, channel = 0;
-  std::size_t capacity = 0;  ///< slots, at most the units that will ever be pushed
-  std::size_t head = 0;      ///< slot of the oldest unit
-  std::size_t filled = 0;
-  std::vector<uint8_t> storage;
-
-  bool empty() const { return filled == 0; }
-  bool full() const { return filled == capacity; }
-};
-
-/// Where a threadblock is in its program.
-struct ThreadblockState {
-  int rank = 0, tb = 0;
-  const ef::Threadblock* def = nullptr;
-  std::size_t first_op = 0;       ///< index of its op 0 in Execution::completed_
-  std::size_t rank_first_tb = 0;  ///< index of the rank's tb 0 in Execution::tbs_
-  int send_connection = -1, recv_connection = -1;
-  uint64_t iteration = 0;
-  std::size_t op = 0;
-  int64_t unit = 0;  ///< units of the current op done in this iteration; > 0: op started
-  /// Dependencies of the current op known met in this iteration: completion only grows, so
-  /// each dependency is checked until met and never again (reset when the op changes).
-  std::size_t deps_met = 0;
-  bool done = false;
-};
-
-class Execution {
+/// One call's data: the program's buffers laid over the user's, the connections' slots, and
+/// the operations of a unit (the walk's cost function: it moves data and takes no time).
+class Execution final : public UnitCost {
  public:
   Execution(const ef::Program& p, const ExecOptions& o, uint64_t chunk_elements)
-      : program_(p), options_(o), chunk_elements_(chunk_elements) {
-    const std::size_t slot_bytes =
-        o.slot_bytes != 0 ? o.slot_bytes : default_slot_bytes(p.protocol);
-    element_size_ = ef::size_of(o.dtype);
-    stride_elements_ = std::max<uint64_t>(1, slot_bytes / element_size_);
-    iterations_ =
-        chunk_elements == 0 ? 0 : (chunk_elements + stride_elements_ - 1) / stride_elements_;
-    tile_bytes_ = std::min(stride_elements_, chunk_elements) * element_size_;
-  }
+      : program_(p),
+        options_(o),
+        tiles_(TileGeometry::of(p, o, chunk_elements)),
+        walk_(p, tiles_, o.connection_slots, /*timed=*/false) {}
 
-  uint64_t iterations() const { return iterations_; }
+  uint64_t iterations() const { return tiles_.iterations; }
 
   /// Lays the program's buffers over the user's (NCCL's aliasing) and allocates the rest.
   Status prepare(std::vector<RankBuffers>& buffers);
   /// Runs to completion or deadlock.
-  ExecResult run();
+  ExecResult execute();
   /// Integer avg's last step: divides the API output's result region by nranks.
   void divide_integer_average(std::vector<RankBuffers>& buffers);
+
+  double run(const WalkUnit& unit) override;
+  double latency(std::size_t) const override { return 0; }
 
  private:
   /// Where a program buffer of a rank starts: in the user's memory or the executor's.
@@ -114,42 +87,30 @@ class Execution {
     return bases_[static_cast<std::size_t>(rank) * 3 + static_cast<std::size_t>(b)];
   }
   Status prepare_buffers(int rank, RankBuffers& buffers);
-  void prepare_connections();
   Status prepare_premul();
 
-  bool advance(ThreadblockState& t);
-  bool dependencies_met(ThreadblockState& t, const ef::Op& op) const;
-  bool try_unit(ThreadblockState& t, const ef::Op& op);
-  uint8_t* element(int rank, const ef::BufferRef& ref, int64_t unit);
-  const uint8_t* src_operand(const ThreadblockState& t, const uint8_t* src, std::size_t n);
-  std::string waits_for(const ThreadblockState& t) const;
+  uint8_t* element(int rank, const ef::BufferRef& ref, int64_t unit, uint64_t tile_start);
+  const uint8_t* src_operand(const WalkUnit& unit, const uint8_t* src, std::size_t n);
 
   const ef::Program& program_;
   const ExecOptions& options_;
-  uint64_t chunk_elements_;
-  std::size_t element_size_ = 1;
-  uint64_t stride_elements_ = 1;  ///< E: elements per full tile
-  uint64_t iterations_ = 0;
-  std::size_t tile_bytes_ = 0;  ///< bytes of a full tile (a slot's size)
+  TileGeometry tiles_;
+  ProgramWalk walk_;
 
   std::vector<uint8_t*> bases_;                       ///< [rank * 3 + BufferKind]
   std::vector<std::vector<uint8_t>> private_memory_;  ///< scratch and buffers the API lacks
-  std::vector<Connection> connections_;
-  std::vector<ThreadblockState> tbs_;
-  std::vector<uint64_t> completed_;  ///< per op of every threadblock: iterations completed
+  std::vector<std::vector<uint8_t>> slots_;           ///< per connection: capacity slots
   /// Pre-multiplication (premulsum, float avg): per op, which operand reads to scale.
   std::vector<ef::PremulFlags> premul_;
   std::vector<double> scalars_;        ///< per rank
   std::vector<uint8_t> operand_tile_;  ///< a scaled or staged src tile
   std::vector<uint8_t> result_tile_;   ///< rrc's result before it is written
-  uint64_t tile_elements_now_ = 0;     ///< elements of the tile being processed
-  uint64_t tile_start_now_ = 0;        ///< its first element within the chunk
 };
 
 Status Execution::prepare_buffers(int r, RankBuffers& buffers) {
   const ef::Rank& rank = program_.ranks[static_cast<std::size_t>(r)];
   const ApiLayout l = api_layout(program_, r, options_.count, options_.inplace);
-  const std::size_t size = element_size_;
+  const std::size_t size = tiles_.element_size;
   const auto check_bytes = [&](const std::vector<uint8_t>& v, uint64_t elements,
                                const char* name) -> Status {
     if (v.size() == elements * size) return Status::ok();
@@ -163,8 +124,8 @@ Status Execution::prepare_buffers(int r, RankBuffers& buffers) {
     return private_memory_.back().data();
   };
   const uint64_t program_elements[2] = {
-      chunk_elements_ * static_cast<uint64_t>(rank.input_chunks),
-      chunk_elements_ * static_cast<uint64_t>(rank.output_chunks)};
+      tiles_.chunk_elements * static_cast<uint64_t>(rank.input_chunks),
+      tiles_.chunk_elements * static_cast<uint64_t>(rank.output_chunks)};
   const char* names[2] = {"input", "output"};
 
   if (l.shared) {
@@ -198,48 +159,8 @@ Status Execution::prepare_buffers(int r, RankBuffers& buffers) {
     }
   }
   base(r, BufferKind::kScratch) =
-      make_private(chunk_elements_ * static_cast<uint64_t>(rank.scratch_chunks));
+      make_private(tiles_.chunk_elements * static_cast<uint64_t>(rank.scratch_chunks));
   return Status::ok();
-}
-
-void Execution::prepare_connections() {
-  std::map<std::tuple<int, int, int>, int> index;
-  const auto connection_of = [&](int sender, int receiver, int channel) {
-    auto [it, inserted] =
-        index.try_emplace({sender, receiver, channel}, static_cast<int>(connections_.size()));
-    if (inserted) {
-      connections_.emplace_back();
-      connections_.back().sender = sender;
-      connections_.back().receiver = receiver;
-      connections_.back().channel = channel;
-    }
-    return it->second;
-  };
-  for (ThreadblockState& t : tbs_) {
-    if (t.def->send_peer >= 0)
-      t.send_connection = connection_of(t.rank, t.def->send_peer, t.def->channel);
-    if (t.def->recv_peer >= 0)
-      t.recv_connection = connection_of(t.def->recv_peer, t.rank, t.def->channel);
-  }
-  // No connection ever holds more units than are pushed into it: with generous `slots` this,
-  // not the slot count, bounds its storage.
-  std::vector<uint64_t> units_pushed(connections_.size(), 0);
-  for (const ThreadblockState& t : tbs_) {
-    if (t.send_connection < 0) continue;
-    uint64_t per_iteration = 0;
-    for (const ef::Op& op : t.def->ops)
-      if (ef::op_sends(op.code)) per_iteration += static_cast<uint64_t>(op.count);
-    uint64_t& units = units_pushed[static_cast<std::size_t>(t.send_connection)];
-    const auto total = checked_mul(per_iteration, iterations_);
-    if (!total || __builtin_add_overflow(units, *total, &units))
-      units = std::numeric_limits<uint64_t>::max();
-  }
-  for (std::size_t c = 0; c < connections_.size(); ++c) {
-    Connection& conn = connections_[c];
-    conn.capacity = static_cast<std::size_t>(
-        std::min<uint64_t>(static_cast<uint64_t>(options_.connection_slots), units_pushed[c]));
-    conn.storage.resize(conn.capacity * tile_bytes_);
-  }
 }
 
 Status Execution::prepare_premul() {
@@ -252,8 +173,8 @@ Status Execution::prepare_premul() {
   if (std::string mixed = ef::describe_mixed_operand(program_, map, options_.inplace);
       !mixed.empty())
     return Status::error(mixed);
-  premul_.assign(completed_.size(), ef::PremulFlags{});
-  for (const ThreadblockState& t : tbs_) {
+  premul_.assign(walk_.op_count(), ef::PremulFlags{});
+  for (const WalkThreadblock& t : walk_.threadblocks()) {
     const auto r = static_cast<std::size_t>(t.rank);
     const auto b = static_cast<std::size_t>(t.tb);
     for (std::size_t i = 0; i < t.def->ops.size(); ++i)
@@ -274,26 +195,22 @@ Status Execution::prepare_premul() {
 Status Execution::prepare(std::vector<RankBuffers>& buffers) {
   try {
     bases_.assign(static_cast<std::size_t>(program_.nranks) * 3, nullptr);
-    for (int r = 0; r < program_.nranks; ++r) {
+    for (int r = 0; r < program_.nranks; ++r)
       if (Status s = prepare_buffers(r, buffers[static_cast<std::size_t>(r)]); !s) return s;
-      const ef::Rank& rank = program_.ranks[static_cast<std::size_t>(r)];
-      const std::size_t rank_first_tb = tbs_.size();
-      for (std::size_t t = 0; t < rank.threadblocks.size(); ++t) {
-        ThreadblockState s;
-        s.rank = r;
-        s.tb = static_cast<int>(t);
-        s.def = &rank.threadblocks[t];
-        s.first_op = completed_.size();
-        s.rank_first_tb = rank_first_tb;
-        s.done = iterations_ == 0 || s.def->ops.empty();
-        completed_.resize(completed_.size() + s.def->ops.size(), 0);
-        tbs_.push_back(s);
-      }
+    walk_.prepare();
+    const std::size_t slot_bytes = tiles_.slot_bytes();
+    for (const WalkConnection& c : walk_.connections()) {
+      std::size_t bytes = 0;
+      if (__builtin_mul_overflow(c.capacity, slot_bytes, &bytes))
+        return Status::error("connection " + std::to_string(c.sender) + "->" +
+                             std::to_string(c.receiver) + " channel " + std::to_string(c.channel) +
+                             ": " + std::to_string(c.capacity) + " slots of " +
+                             std::to_string(slot_bytes) + " bytes overflow 64-bit sizes");
+      slots_.emplace_back(bytes);
     }
-    prepare_connections();
     if (Status s = prepare_premul(); !s) return s;
-    operand_tile_.resize(tile_bytes_);
-    result_tile_.resize(tile_bytes_);
+    operand_tile_.resize(slot_bytes);
+    result_tile_.resize(slot_bytes);
   } catch (const std::bad_alloc&) {
     return Status::error("cannot allocate the executor's memory (scratch, slots) for count " +
                          std::to_string(options_.count));
@@ -301,67 +218,58 @@ Status Execution::prepare(std::vector<RankBuffers>& buffers) {
   return Status::ok();
 }
 
-uint8_t* Execution::element(int rank, const ef::BufferRef& ref, int64_t unit) {
+uint8_t* Execution::element(int rank, const ef::BufferRef& ref, int64_t unit,
+                            uint64_t tile_start) {
   const uint64_t chunk = static_cast<uint64_t>(ref.offset + unit);
-  return base(rank, ref.buffer) + (chunk * chunk_elements_ + tile_start_now_) * element_size_;
-}
-
-bool Execution::dependencies_met(ThreadblockState& t, const ef::Op& op) const {
-  for (; t.deps_met < op.deps.size(); ++t.deps_met) {
-    const ef::Dependency& d = op.deps[t.deps_met];
-    const ThreadblockState& target = tbs_[t.rank_first_tb + static_cast<std::size_t>(d.tb)];
-    if (completed_[target.first_op + static_cast<std::size_t>(d.op)] <= t.iteration) return false;
-  }
-  return true;
+  return base(rank, ref.buffer) + (chunk * tiles_.chunk_elements + tile_start) * tiles_.element_size;
 }
 
 /// The src tile as the op must read it: scaled by the rank's scalar when the read is pristine
 /// under a pre-multiplying operator, otherwise in place.
-const uint8_t* Execution::src_operand(const ThreadblockState& t, const uint8_t* src,
-                                      std::size_t n) {
-  if (premul_.empty() || !premul_[t.first_op + t.op].src) return src;
-  scale_elements(options_.dtype, scalars_[static_cast<std::size_t>(t.rank)], operand_tile_.data(),
-                 src, n);
+const uint8_t* Execution::src_operand(const WalkUnit& unit, const uint8_t* src, std::size_t n) {
+  if (premul_.empty() || !premul_[unit.tb.op_index()].src) return src;
+  scale_elements(options_.dtype, scalars_[static_cast<std::size_t>(unit.tb.rank)],
+                 operand_tile_.data(), src, n);
   return operand_tile_.data();
 }
 
-bool Execution::try_unit(ThreadblockState& t, const ef::Op& op) {
-  Connection* in = ef::op_receives(op.code)
-                       ? &connections_[static_cast<std::size_t>(t.recv_connection)]
-                       : nullptr;
-  Connection* out =
-      ef::op_sends(op.code) ? &connections_[static_cast<std::size_t>(t.send_connection)] : nullptr;
-  if ((in != nullptr && in->empty()) || (out != nullptr && out->full())) return false;
-
-  const std::size_t n = tile_elements_now_;
-  const std::size_t bytes = n * element_size_;
+double Execution::run(const WalkUnit& unit) {
+  const WalkThreadblock& t = unit.tb;
+  const ef::Op& op = unit.op;
+  const std::size_t n = unit.tile_elements;
+  const std::size_t bytes = n * tiles_.element_size;
+  const std::size_t slot_bytes = tiles_.slot_bytes();
   const ef::DataType type = options_.dtype;
   const ef::RedOp red = options_.op;
-  uint8_t* src = op.src ? element(t.rank, *op.src, t.unit) : nullptr;
-  uint8_t* dst = op.dst ? element(t.rank, *op.dst, t.unit) : nullptr;
-  const uint8_t* popped = in != nullptr ? in->storage.data() + in->head * tile_bytes_ : nullptr;
-  uint8_t* pushed = out != nullptr ? out->storage.data() +
-                                         ((out->head + out->filled) % out->capacity) * tile_bytes_
-                                   : nullptr;
+  uint8_t* src = op.src ? element(t.rank, *op.src, t.unit, unit.tile_start) : nullptr;
+  uint8_t* dst = op.dst ? element(t.rank, *op.dst, t.unit, unit.tile_start) : nullptr;
+  const uint8_t* popped =
+      ef::op_receives(op.code)
+          ? slots_[static_cast<std::size_t>(t.recv_connection)].data() + unit.pop_slot * slot_bytes
+          : nullptr;
+  uint8_t* pushed =
+      ef::op_sends(op.code)
+          ? slots_[static_cast<std::size_t>(t.send_connection)].data() + unit.push_slot * slot_bytes
+          : nullptr;
 
   switch (op.code) {
     case OpCode::kSend:
-      std::memcpy(pushed, src_operand(t, src, n), bytes);
+      std::memcpy(pushed, src_operand(unit, src, n), bytes);
       break;
     case OpCode::kRecv:
       std::memcpy(dst, popped, bytes);
       break;
     case OpCode::kCopy:
-      std::memmove(dst, src_operand(t, src, n), bytes);  // in-place aliasing may overlap
+      std::memmove(dst, src_operand(unit, src, n), bytes);  // in-place aliasing may overlap
       break;
     case OpCode::kReduce: {
       // Stage src first: scaling dst in place, or overlapping operands, must not change it.
-      const uint8_t* operand = src_operand(t, src, n);
+      const uint8_t* operand = src_operand(unit, src, n);
       if (operand == src) {
         std::memcpy(operand_tile_.data(), src, bytes);
         operand = operand_tile_.data();
       }
-      if (!premul_.empty() && premul_[t.first_op + t.op].dst)
+      if (!premul_.empty() && premul_[t.op_index()].dst)
         scale_elements(type, scalars_[static_cast<std::size_t>(t.rank)], dst, dst, n);
       reduce_elements(type, red, dst, operand, n);
       break;
@@ -372,85 +280,29 @@ bool Execution::try_unit(ThreadblockState& t, const ef::Op& op) {
       break;
     case OpCode::kRecvReduceCopy:
       std::memcpy(result_tile_.data(), popped, bytes);
-      reduce_elements(type, red, result_tile_.data(), src_operand(t, src, n), n);
+      reduce_elements(type, red, result_tile_.data(), src_operand(unit, src, n), n);
       std::memcpy(dst, result_tile_.data(), bytes);
       break;
     case OpCode::kRecvReduceSend:
     case OpCode::kRecvReduceCopySend:
       std::memcpy(pushed, popped, bytes);
-      reduce_elements(type, red, pushed, src_operand(t, src, n), n);
+      reduce_elements(type, red, pushed, src_operand(unit, src, n), n);
       if (op.code == OpCode::kRecvReduceCopySend) std::memcpy(dst, pushed, bytes);
       break;
     case OpCode::kNop:
       break;
   }
-  if (in != nullptr) {
-    in->head = (in->head + 1) % in->capacity;
-    --in->filled;
-  }
-  if (out != nullptr) ++out->filled;
-  return true;
-}
-
-/// Runs the threadblock until it blocks or finishes; true when it did anything.
-bool Execution::advance(ThreadblockState& t) {
-  bool progressed = false;
-  const std::vector<ef::Op>& ops = t.def->ops;
-  while (!t.done) {
-    const ef::Op& op = ops[t.op];
-    if (t.unit == 0 && !dependencies_met(t, op)) return progressed;
-    tile_start_now_ = t.iteration * stride_elements_;
-    tile_elements_now_ = std::min(stride_elements_, chunk_elements_ - tile_start_now_);
-    while (t.unit < op.count) {
-      if (!try_unit(t, op)) return progressed;
-      ++t.unit;
-      progressed = true;
-    }
-    completed_[t.first_op + t.op] = t.iteration + 1;
-    progressed = true;
-    t.unit = 0;
-    t.deps_met = 0;  // the next op, or this one in the next iteration, starts over
-    if (++t.op == ops.size()) {
-      t.op = 0;
-      t.done = ++t.iteration == iterations_;
-    }
-  }
-  return progressed;
-}
-
-std::string Execution::waits_for(const ThreadblockState& t) const {
-  const ef::Op& op = t.def->ops[t.op];
-  std::ostringstream s;
-  if (t.unit == 0) {
-    for (std::size_t k = t.deps_met; k < op.deps.size(); ++k) {
-      const ef::Dependency& d = op.deps[k];
-      const ThreadblockState& target = tbs_[t.rank_first_tb + static_cast<std::size_t>(d.tb)];
-      if (completed_[target.first_op + static_cast<std::size_t>(d.op)] <= t.iteration) {
-        s << "dependency tb " << d.tb << " op " << d.op << " to complete iteration " << t.iteration;
-        return s.str();
-      }
-    }
-  }
-  if (ef::op_receives(op.code)) {
-    const Connection& in = connections_[static_cast<std::size_t>(t.recv_connection)];
-    if (in.empty()) {
-      s << "data from rank " << in.sender << " on channel " << in.channel << " (connection empty)";
-      return s.str();
-    }
-  }
-  const Connection& out = connections_[static_cast<std::size_t>(t.send_connection)];
-  s << "a free slot on connection " << out.sender << "->" << out.receiver << " channel "
-    << out.channel << " (all " << out.capacity << " slots full)";
-  return s.str();
+  return unit.ready;  // moving data takes no time in the walk's order
 }
 
 void Execution::divide_integer_average(std::vector<RankBuffers>& buffers) {
-  if (chunk_elements_ == 0) return;
+  const uint64_t chunk_elements = tiles_.chunk_elements;
+  if (chunk_elements == 0) return;
   const auto n = static_cast<uint64_t>(program_.nranks);
   const auto divide = [&](int r, uint64_t first, uint64_t elements) {
     const ApiLayout l = api_layout(program_, r, options_.count, options_.inplace);
     uint8_t* base = buffers[static_cast<std::size_t>(r)].output.data() +
-                    ((l.shared ? l.output_offset : 0) + first) * element_size_;
+                    ((l.shared ? l.output_offset : 0) + first) * tiles_.element_size;
     divide_elements(options_.dtype, n, base, static_cast<std::size_t>(elements));
   };
   switch (program_.collective) {
@@ -467,14 +319,14 @@ void Execution::divide_integer_average(std::vector<RankBuffers>& buffers) {
       for (const ef::Postcondition& pc : program_.postconditions) {
         if (pc.rank < 0 || pc.rank >= program_.nranks || pc.index < 0) continue;
         const uint64_t chunks =
-            ef::api_output_elements(program_, pc.rank, options_.count) / chunk_elements_;
+            ef::api_output_elements(program_, pc.rank, options_.count) / chunk_elements;
         if (static_cast<uint64_t>(pc.index) >= chunks) continue;
         auto& marks = divided[static_cast<std::size_t>(pc.rank)];
         if (marks.size() <= static_cast<std::size_t>(pc.index))
           marks.resize(static_cast<std::size_t>(pc.index) + 1, false);
         if (marks[static_cast<std::size_t>(pc.index)]) continue;
         marks[static_cast<std::size_t>(pc.index)] = true;
-        divide(pc.rank, static_cast<uint64_t>(pc.index) * chunk_elements_, chunk_elements_);
+        divide(pc.rank, static_cast<uint64_t>(pc.index) * chunk_elements, chunk_elements);
       }
       break;
     }
@@ -483,29 +335,13 @@ void Execution::divide_integer_average(std::vector<RankBuffers>& buffers) {
   }
 }
 
-ExecResult Execution::run() {
+ExecResult Execution::execute() {
   ExecResult result;
-  result.iterations = iterations_;
-  std::size_t remaining = 0;
-  for (const ThreadblockState& t : tbs_) remaining += t.done ? 0 : 1;
-  while (remaining > 0) {
-    bool progressed = false;
-    for (ThreadblockState& t : tbs_) {
-      if (t.done) continue;
-      progressed |= advance(t);
-      if (t.done) --remaining;
-    }
-    if (progressed) continue;
+  result.iterations = tiles_.iterations;
+  result.blocked = walk_.run(*this);
+  if (!result.blocked.empty()) {
     result.deadlock = true;
-    for (const ThreadblockState& t : tbs_)
-      if (!t.done)
-        result.blocked.push_back(
-            BlockedThreadblock{t.rank, t.tb, static_cast<int>(t.op), t.iteration, waits_for(t)});
-    result.status =
-        Status::error("deadlock: " + std::to_string(result.blocked.size()) + " of " +
-                      std::to_string(tbs_.size()) +
-                      " threadblocks blocked and none can progress\n" + result.deadlock_report());
-    return result;
+    result.status = deadlock_status(result.blocked, walk_.threadblocks().size());
   }
   return result;
 }
@@ -587,7 +423,7 @@ ExecResult execute(const ef::Program& program, const ExecOptions& options,
   result.iterations = execution.iterations();
   result.status = execution.prepare(buffers);
   if (!result.status) return result;
-  result = execution.run();
+  result = execution.execute();
   if (result.status && options.op == ef::RedOp::kAvg && !ef::is_floating(options.dtype))
     execution.divide_integer_average(buffers);
   return result;

@@ -211,27 +211,10 @@ void reduce_narrow(const MiniFloat& fmt, Binary b, void* dst, const void* src, s
   }
 }
 
-/// The scalar as an integer of type T: truncated toward zero into int64_t (saturating, NaN -> 0),
-/// then wrapped to T.
-template <typename T>
-T integer_scalar(double scalar) {
-  if (std::isnan(scalar)) return 0;
-  constexpr double kLimit = 9223372036854775808.0;  // 2^63
-  int64_t wide;
-  if (scalar >= kLimit) {
-    wide = std::numeric_limits<int64_t>::max();
-  } else if (scalar < -kLimit) {
-    wide = std::numeric_limits<int64_t>::min();
-  } else {
-    wide = static_cast<int64_t>(scalar);
-  }
-  return static_cast<T>(wide);
-}
-
 template <typename T>
 void scale_native(double scalar, void* dst, const void* src, std::size_t n) {
   if constexpr (std::is_integral_v<T>) {
-    const T s = integer_scalar<T>(scalar);
+    const auto s = static_cast<T>(premulsum_integer_scalar(scalar));
     for (std::size_t i = 0; i < n; ++i)
       store(dst, i, integer_apply(Binary::kProd, load<T>(src, i), s));
   } else {
@@ -274,6 +257,75 @@ void divide_narrow(const MiniFloat& fmt, uint64_t divisor, void* data, std::size
 }
 
 }  // namespace
+
+int64_t premulsum_integer_scalar(double scalar) {
+  if (std::isnan(scalar)) return 0;
+  constexpr double kLimit = 9223372036854775808.0;  // 2^63
+  if (scalar >= kLimit) return std::numeric_limits<int64_t>::max();
+  if (scalar < -kLimit) return std::numeric_limits<int64_t>::min();
+  return static_cast<int64_t>(scalar);
+}
+
+double element_to_double(ef::DataType t, const void* p) {
+  switch (t) {
+    case ef::DataType::kInt8:
+      return load<int8_t>(p, 0);
+    case ef::DataType::kUint8:
+      return load<uint8_t>(p, 0);
+    case ef::DataType::kInt32:
+      return load<int32_t>(p, 0);
+    case ef::DataType::kUint32:
+      return load<uint32_t>(p, 0);
+    case ef::DataType::kInt64:
+      return static_cast<double>(load<int64_t>(p, 0));
+    case ef::DataType::kUint64:
+      return static_cast<double>(load<uint64_t>(p, 0));
+    case ef::DataType::kFloat16:
+      return decode(load<uint16_t>(p, 0), kHalf);
+    case ef::DataType::kFloat32:
+      return load<float>(p, 0);
+    case ef::DataType::kFloat64:
+      return load<double>(p, 0);
+    case ef::DataType::kBFloat16:
+      return decode(load<uint16_t>(p, 0), kBFloat16);
+    case ef::DataType::kFp8E4M3:
+      return decode(load<uint8_t>(p, 0), kFp8E4M3);
+    case ef::DataType::kFp8E5M2:
+      return decode(load<uint8_t>(p, 0), kFp8E5M2);
+  }
+  return 0;
+}
+
+void double_to_element(ef::DataType t, double v, void* p) {
+  const int64_t integer = premulsum_integer_scalar(v);
+  const auto f = static_cast<float>(v);
+  switch (t) {
+    case ef::DataType::kInt8:
+      return store(p, 0, static_cast<int8_t>(integer));
+    case ef::DataType::kUint8:
+      return store(p, 0, static_cast<uint8_t>(integer));
+    case ef::DataType::kInt32:
+      return store(p, 0, static_cast<int32_t>(integer));
+    case ef::DataType::kUint32:
+      return store(p, 0, static_cast<uint32_t>(integer));
+    case ef::DataType::kInt64:
+      return store(p, 0, integer);
+    case ef::DataType::kUint64:
+      return store(p, 0, static_cast<uint64_t>(integer));
+    case ef::DataType::kFloat16:
+      return store(p, 0, static_cast<uint16_t>(encode(f, kHalf)));
+    case ef::DataType::kFloat32:
+      return store(p, 0, f);
+    case ef::DataType::kFloat64:
+      return store(p, 0, v);
+    case ef::DataType::kBFloat16:
+      return store(p, 0, static_cast<uint16_t>(encode(f, kBFloat16)));
+    case ef::DataType::kFp8E4M3:
+      return store(p, 0, static_cast<uint8_t>(encode(f, kFp8E4M3)));
+    case ef::DataType::kFp8E5M2:
+      return store(p, 0, static_cast<uint8_t>(encode(f, kFp8E5M2)));
+  }
+}
 
 uint16_t float_to_half(float f) { return static_cast<uint16_t>(encode(f, kHalf)); }
 float half_to_float(uint16_t h) { return decode(h, kHalf); }

@@ -75,51 +75,6 @@ uint64_t truncate_bits(uint64_t v, std::size_t size) {
   return size == 8 ? v : v & ((uint64_t{1} << (8 * size)) - 1);
 }
 
-double read_float(DataType t, const uint8_t* p) {
-  const uint64_t bits = read_bits(p, ef::size_of(t));
-  switch (t) {
-    case DataType::kFloat16:
-      return half_to_float(static_cast<uint16_t>(bits));
-    case DataType::kBFloat16:
-      return bfloat16_to_float(static_cast<uint16_t>(bits));
-    case DataType::kFp8E4M3:
-      return fp8_e4m3_to_float(static_cast<uint8_t>(bits));
-    case DataType::kFp8E5M2:
-      return fp8_e5m2_to_float(static_cast<uint8_t>(bits));
-    case DataType::kFloat32:
-      return std::bit_cast<float>(static_cast<uint32_t>(bits));
-    default:
-      return std::bit_cast<double>(bits);
-  }
-}
-
-/// Stores v, which the caller chose representable in t (small integers, powers of two).
-void write_float(DataType t, double v, uint8_t* p) {
-  const auto f = static_cast<float>(v);
-  uint64_t bits;
-  switch (t) {
-    case DataType::kFloat16:
-      bits = float_to_half(f);
-      break;
-    case DataType::kBFloat16:
-      bits = float_to_bfloat16(f);
-      break;
-    case DataType::kFp8E4M3:
-      bits = float_to_fp8_e4m3(f);
-      break;
-    case DataType::kFp8E5M2:
-      bits = float_to_fp8_e5m2(f);
-      break;
-    case DataType::kFloat32:
-      bits = std::bit_cast<uint32_t>(f);
-      break;
-    default:
-      bits = std::bit_cast<uint64_t>(v);
-      break;
-  }
-  write_bits(bits, p, ef::size_of(t));
-}
-
 std::string format_element(DataType t, const uint8_t* p) {
   const std::size_t size = ef::size_of(t);
   const uint64_t bits = read_bits(p, size);
@@ -129,7 +84,7 @@ std::string format_element(DataType t, const uint8_t* p) {
     return std::to_string(bits);
   }
   std::snprintf(text, sizeof text, "%.*g (0x%0*llx)", t == DataType::kFloat64 ? 17 : 9,
-                read_float(t, p), static_cast<int>(2 * size),
+                element_to_double(t, p), static_cast<int>(2 * size),
                 static_cast<unsigned long long>(bits));
   return text;
 }
@@ -286,7 +241,7 @@ class InputGenerator {
       if (op_ == RedOp::kMin || op_ == RedOp::kMax) {
         do {
           write_bits(rng_(), element, size);
-        } while (!std::isfinite(read_float(type_, element)));
+        } while (!std::isfinite(element_to_double(type_, element)));
         continue;
       }
       const uint64_t key = key_modulus_ != 0 ? i % key_modulus_ : i;
@@ -300,11 +255,11 @@ class InputGenerator {
           exponent = 1 + static_cast<int>(rng_() % limit_);
           if (negative) exponent = -exponent;
         }
-        write_float(type_, sign * std::ldexp(1.0, exponent), element);
+        double_to_element(type_, sign * std::ldexp(1.0, exponent), element);
       } else {
         double value = 0.0;
         if (active) value = static_cast<double>(1 + rng_() % limit_) * (negative ? -1.0 : 1.0);
-        write_float(type_, value, element);
+        double_to_element(type_, value, element);
       }
     }
   }
@@ -377,13 +332,13 @@ class Verifier {
         s = o.premul_scalars[static_cast<std::size_t>(r)];
       std::vector<uint8_t> one(size_), scaled(size_);
       if (ef::is_floating(o.dtype)) {
-        write_float(o.dtype, 1.0, one.data());
+        double_to_element(o.dtype, 1.0, one.data());
       } else {
         write_bits(1, one.data(), size_);
       }
       scale_elements(o.dtype, s, scaled.data(), one.data(), 1);
       scalar_bits_.push_back(read_bits(scaled.data(), size_));
-      scalar_values_.push_back(ef::is_floating(o.dtype) ? read_float(o.dtype, scaled.data()) : s);
+      scalar_values_.push_back(ef::is_floating(o.dtype) ? element_to_double(o.dtype, scaled.data()) : s);
     }
   }
 
@@ -442,7 +397,7 @@ class Verifier {
         mismatches.add(r, index, format_element(t, expected), format_element(t, got));
       return;
     }
-    const double value = read_float(t, got);
+    const double value = element_to_double(t, got);
     const auto [exact, tolerance] = floating_result(inputs, sources);
     // A bound as large as the result would accept a result missing contributions (or a plain
     // copy of one input): the element cannot be verified, which is a failure, never a pass.
@@ -474,8 +429,8 @@ class Verifier {
     const uint8_t* best = input(inputs, sources[0]);
     for (std::size_t i = 1; i < sources.size(); ++i) {
       const uint8_t* candidate = input(inputs, sources[i]);
-      const double b = read_float(options_.dtype, best);
-      const double c = read_float(options_.dtype, candidate);
+      const double b = element_to_double(options_.dtype, best);
+      const double c = element_to_double(options_.dtype, candidate);
       const bool better = b == c ? std::signbit(c) == is_min && std::signbit(b) != is_min
                                  : (is_min ? c < b : c > b);
       if (better) best = candidate;
@@ -529,7 +484,7 @@ class Verifier {
     if (options_.op == RedOp::kProd) {
       // The generator's +-2^e inputs make every partial product exact in any order.
       double product = 1.0;
-      for (const Source& s : sources) product *= read_float(t, input(inputs, s));
+      for (const Source& s : sources) product *= element_to_double(t, input(inputs, s));
       return {product, 0.0};
     }
     // sum, avg and premulsum: each term is x_q * s_q (s_q the scalar as the type holds it)
@@ -540,7 +495,7 @@ class Verifier {
     double sum = 0.0, magnitude = 0.0;
     int grain = std::numeric_limits<int>::max();  // exponent of the coarsest common power of two
     for (const Source& s : sources) {
-      const double x = read_float(t, input(inputs, s));
+      const double x = element_to_double(t, input(inputs, s));
       const double scalar = scalar_values_[static_cast<std::size_t>(s.rank)];
       // x * scalar is exact in double for every type but double, whose product is the
       // type's own rounding.
@@ -601,8 +556,8 @@ class Verifier {
       odd = std::bit_cast<float>(std::bit_cast<uint32_t>(odd) | 1u);
     }
     uint8_t bytes[8] = {};
-    write_float(t, odd, bytes);
-    return read_float(t, bytes);
+    double_to_element(t, odd, bytes);
+    return element_to_double(t, bytes);
   }
 
   const ef::Program& program_;

@@ -13,22 +13,7 @@ namespace {
 
 /// A scalar of `dtype` at `p` (host memory) as a double.
 double scalar_value(ef::DataType dtype, const void* p) {
-  namespace h = efccl::host;
-  switch (dtype) {
-    case ef::DataType::kInt8: { int8_t v; std::memcpy(&v, p, 1); return v; }
-    case ef::DataType::kUint8: { uint8_t v; std::memcpy(&v, p, 1); return v; }
-    case ef::DataType::kInt32: { int32_t v; std::memcpy(&v, p, 4); return v; }
-    case ef::DataType::kUint32: { uint32_t v; std::memcpy(&v, p, 4); return v; }
-    case ef::DataType::kInt64: { int64_t v; std::memcpy(&v, p, 8); return static_cast<double>(v); }
-    case ef::DataType::kUint64: { uint64_t v; std::memcpy(&v, p, 8); return static_cast<double>(v); }
-    case ef::DataType::kFloat16: { uint16_t v; std::memcpy(&v, p, 2); return h::half_to_float(v); }
-    case ef::DataType::kFloat32: { float v; std::memcpy(&v, p, 4); return v; }
-    case ef::DataType::kFloat64: { double v; std::memcpy(&v, p, 8); return v; }
-    case ef::DataType::kBFloat16: { uint16_t v; std::memcpy(&v, p, 2); return h::bfloat16_to_float(v); }
-    case ef::DataType::kFp8E4M3: { uint8_t v; std::memcpy(&v, p, 1); return h::fp8_e4m3_to_float(v); }
-    case ef::DataType::kFp8E5M2: { uint8_t v; std::memcpy(&v, p, 1); return h::fp8_e5m2_to_float(v); }
-  }
-  return 1.0;
+  return host::element_to_double(dtype, p);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -466,6 +467,74 @@ TEST(Scale, IntegerScalarTruncatesAndTheProductWraps) {
   uint64_t uo = 0;
   scale_elements(DataType::kUint64, std::nan(""), &uo, &u, 1);
   EXPECT_EQ(uo, 0u);
+}
+
+TEST(ElementConversion, PremulsumIntegerScalarTruncatesAndSaturates) {
+  EXPECT_EQ(premulsum_integer_scalar(3.9), 3);
+  EXPECT_EQ(premulsum_integer_scalar(-2.9), -2);
+  EXPECT_EQ(premulsum_integer_scalar(std::nan("")), 0);
+  EXPECT_EQ(premulsum_integer_scalar(1e30), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(premulsum_integer_scalar(-1e30), std::numeric_limits<int64_t>::min());
+  EXPECT_EQ(premulsum_integer_scalar(9223372036854775808.0), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(premulsum_integer_scalar(-9223372036854775808.0), std::numeric_limits<int64_t>::min());
+  EXPECT_EQ(premulsum_integer_scalar(std::numeric_limits<double>::infinity()),
+            std::numeric_limits<int64_t>::max());
+}
+
+TEST(ElementConversion, EveryTypeReadsItsValue) {
+  const int8_t i8 = -100;
+  const uint8_t u8 = 200;
+  const int32_t i32 = -2000000000;
+  const uint32_t u32 = 4000000000u;
+  const int64_t i64 = -(int64_t{1} << 60);
+  const uint64_t u64 = (uint64_t{1} << 63) + 1;  // rounds to 2^63
+  const uint16_t half = 0x3C00 | 0x8000;          // -1.0
+  const float f = 0.1f;
+  const double d = 0.1;
+  const uint16_t bf = 0x4049;  // 3.140625
+  const uint8_t e4m3 = 0x7E;   // 448
+  const uint8_t e5m2 = 0x7B;   // 57344
+  EXPECT_EQ(element_to_double(DataType::kInt8, &i8), -100.0);
+  EXPECT_EQ(element_to_double(DataType::kUint8, &u8), 200.0);
+  EXPECT_EQ(element_to_double(DataType::kInt32, &i32), -2000000000.0);
+  EXPECT_EQ(element_to_double(DataType::kUint32, &u32), 4000000000.0);
+  EXPECT_EQ(element_to_double(DataType::kInt64, &i64), -std::ldexp(1.0, 60));
+  EXPECT_EQ(element_to_double(DataType::kUint64, &u64), std::ldexp(1.0, 63));
+  EXPECT_EQ(element_to_double(DataType::kFloat16, &half), -1.0);
+  EXPECT_EQ(element_to_double(DataType::kFloat32, &f), static_cast<double>(0.1f));
+  EXPECT_EQ(element_to_double(DataType::kFloat64, &d), 0.1);
+  EXPECT_EQ(element_to_double(DataType::kBFloat16, &bf), 3.140625);
+  EXPECT_EQ(element_to_double(DataType::kFp8E4M3, &e4m3), 448.0);
+  EXPECT_EQ(element_to_double(DataType::kFp8E5M2, &e5m2), 57344.0);
+  // Any alignment.
+  unsigned char bytes[9] = {};
+  std::memcpy(bytes + 1, &d, sizeof d);
+  EXPECT_EQ(element_to_double(DataType::kFloat64, bytes + 1), 0.1);
+}
+
+TEST(ElementConversion, StoringRoundsAsTheGpuReceivesAScalar) {
+  const auto stored = [](DataType t, double v) {
+    unsigned char bytes[8] = {};
+    double_to_element(t, v, bytes);
+    return element_to_double(t, bytes);
+  };
+  // Exact values survive every type.
+  for (int t = 0; t < ef::kNumDataTypes; ++t)
+    for (double v : {0.0, 1.0, 2.0, 96.0})
+      EXPECT_EQ(stored(static_cast<DataType>(t), v), v) << ef::to_string(static_cast<DataType>(t));
+  // Integers: truncation toward zero, then the type wraps.
+  EXPECT_EQ(stored(DataType::kInt8, -2.9), -2.0);
+  EXPECT_EQ(stored(DataType::kInt8, 300.5), 44.0);
+  EXPECT_EQ(stored(DataType::kUint32, -1.0), 4294967295.0);
+  EXPECT_EQ(stored(DataType::kInt64, std::nan("")), 0.0);
+  // Floating types round to nearest-even; the narrow ones through float, saturating fp8.
+  EXPECT_EQ(stored(DataType::kFloat32, 0.1), static_cast<double>(0.1f));
+  EXPECT_EQ(stored(DataType::kFloat64, 0.1), 0.1);
+  EXPECT_EQ(stored(DataType::kFloat16, 1.0 + std::ldexp(1.0, -11)), 1.0);  // tie to even
+  EXPECT_EQ(stored(DataType::kBFloat16, 3.14159), 3.140625);
+  EXPECT_EQ(stored(DataType::kFp8E4M3, 1000.0), 448.0);
+  EXPECT_EQ(stored(DataType::kFp8E5M2, 1e9), 57344.0);
+  EXPECT_TRUE(std::isinf(stored(DataType::kFloat16, 1e9)));
 }
 
 TEST(Divide, IntegersTruncateTowardZero) {

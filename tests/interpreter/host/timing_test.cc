@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -236,6 +237,21 @@ TEST(Timing, FewerSlotsThrottleALatencyBoundPipeline) {
   const TimingResult one = predict_time(p, o, {});
   ASSERT_TRUE(eight.status.is_ok() && one.status.is_ok());
   EXPECT_GT(one.time_us, 2 * eight.time_us);
+}
+
+TEST(Timing, SlotsBeyondTheUnitsSentChangeNothing) {
+  // A connection never holds more units than are sent through it: 2^31-1 slots cost no more
+  // memory or time than the 16 units this relay sends.
+  const ef::Program p = relay(2);
+  ExecOptions o = call(16);
+  o.slot_bytes = 4;  // one float per tile: 16 units per connection
+  o.connection_slots = 16;
+  const TimingResult enough = predict_time(p, o, {});
+  o.connection_slots = std::numeric_limits<int>::max();
+  const TimingResult huge = predict_time(p, o, {});
+  ASSERT_TRUE(enough.status.is_ok() && huge.status.is_ok()) << huge.status.message();
+  EXPECT_EQ(huge.time_us, enough.time_us);
+  EXPECT_EQ(huge.iterations, 16u);
 }
 
 TEST(Timing, TransportsAndDevicePlacement) {

@@ -14,6 +14,9 @@ namespace efccl::ef {
 struct JsonLimits {
   std::size_t max_bytes = 256u << 20;  ///< whole document
   int max_depth = 64;                  ///< nesting of arrays/objects
+  /// Memory budget of the parsed document: every value is charged its estimated size while
+  /// parsing (docs/ef-format.md §8, "Limits"), and parsing stops once the total exceeds this.
+  std::size_t max_memory_bytes = 256u << 20;
 };
 
 /// Parses EF JSON text. On failure returns no program and at least one Diagnostic whose

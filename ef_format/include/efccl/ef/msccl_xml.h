@@ -16,6 +16,9 @@ struct XmlLimits {
   int max_depth = 16;                      ///< element nesting (MSCCL needs 4)
   std::size_t max_attribute_bytes = 4096;  ///< one attribute value
   std::size_t max_elements = 50u << 20;    ///< element count
+  /// Memory budget of the parsed document: every element and attribute is charged its
+  /// estimated size while parsing (docs/ef-format.md §8, "Limits"); parsing stops beyond it.
+  std::size_t max_memory_bytes = 256u << 20;
 };
 
 /// Imports MSCCL/RCCL XML (see docs/ef-format.md, "MSCCL XML import"), msccl-tools' output

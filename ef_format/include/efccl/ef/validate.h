@@ -11,6 +11,13 @@ namespace efccl::ef {
 /// Connection slots assumed by the capacity check (NCCL_STEPS; the GPU interpreter uses the same).
 inline constexpr int kDefaultConnectionSlots = 8;
 
+/// The most chunks a valid program cuts a call into (nchunksperloop) and the most any rank's
+/// buffer holds (input, output, scratch; op offsets and counts lie inside the buffers): 2^24,
+/// which a direct alltoall over 4096 ranks needs and far above real programs (MSCCL files cut
+/// a call into at most a few hundred chunks). The loaders accept larger numbers (up to 2^40 in
+/// EF JSON) so that validation can name the limit.
+inline constexpr int64_t kMaxChunks = int64_t{1} << 24;
+
 struct ValidateOptions {
   int connection_slots = kDefaultConnectionSlots;
   std::size_t max_diagnostics = 100;  ///< stop collecting after this many

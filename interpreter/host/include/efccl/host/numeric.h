@@ -26,6 +26,18 @@ float fp8_e4m3_to_float(uint8_t v);  ///< exact; S.1111.111 decodes as NaN
 uint8_t float_to_fp8_e5m2(float f);
 float fp8_e5m2_to_float(uint8_t v);  ///< exact
 
+/// The value of the element of type t at p (any alignment): exact for every type except 64-bit
+/// integers beyond 2^53, which round to the nearest double. The one element-to-double conversion
+/// of the library (premulsum scalars, verification).
+double element_to_double(ef::DataType t, const void* p);
+/// Stores v as an element of type t at p: float and double round to nearest-even; half,
+/// bfloat16 and fp8 go through float first, as a scalar reaches the GPU interpreter, then round
+/// as float_to_*; integer types take premulsum_integer_scalar(v), wrapped to the type.
+void double_to_element(ef::DataType t, double v, void* p);
+/// premulsum's scalar as an integer type sees it: truncated toward zero into int64_t,
+/// saturating at its limits, NaN -> 0 (the type then wraps it, as C++ conversion does).
+int64_t premulsum_integer_scalar(double scalar);
+
 /// dst[i] = dst[i] (op) src[i] for n elements of type t: dst is the left operand. avg and
 /// premulsum reduce with sum (their scaling is separate). min/max on floating types follow IEEE
 /// minNum/maxNum (a NaN operand loses to a number) with -0 < +0, and return one operand's bits.
