@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "efccl/algorithms/registry.h"
+#include "efccl/algorithms/algorithm_library.h"
 #include "efccl/ef/json_io.h"
 #include "efccl/common/log.h"
 #include "efccl/runtime/observer.h"

@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "efccl/algorithms/registry.h"
+#include "efccl/algorithms/algorithm_library.h"
 #include "efccl/ef/json_io.h"
 #include "efccl/common/log.h"
 #include "efccl/runtime/observer.h"

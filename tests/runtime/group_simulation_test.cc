@@ -10,7 +10,7 @@
 
 #ifndef EFCCL_GROUP_SIMULATION_GPU
 
-#include "efccl/algorithms/registry.h"
+#include "efccl/algorithms/algorithm_library.h"
 #include "efccl/host/timing.h"
 #include "enqueue/group_simulation.h"
 #include "select/program_registry.h"

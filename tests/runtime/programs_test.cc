@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "efccl/algorithms/registry.h"
+#include "efccl/algorithms/algorithm_library.h"
 #include "efccl/common/log.h"
 #include "efccl/ef/json_io.h"
 #include "efccl/ef/validate.h"

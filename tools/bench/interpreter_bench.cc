@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "bench_args.h"
-#include "efccl/algorithms/registry.h"
+#include "efccl/algorithms/algorithm_library.h"
 #include "efccl/device/device_executor.h"
 #include "efccl/ef/load.h"
 #include "efccl/ef/validate.h"

@@ -24,7 +24,7 @@
 #include <tuple>
 #include <vector>
 
-#include "efccl/algorithms/registry.h"
+#include "efccl/algorithms/algorithm_library.h"
 #include "efccl/ef/datatype.h"
 #include "efccl/ef/json_io.h"
 #include "efccl/ef/load.h"

@@ -1,10 +1,10 @@
-// The algorithm generators behind the registry (one file each). Each receives parameters
-// that registry.cc has already checked (ranks within the algorithm's range, nodes dividing
+// The algorithm generators behind the library's index (one file each). Each receives parameters
+// that algorithm_library.cc has already checked (ranks within the algorithm's range, nodes dividing
 // ranks, instances >= 1, channels within the algorithm's limit, root a rank; the root is in the
 // options) and the compile options to use.
 #pragma once
 
-#include "efccl/algorithms/registry.h"
+#include "efccl/algorithms/algorithm_library.h"
 
 namespace efccl::algorithms::detail {
 

@@ -17,51 +17,6 @@ namespace {
 /// top two bits; a bootstrap serves one communicator, whose init exchanges this once).
 constexpr uint64_t kRealIdTag = 0x0efcc1fa11bac000ull;
 
-/// A premulsum scalar as one element of `dtype` (the scalar was read from such an element, so
-/// this is exact).
-void encode_scalar(ef::DataType dtype, double v, unsigned char* out) {
-  namespace h = efccl::host;
-  const auto put = [out](auto x) { std::memcpy(out, &x, sizeof(x)); };
-  switch (dtype) {
-    case ef::DataType::kInt8:
-      put(static_cast<int8_t>(v));
-      break;
-    case ef::DataType::kUint8:
-      put(static_cast<uint8_t>(v));
-      break;
-    case ef::DataType::kInt32:
-      put(static_cast<int32_t>(v));
-      break;
-    case ef::DataType::kUint32:
-      put(static_cast<uint32_t>(v));
-      break;
-    case ef::DataType::kInt64:
-      put(static_cast<int64_t>(v));
-      break;
-    case ef::DataType::kUint64:
-      put(static_cast<uint64_t>(v));
-      break;
-    case ef::DataType::kFloat16:
-      put(h::float_to_half(static_cast<float>(v)));
-      break;
-    case ef::DataType::kFloat32:
-      put(static_cast<float>(v));
-      break;
-    case ef::DataType::kFloat64:
-      put(v);
-      break;
-    case ef::DataType::kBFloat16:
-      put(h::float_to_bfloat16(static_cast<float>(v)));
-      break;
-    case ef::DataType::kFp8E4M3:
-      put(h::float_to_fp8_e4m3(static_cast<float>(v)));
-      break;
-    case ef::DataType::kFp8E5M2:
-      put(h::float_to_fp8_e5m2(static_cast<float>(v)));
-      break;
-  }
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -122,7 +77,8 @@ ApiStatus NcclFallback::run(const std::vector<Call>& set, const std::string& why
   if (ref.op == ef::RedOp::kPreMulSum) {
     for (; created < set.size(); ++created) {
       unsigned char scalar[8] = {};
-      encode_scalar(set[created].dtype, set[created].premul_scalar, scalar);
+      // The scalar was read from one element of the datatype: converting back is exact.
+      host::double_to_element(set[created].dtype, set[created].premul_scalar, scalar);
       const ncclResult_t r = lib.red_op_create_pre_mul_sum(
           &ops[created], scalar, static_cast<ncclDataType_t>(set[created].dtype),
           ncclScalarHostImmediate, comms[created]);

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <mutex>
 
-#include "efccl/algorithms/registry.h"
+#include "efccl/algorithms/algorithm_library.h"
 #include "efccl/common/log.h"
 #include "select/selection_observer.h"
 #include "select/tuning.h"

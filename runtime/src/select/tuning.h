@@ -14,7 +14,7 @@ namespace efccl::runtime {
 
 /// A built-in algorithm, its instance count and protocol for one call.
 struct BuiltinChoice {
-  std::string_view algorithm;  ///< a name of the algorithm library (efccl/algorithms/registry.h)
+  std::string_view algorithm;  ///< a name of the algorithm library (efccl/algorithms/algorithm_library.h)
   int32_t instances = 1;
   /// The protocol measured fastest for the size (before NCCL_PROTO; ProgramRegistry applies it).
   ef::Protocol protocol = ef::Protocol::kSimple;

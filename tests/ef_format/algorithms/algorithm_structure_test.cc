@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "efccl/algorithms/registry.h"
+#include "efccl/algorithms/algorithm_library.h"
 
 namespace efccl::algorithms {
 namespace {

@@ -10,7 +10,7 @@
 #include <tuple>
 #include <vector>
 
-#include "efccl/algorithms/registry.h"
+#include "efccl/algorithms/algorithm_library.h"
 #include "efccl/ef/validate.h"
 #include "efccl/host/executor.h"
 #include "symbolic_executor.h"

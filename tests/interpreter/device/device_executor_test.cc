@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "efccl/algorithms/registry.h"
+#include "efccl/algorithms/algorithm_library.h"
 #include "efccl/ef/load.h"
 #include "efccl/ef/validate.h"
 #include "efccl/host/executor.h"

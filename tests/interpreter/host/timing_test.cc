@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "efccl/algorithms/registry.h"
+#include "efccl/algorithms/algorithm_library.h"
 
 namespace efccl::host {
 namespace {

@@ -1,4 +1,4 @@
-#include "efccl/algorithms/registry.h"
+#include "efccl/algorithms/algorithm_library.h"
 
 #include <algorithm>
 #include <optional>

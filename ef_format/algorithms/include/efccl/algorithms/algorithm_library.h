@@ -1,6 +1,7 @@
 // The built-in algorithm library: named EF program generators, each written with the chunk
 // API of efccl_compiler (efccl/compiler/program_builder.h). The CLI (`efccl list-algorithms`,
-// `efccl generate NAME --ranks N ...`) and the runtime's registry call these two functions.
+// `efccl generate NAME --ranks N ...`) and the runtime's program registry call these two
+// functions.
 #pragma once
 
 #include <cstdint>
