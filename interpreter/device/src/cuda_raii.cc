@@ -42,10 +42,15 @@ DeviceBuffer::~DeviceBuffer() {
 Status DeviceBuffer::allocate(int device, std::size_t bytes) {
   DeviceScope scope(device);
   device_ = device;
+  const cudaError_t e = cudaMalloc(&ptr_, std::max<std::size_t>(bytes, 16));
+  if (e != cudaSuccess) {
+    // Not sticky: clear it, or the next launch's cudaGetLastError would report it as its own.
+    (void)cudaGetLastError();
+    ptr_ = nullptr;
+    return cuda_error(
+        "cudaMalloc(" + std::to_string(bytes) + " bytes) on device " + std::to_string(device), e);
+  }
   bytes_ = bytes;
-  EFCCL_CUDA_RETURN(
-      cudaMalloc(&ptr_, std::max<std::size_t>(bytes, 16)),
-      "cudaMalloc(" + std::to_string(bytes) + " bytes) on device " + std::to_string(device));
   return zero_now(std::max<std::size_t>(bytes, 16));
 }
 

@@ -117,12 +117,13 @@ struct ThreadblockConnections {
 /// The primitives of one threadblock over `Protocol` (specialized in prims_simple.cuh and
 /// prims_flagged.cuh). Each specialization offers, for one unit of a Transfer, in this order
 /// (all threads call each; false: the call must stop, the failure is posted):
-///   Primitives(bound, connections, scalar);
+///   Primitives(bound, connections, scalar);  refers to the decoder's (they stay in registers)
 ///   bool wait(const Transfer&, bool gated, bool deps_ready, const WaitSite&);
 ///     the connection waits and the barrier that releases the CTA; `gated`: the decoder waited
 ///     for the op's dependencies before this unit, `deps_ready` is thread 0's result;
-///   bool move(const Transfer&, uint64_t n, const WaitSite&);
-///     the tile's n elements, ending with a barrier;
+///   bool move(Transfer&, uint64_t n, const WaitSite&);
+///     the tile's n elements (the connection slots join the transfer's operands), ending with
+///     a barrier;
 ///   void post(const Transfer&);
 ///     thread 0 posts the connection counters; positions advance;
 ///   void save_positions() const;  thread 0, at the end of the launch.

@@ -234,7 +234,7 @@ template <typename E, Reduction R>
 class Primitives<E, R, ProtoFlagged> {
  public:
   __device__ __forceinline__ Primitives(const WaitBound& bound,
-                                        const ThreadblockConnections& connections,
+                                        ThreadblockConnections& connections,
                                         const Scalar<E>& scalar)
       : bound_(bound), ends_(connections), scalar_(scalar) {}
 
@@ -255,7 +255,7 @@ class Primitives<E, R, ProtoFlagged> {
   /// All threads, after wait(): moves the unit's `n` elements (polling the popped lines, storing
   /// the pushed ones), then a barrier, and zeroes an LL slot when due. False when a poll had to
   /// stop (posted).
-  __device__ __forceinline__ bool move(const Transfer& t, uint64_t n, const WaitSite& site) {
+  __device__ __forceinline__ bool move(Transfer& t, uint64_t n, const WaitSite& site) {
     bool ok = true;
     if (t.pops() || t.pushes()) {
       Wire wire;
@@ -296,8 +296,8 @@ class Primitives<E, R, ProtoFlagged> {
 
  private:
   const WaitBound& bound_;
-  ThreadblockConnections ends_;
-  Scalar<E> scalar_;
+  ThreadblockConnections& ends_;
+  const Scalar<E>& scalar_;
   bool cleared_ = false;  ///< move() zeroed the popped slot: post() frees it with a release
 };
 

@@ -17,7 +17,7 @@ template <typename E, Reduction R>
 class Primitives<E, R, ProtoSimple> {
  public:
   __device__ __forceinline__ Primitives(const WaitBound& bound,
-                                        const ThreadblockConnections& connections,
+                                        ThreadblockConnections& connections,
                                         const Scalar<E>& scalar)
       : bound_(bound), ends_(connections), scalar_(scalar) {}
 
@@ -36,11 +36,10 @@ class Primitives<E, R, ProtoSimple> {
   }
 
   /// All threads, after wait(): moves the unit's `n` elements, then a barrier. Always true.
-  __device__ __forceinline__ bool move(const Transfer& t, uint64_t n, const WaitSite& site) {
-    UnitOperands u = t.operands;
-    if (t.pops()) u.left = ends_.recv->slot(ends_.recv_position);
-    if (t.pushes()) u.slot = ends_.send->slot(ends_.send_position);
-    reduce_copy<E, R>(u, n, scalar_);
+  __device__ __forceinline__ bool move(Transfer& t, uint64_t n, const WaitSite& site) {
+    if (t.pops()) t.operands.left = ends_.recv->slot(ends_.recv_position);
+    if (t.pushes()) t.operands.slot = ends_.send->slot(ends_.send_position);
+    reduce_copy<E, R>(t.operands, n, scalar_);
     __syncthreads();
     return true;
   }
@@ -60,8 +59,8 @@ class Primitives<E, R, ProtoSimple> {
 
  private:
   const WaitBound& bound_;
-  ThreadblockConnections ends_;
-  Scalar<E> scalar_;
+  ThreadblockConnections& ends_;
+  const Scalar<E>& scalar_;
 };
 
 }  // namespace
