@@ -84,8 +84,9 @@ Status share_arenas(ConnectionArena& arena, const ArenaSharing& sharing) {
     EFCCL_CUDA_RETURN(cudaDeviceGetPCIBusId(a.bus_id, sizeof(a.bus_id) - 1, local.device),
                       "cudaDeviceGetPCIBusId");
     DeviceScope scope(local.device);
-    EFCCL_CUDA_RETURN(cudaIpcGetMemHandle(&a.fifo, local.fifo.get()),
-                      "cudaIpcGetMemHandle (FIFO arena, device " + std::to_string(local.device) + ")");
+    EFCCL_CUDA_RETURN(
+        cudaIpcGetMemHandle(&a.fifo, local.fifo.get()),
+        "cudaIpcGetMemHandle (FIFO arena, device " + std::to_string(local.device) + ")");
     EFCCL_CUDA_RETURN(cudaIpcGetMemHandle(&a.counter, local.counters.get()),
                       "cudaIpcGetMemHandle (counter arena)");
     put(mine, a);
@@ -95,8 +96,9 @@ Status share_arenas(ConnectionArena& arena, const ArenaSharing& sharing) {
   // possibly still spinning, kernels.
 
   StatusOr<std::vector<std::string>> all = sharing.exchange(mine);
-  if (!all) return Status::error("exchanging connection memory with the other processes: " +
-                                 all.status().message());
+  if (!all)
+    return Status::error("exchanging connection memory with the other processes: " +
+                         all.status().message());
   const int n = program.nranks;
   if (all->size() != static_cast<std::size_t>(n))
     return Status::error("the exchange returned " + std::to_string(all->size()) +
@@ -116,8 +118,8 @@ Status share_arenas(ConnectionArena& arena, const ArenaSharing& sharing) {
     std::string theirs;
     std::vector<SharedArena> arenas;
     if (Status s = parse_arenas((*all)[r], &theirs, &arenas); !s)
-      return Status::error("rank " + std::to_string(r) + "'s process sent a bad description: " +
-                           s.message());
+      return Status::error("rank " + std::to_string(r) +
+                           "'s process sent a bad description: " + s.message());
     if (theirs != fingerprint)
       return Status::error("rank " + std::to_string(r) + " runs a different program or call (" +
                            theirs + ") than this process (" + fingerprint +
@@ -125,10 +127,12 @@ Status share_arenas(ConnectionArena& arena, const ArenaSharing& sharing) {
                            "with the same count, datatype, operator and root");
     for (const SharedArena& a : arenas) {
       if (a.location != location[r]) continue;
-      if (a.fifo_bytes != fifo_size.at(a.location) || a.counter_bytes != counter_size.at(a.location))
+      if (a.fifo_bytes != fifo_size.at(a.location) ||
+          a.counter_bytes != counter_size.at(a.location))
         return Status::error("rank " + std::to_string(r) + "'s process laid out its connection " +
-                             "memory differently (" + std::to_string(a.fifo_bytes) + " FIFO bytes, " +
-                             "expected " + std::to_string(fifo_size.at(a.location)) + ")");
+                             "memory differently (" + std::to_string(a.fifo_bytes) +
+                             " FIFO bytes, " + "expected " +
+                             std::to_string(fifo_size.at(a.location)) + ")");
       remote[a.location] = a;
     }
     if (!remote.count(location[r]))

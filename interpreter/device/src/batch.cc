@@ -185,7 +185,9 @@ Status DeviceExecutor::run_batch(const std::vector<BatchCall>& calls, BatchRepor
     if (calls[i].executor->impl_->slot_bytes % size != 0) return false;
     const ef::Program& p = calls[i].executor->impl_->program;
     if (!ef::check_call(p, b.count / size, kernel.first, kernel.second, b.inplace, 0)) return false;
-    const auto aligned = [size](const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % size == 0; };
+    const auto aligned = [size](const void* ptr) {
+      return reinterpret_cast<std::uintptr_t>(ptr) % size == 0;
+    };
     if (!std::all_of(b.inputs.begin(), b.inputs.end(), aligned) ||
         !std::all_of(b.outputs.begin(), b.outputs.end(), aligned))
       return false;
@@ -195,7 +197,8 @@ Status DeviceExecutor::run_batch(const std::vector<BatchCall>& calls, BatchRepor
     const int reduction = reduction_of(kernel.second);
     for (LocalDevice& local : m.locals) {
       int threads = 0;
-      if (!m.choose_threads(local, static_cast<int>(kernel.first), reduction, &threads)) return false;
+      if (!m.choose_threads(local, static_cast<int>(kernel.first), reduction, &threads))
+        return false;
     }
     byte_args[i].count = b.count / size;
     byte_args[i].dtype = kernel.first;

@@ -28,8 +28,7 @@ Status ConnectionArena::allocate(const ConnectionLayout& layout, const std::vect
     l.device = devices[i];
     l.location = locations[i];
     if (Status s = l.fifo.allocate(l.device, layout.fifo_bytes.at(l.location)); !s) return s;
-    if (Status s = l.counters.allocate(l.device, layout.counter_bytes.at(l.location)); !s)
-      return s;
+    if (Status s = l.counters.allocate(l.device, layout.counter_bytes.at(l.location)); !s) return s;
   }
   own_.clear();
   for (const Local& l : locals_) own_[l.location] = &l;

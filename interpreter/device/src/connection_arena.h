@@ -70,7 +70,7 @@ class ConnectionArena {
 
   ConnectionLayout layout_;
   std::vector<Local> locals_;
-  std::map<int64_t, const Local*> own_;  ///< this process's locations
+  std::map<int64_t, const Local*> own_;                                ///< this process's locations
   std::map<std::pair<int64_t, int>, std::pair<char*, char*>> remote_;  ///< (fifo, counters)
 };
 

@@ -26,15 +26,15 @@ namespace efccl::device {
 /// receiver's memory (written here through peer access or CUDA IPC); `head` is in the sender's
 /// memory and written by the receiver.
 struct SendConnectionDeviceHandle {
-  char* slots;          ///< receiver's memory: `nslots` slots of `slot_stride` bytes
-  uint64_t* tail;       ///< receiver's memory: units pushed so far (Simple only)
-  uint64_t* head;       ///< sender's memory: units popped so far (written by the receiver)
-  uint64_t* position;   ///< sender's memory: this side's push count, persisted between calls
-  uint64_t slot_stride; ///< wire bytes per slot
+  char* slots;           ///< receiver's memory: `nslots` slots of `slot_stride` bytes
+  uint64_t* tail;        ///< receiver's memory: units pushed so far (Simple only)
+  uint64_t* head;        ///< sender's memory: units popped so far (written by the receiver)
+  uint64_t* position;    ///< sender's memory: this side's push count, persisted between calls
+  uint64_t slot_stride;  ///< wire bytes per slot
   uint32_t nslots;
-  int32_t peer;         ///< receiving rank
+  int32_t peer;  ///< receiving rank
   int32_t channel;
-  uint32_t wire;        ///< WireFormat, the same at both ends
+  uint32_t wire;  ///< WireFormat, the same at both ends
 
 #if defined(__CUDACC__)
   /// The push count where the previous launch left it (stream order makes it visible).
@@ -53,9 +53,8 @@ struct SendConnectionDeviceHandle {
   /// all but nslots - 1 of the units before it); false when the call must stop instead.
   __device__ __forceinline__ bool wait_free_slot(const WaitBound& bound, uint64_t position,
                                                  const WaitSite& site) const {
-    return bound.spin_until(waiting_for_slot(site), [&] {
-      return position - load_acquire_system(head) < nslots;
-    });
+    return bound.spin_until(waiting_for_slot(site),
+                            [&] { return position - load_acquire_system(head) < nslots; });
   }
   /// The slot that push number `position` fills (in the receiver's memory).
   __device__ __forceinline__ char* slot(uint64_t position) const {
@@ -70,15 +69,15 @@ struct SendConnectionDeviceHandle {
 
 /// The receiving end of a connection; lives on the receiver's device.
 struct RecvConnectionDeviceHandle {
-  char* slots;          ///< this device's memory (read; LL slots are also zeroed here)
-  uint64_t* tail;       ///< this device's memory: units pushed (Simple only)
-  uint64_t* head;       ///< sender's memory: units popped so far (written by this side)
-  uint64_t* position;   ///< this device's memory: this side's pop count, persisted
-  uint64_t slot_stride; ///< wire bytes per slot
+  char* slots;           ///< this device's memory (read; LL slots are also zeroed here)
+  uint64_t* tail;        ///< this device's memory: units pushed (Simple only)
+  uint64_t* head;        ///< sender's memory: units popped so far (written by this side)
+  uint64_t* position;    ///< this device's memory: this side's pop count, persisted
+  uint64_t slot_stride;  ///< wire bytes per slot
   uint32_t nslots;
-  int32_t peer;         ///< sending rank
+  int32_t peer;  ///< sending rank
   int32_t channel;
-  uint32_t wire;        ///< WireFormat
+  uint32_t wire;  ///< WireFormat
 
 #if defined(__CUDACC__)
   /// The pop count where the previous launch left it.

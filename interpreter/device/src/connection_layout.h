@@ -57,9 +57,9 @@ std::size_t connection_slot_stride(ef::Protocol protocol, std::size_t slot_bytes
 
 /// The sizes of every location's arenas.
 struct ConnectionLayout {
-  std::size_t slot_stride = 0;      ///< wire bytes per slot
-  uint32_t nslots = 0;              ///< slots per connection
-  std::size_t connection_fifo_bytes = 0;  ///< one connection's part of a FIFO arena
+  std::size_t slot_stride = 0;                   ///< wire bytes per slot
+  uint32_t nslots = 0;                           ///< slots per connection
+  std::size_t connection_fifo_bytes = 0;         ///< one connection's part of a FIFO arena
   std::map<int64_t, std::size_t> fifo_bytes;     ///< per location
   std::map<int64_t, std::size_t> counter_bytes;  ///< per location
 };

@@ -84,8 +84,8 @@ Status DeviceBuffer::zero_now(std::size_t bytes) {
   cudaError_t e = cudaMemsetAsync(ptr_, 0, bytes, s);
   if (e == cudaSuccess) e = cudaStreamSynchronize(s);
   cudaStreamDestroy(s);
-  EFCCL_CUDA_RETURN(e, "zeroing " + std::to_string(bytes) + " bytes on device " +
-                           std::to_string(device_));
+  EFCCL_CUDA_RETURN(
+      e, "zeroing " + std::to_string(bytes) + " bytes on device " + std::to_string(device_));
   return Status::ok();
 }
 

@@ -17,8 +17,8 @@ inline Status cuda_error(const std::string& what, cudaError_t e) {
 }  // namespace efccl::device
 
 /// Returns cuda_error(what, e) from the enclosing function when `call` fails.
-#define EFCCL_CUDA_RETURN(call, what)                                              \
-  do {                                                                             \
-    const cudaError_t efccl_e = (call);                                            \
+#define EFCCL_CUDA_RETURN(call, what)                                                \
+  do {                                                                               \
+    const cudaError_t efccl_e = (call);                                              \
     if (efccl_e != cudaSuccess) return ::efccl::device::cuda_error((what), efccl_e); \
   } while (0)

@@ -147,10 +147,10 @@ struct DeviceExecutor::Impl {
   Status launch_part(PreparedPart& part, int dtype, int reduction);
 
   // Batches (batch.cc).
-  static Status launch_fused_parts(int device, int sm_count, cudaStream_t stream, int dtype,
-                                   int reduction,
-                                   const std::vector<std::pair<PreparedCall*, PreparedPart*>>& parts,
-                                   uint32_t max_ctas, BatchReport* report);
+  static Status launch_fused_parts(
+      int device, int sm_count, cudaStream_t stream, int dtype, int reduction,
+      const std::vector<std::pair<PreparedCall*, PreparedPart*>>& parts, uint32_t max_ctas,
+      BatchReport* report);
 
   // Errors (device_executor.cc).
   std::string describe(std::size_t device_index, const ErrorRecord& e) const;

@@ -22,19 +22,32 @@ struct ElementTag {
 template <typename Fn>
 cudaError_t with_element(int dtype, Fn&& fn) {
   switch (dtype) {
-    case 0: return fn(ElementTag<IntegerElement<int8_t>>{});
-    case 1: return fn(ElementTag<IntegerElement<uint8_t>>{});
-    case 2: return fn(ElementTag<IntegerElement<int32_t>>{});
-    case 3: return fn(ElementTag<IntegerElement<uint32_t>>{});
-    case 4: return fn(ElementTag<IntegerElement<int64_t>>{});
-    case 5: return fn(ElementTag<IntegerElement<uint64_t>>{});
-    case 6: return fn(ElementTag<HalfElement>{});
-    case 7: return fn(ElementTag<NativeFloatElement<float>>{});
-    case 8: return fn(ElementTag<NativeFloatElement<double>>{});
-    case 9: return fn(ElementTag<BFloat16Element>{});
-    case 10: return fn(ElementTag<Fp8E4M3Element>{});
-    case 11: return fn(ElementTag<Fp8E5M2Element>{});
-    default: return cudaErrorInvalidValue;
+    case 0:
+      return fn(ElementTag<IntegerElement<int8_t>>{});
+    case 1:
+      return fn(ElementTag<IntegerElement<uint8_t>>{});
+    case 2:
+      return fn(ElementTag<IntegerElement<int32_t>>{});
+    case 3:
+      return fn(ElementTag<IntegerElement<uint32_t>>{});
+    case 4:
+      return fn(ElementTag<IntegerElement<int64_t>>{});
+    case 5:
+      return fn(ElementTag<IntegerElement<uint64_t>>{});
+    case 6:
+      return fn(ElementTag<HalfElement>{});
+    case 7:
+      return fn(ElementTag<NativeFloatElement<float>>{});
+    case 8:
+      return fn(ElementTag<NativeFloatElement<double>>{});
+    case 9:
+      return fn(ElementTag<BFloat16Element>{});
+    case 10:
+      return fn(ElementTag<Fp8E4M3Element>{});
+    case 11:
+      return fn(ElementTag<Fp8E5M2Element>{});
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
@@ -42,11 +55,16 @@ cudaError_t with_element(int dtype, Fn&& fn) {
 template <typename Fn>
 cudaError_t with_reduction(int reduction, Fn&& fn) {
   switch (reduction) {
-    case kReduceSum: return fn(std::integral_constant<Reduction, kReduceSum>{});
-    case kReduceProd: return fn(std::integral_constant<Reduction, kReduceProd>{});
-    case kReduceMin: return fn(std::integral_constant<Reduction, kReduceMin>{});
-    case kReduceMax: return fn(std::integral_constant<Reduction, kReduceMax>{});
-    default: return cudaErrorInvalidValue;
+    case kReduceSum:
+      return fn(std::integral_constant<Reduction, kReduceSum>{});
+    case kReduceProd:
+      return fn(std::integral_constant<Reduction, kReduceProd>{});
+    case kReduceMin:
+      return fn(std::integral_constant<Reduction, kReduceMin>{});
+    case kReduceMax:
+      return fn(std::integral_constant<Reduction, kReduceMax>{});
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

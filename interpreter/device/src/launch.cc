@@ -83,7 +83,7 @@ Status DeviceExecutor::Impl::prepare(DeviceExecutor* self, const RunArgs& args,
   out->executor = self;
   out->parts.clear();
   if (Status s = ef::check_call(p, args.count, args.dtype, args.op, args.inplace,
-                               args.premul_scalars.size());
+                                args.premul_scalars.size());
       !s)
     return s;
   const int dtype = static_cast<int>(args.dtype);
@@ -115,8 +115,8 @@ Status DeviceExecutor::Impl::prepare(DeviceExecutor* self, const RunArgs& args,
   const bool reduces = ef::collective_reduces(p.collective);
   const bool integer = !ef::is_floating(args.dtype);
   const bool integer_avg = reduces && args.op == ef::RedOp::kAvg && integer;
-  const bool premul = reduces && (args.op == ef::RedOp::kPreMulSum ||
-                                  (args.op == ef::RedOp::kAvg && !integer));
+  const bool premul =
+      reduces && (args.op == ef::RedOp::kPreMulSum || (args.op == ef::RedOp::kAvg && !integer));
   if (premul && !premul_mixed[args.inplace ? 1 : 0].empty())
     return Status::error(premul_mixed[args.inplace ? 1 : 0]);
   const int reduction = reduction_of(args.op);

@@ -48,8 +48,7 @@ __device__ __forceinline__ bool wait_dependencies(const CallParams& p, const OpD
     site.peer = dep.tb;
     site.channel = dep.op;
     uint64_t* flag = p.flags + dep.flag;
-    if (!p.bound.spin_until(site,
-                            [&] { return flag_reached(load_acquire_device(flag), target); }))
+    if (!p.bound.spin_until(site, [&] { return flag_reached(load_acquire_device(flag), target); }))
       return false;
   }
   return true;

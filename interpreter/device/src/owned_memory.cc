@@ -76,7 +76,8 @@ Status DeviceExecutor::Impl::map_buffers(const LocalDevice& local, std::size_t l
                    static_cast<char*>(args.outputs[r])};
   const char* names[2] = {"input", "output"};
   for (int k = 0; k < 2; ++k)
-    if (api[k] > 0 && user[k] == nullptr) return Status::error(who() + names[k] + " buffer is null");
+    if (api[k] > 0 && user[k] == nullptr)
+      return Status::error(who() + names[k] + " buffer is null");
 
   // Executor-owned memory: scratch first, then program buffers the API does not provide.
   char* owned = local.private_memory[local_index].get() + private_offset;
@@ -91,7 +92,8 @@ Status DeviceExecutor::Impl::map_buffers(const LocalDevice& local, std::size_t l
     char* region = alias->input_inside_output ? user[1] : user[0];
     const int inner = alias->input_inside_output ? 0 : 1;
     if (user[inner] != region + alias->offset_elements * size)
-      return Status::error(who() + "in-place call, but the buffers do not alias as NCCL requires (" +
+      return Status::error(who() +
+                           "in-place call, but the buffers do not alias as NCCL requires (" +
                            names[inner] + " == " + names[1 - inner] + " + " +
                            std::to_string(alias->offset_elements) + " elements)");
     for (int k = 0; k < 2; ++k) {

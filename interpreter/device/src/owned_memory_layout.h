@@ -18,12 +18,12 @@ inline constexpr uint64_t kOwnedAlignment = 256;
 
 /// One rank's executor-owned memory for calls of `chunk_elements` elements per chunk.
 struct OwnedMemoryLayout {
-  uint64_t input_elements = 0;   ///< the program's input buffer (chunks x chunk elements)
-  uint64_t output_elements = 0;  ///< the program's output buffer
-  uint64_t scratch_bytes = 0;    ///< aligned; the scratch buffer starts at offset 0
+  uint64_t input_elements = 0;            ///< the program's input buffer (chunks x chunk elements)
+  uint64_t output_elements = 0;           ///< the program's output buffer
+  uint64_t scratch_bytes = 0;             ///< aligned; the scratch buffer starts at offset 0
   std::optional<uint64_t> input_offset;   ///< set when the program's input lives here
   std::optional<uint64_t> output_offset;  ///< set when the program's output lives here
-  uint64_t bytes = 0;            ///< the whole, aligned
+  uint64_t bytes = 0;                     ///< the whole, aligned
 };
 
 /// The layout for rank `rank` of a call with NCCL `count` (`chunk_elements` per chunk,

@@ -222,9 +222,11 @@ __device__ __forceinline__ bool process_flagged(const UnitOperands& u, const Wir
     return process_flagged_as<E, R, UnitKind::kGeneral, 1>(u, w, n, groups, scalar, bound, site);
   constexpr int kUnroll = 4;
   if (u.scale_left || u.scale_right)
-    return process_flagged_as<E, R, UnitKind::kGeneral, kUnroll>(u, w, n, groups, scalar, bound, site);
+    return process_flagged_as<E, R, UnitKind::kGeneral, kUnroll>(u, w, n, groups, scalar, bound,
+                                                                 site);
   if (u.right != nullptr)
-    return process_flagged_as<E, R, UnitKind::kReduce, kUnroll>(u, w, n, groups, scalar, bound, site);
+    return process_flagged_as<E, R, UnitKind::kReduce, kUnroll>(u, w, n, groups, scalar, bound,
+                                                                site);
   return process_flagged_as<E, R, UnitKind::kCopy, kUnroll>(u, w, n, groups, scalar, bound, site);
 }
 
@@ -233,8 +235,7 @@ __device__ __forceinline__ bool process_flagged(const UnitOperands& u, const Wir
 template <typename E, Reduction R>
 class Primitives<E, R, ProtoFlagged> {
  public:
-  __device__ __forceinline__ Primitives(const WaitBound& bound,
-                                        ThreadblockConnections& connections,
+  __device__ __forceinline__ Primitives(const WaitBound& bound, ThreadblockConnections& connections,
                                         const Scalar<E>& scalar)
       : bound_(bound), ends_(connections), scalar_(scalar) {}
 
@@ -276,7 +277,8 @@ class Primitives<E, R, ProtoFlagged> {
     }
     if (__syncthreads_or(!ok)) return false;
     // Only now has every warp read the slot: zero it (rarely) before freeing it.
-    cleared_ = t.pops() && ends_.recv->wire == kWireLL && ends_.recv->clear_due(ends_.recv_position);
+    cleared_ =
+        t.pops() && ends_.recv->wire == kWireLL && ends_.recv->clear_due(ends_.recv_position);
     if (cleared_) {
       ends_.recv->clear_slot(ends_.recv_position);
       __syncthreads();

@@ -16,8 +16,7 @@ namespace {
 template <typename E, Reduction R>
 class Primitives<E, R, ProtoSimple> {
  public:
-  __device__ __forceinline__ Primitives(const WaitBound& bound,
-                                        ThreadblockConnections& connections,
+  __device__ __forceinline__ Primitives(const WaitBound& bound, ThreadblockConnections& connections,
                                         const Scalar<E>& scalar)
       : bound_(bound), ends_(connections), scalar_(scalar) {}
 

@@ -13,11 +13,11 @@ namespace {
 
 /// The operands of one unit (one tile of one chunk). Null pointers are absent operands.
 struct UnitOperands {
-  const char* left = nullptr;  ///< the popped slot, dst (`reduce`) or src (send, copy)
-  const char* right = nullptr; ///< src for reducing ops
-  char* dst = nullptr;         ///< local destination
-  char* slot = nullptr;        ///< remote slot for pushing ops
-  bool scale_left = false;     ///< premul: left is a pristine read of the rank's input
+  const char* left = nullptr;   ///< the popped slot, dst (`reduce`) or src (send, copy)
+  const char* right = nullptr;  ///< src for reducing ops
+  char* dst = nullptr;          ///< local destination
+  char* slot = nullptr;         ///< remote slot for pushing ops
+  bool scale_left = false;      ///< premul: left is a pristine read of the rank's input
   bool scale_right = false;
 };
 
@@ -27,9 +27,10 @@ enum class UnitKind { kCopy, kReduce, kGeneral };
 
 /// out = scale?(left) [op scale?(right)] for one element.
 template <typename E, Reduction R, UnitKind K>
-__device__ __forceinline__ typename E::Storage combine(const UnitOperands& u, const Scalar<E>& scalar,
-                                                      typename E::Storage left,
-                                                      typename E::Storage right) {
+__device__ __forceinline__ typename E::Storage combine(const UnitOperands& u,
+                                                       const Scalar<E>& scalar,
+                                                       typename E::Storage left,
+                                                       typename E::Storage right) {
   if constexpr (K == UnitKind::kCopy) {
     return left;
   } else if constexpr (K == UnitKind::kReduce) {
@@ -46,16 +47,16 @@ __device__ __forceinline__ typename E::Storage combine(const UnitOperands& u, co
 /// when every operand is 16-byte aligned, then (or otherwise) one element per thread and step.
 template <typename E, Reduction R, UnitKind K>
 __device__ __forceinline__ void reduce_copy_as(const UnitOperands& u, uint64_t n,
-                                                const Scalar<E>& scalar) {
+                                               const Scalar<E>& scalar) {
   using S = typename E::Storage;
   constexpr int kPack = 16 / sizeof(S);
   union Pack {
     uint4 raw;
     S element[kPack];
   };
-  const auto address_bits = reinterpret_cast<uintptr_t>(u.left) |
-                            reinterpret_cast<uintptr_t>(u.right) |
-                            reinterpret_cast<uintptr_t>(u.dst) | reinterpret_cast<uintptr_t>(u.slot);
+  const auto address_bits =
+      reinterpret_cast<uintptr_t>(u.left) | reinterpret_cast<uintptr_t>(u.right) |
+      reinterpret_cast<uintptr_t>(u.dst) | reinterpret_cast<uintptr_t>(u.slot);
   uint64_t scalar_begin = 0;
   if ((address_bits & 15) == 0) {
     const uint64_t npacks = n / kPack;
@@ -118,7 +119,8 @@ __device__ __forceinline__ void reduce_copy_as(const UnitOperands& u, uint64_t n
 /// Moves (and reduces) the `n` elements of a unit between memory the CTA can address directly
 /// (user buffers, scratch, Simple slots), all threads of the CTA.
 template <typename E, Reduction R>
-__device__ __forceinline__ void reduce_copy(const UnitOperands& u, uint64_t n, const Scalar<E>& scalar) {
+__device__ __forceinline__ void reduce_copy(const UnitOperands& u, uint64_t n,
+                                            const Scalar<E>& scalar) {
   if (u.scale_left || u.scale_right) {
     reduce_copy_as<E, R, UnitKind::kGeneral>(u, n, scalar);
   } else if (u.right != nullptr) {

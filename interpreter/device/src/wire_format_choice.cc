@@ -76,8 +76,8 @@ StatusOr<std::string> choose_wire_formats(const ef::Program& program,
   }
   if (fallbacks == 0) return std::string();
   return "LL128 program '" + program.name + "': " + std::to_string(fallbacks) + " of " +
-         std::to_string(connections.size()) + " connections run over LL (the first: " +
-         first_reason + ")";
+         std::to_string(connections.size()) +
+         " connections run over LL (the first: " + first_reason + ")";
 }
 
 }  // namespace efccl::device

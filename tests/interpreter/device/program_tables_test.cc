@@ -85,7 +85,7 @@ TEST(ProgramTables, OneEntryPerThreadblockOfTheLaunchsRanks) {
   EXPECT_EQ(tables->ops[5].publishes, 1);  // recv
   EXPECT_EQ(tables->ops[6].publishes, 1);  // nop
   EXPECT_EQ(tables->ops[7].publishes, 0);
-  EXPECT_EQ(tables->ops[6].count, 0);      // a nop moves nothing
+  EXPECT_EQ(tables->ops[6].count, 0);  // a nop moves nothing
 
   // allreduce: integer avg divides each rank's whole output.
   ASSERT_EQ(tables->divide_segments.size(), 2u);
