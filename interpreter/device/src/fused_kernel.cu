@@ -1,7 +1,7 @@
 // The fused interpreter kernel: several calls (of one or more executors) in one launch per
 // device and stream. FusedParams places each call's threadblocks on a range of CTAs; a CTA
 // runs the threadblocks that fall on it in call order, each exactly as the one-call kernel
-// would (interpreter_body.cuh), Simple and flagged programs alike.
+// would (op_decoder.cuh), Simple and flagged programs alike.
 //
 // Why this cannot deadlock: a CTA holds at most one threadblock of a call, and every device
 // orders the calls alike, so once every call before call k has finished, all threadblocks of
@@ -17,7 +17,9 @@
 
 #include <cstdint>
 
-#include "interpreter_body.cuh"
+#include "interpreter_kernel.h"
+#include "kernel_dispatch.cuh"
+#include "op_decoder.cuh"
 
 // FusedParams is larger than the classic 4 KiB parameter limit; kernels may take up to 32 KiB
 // of parameters since CUDA 12.1 (compute capability 7.0 and later).
@@ -43,14 +45,14 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock, 1)
       if (threadIdx.x == 0) {
         const ThreadblockDesc tb = call.threadblocks[index];
         const WaitSite site{tb.rank, tb.tb, -1, 0, kWaitNone, -1, -1};
-        post_error(call, kErrorSkipped, site, global_timer_ns(), 0);
+        call.bound.post_error(kErrorSkipped, site, global_timer_ns(), 0);
       }
       continue;
     }
     const RankCallArgs* ranks = p.ranks + call.rank_begin;
     const bool ok = call.flagged != 0
-                        ? run_threadblock<E, R, true>(call, ranks, index, staging)
-                        : run_threadblock<E, R, false>(call, ranks, index, staging);
+                        ? run_threadblock<E, R, ProtoFlagged>(call, ranks, index, staging)
+                        : run_threadblock<E, R, ProtoSimple>(call, ranks, index, staging);
     failed = !ok;
     __syncthreads();  // every thread is done with `staging` and the positions thread 0 stored
   }

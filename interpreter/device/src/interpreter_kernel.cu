@@ -1,18 +1,20 @@
 // The interpreter kernel for one call: CTA i runs threadblock i of the device's ranks
-// (interpreter_body.cuh), and integer avg's division pass; their launchers and occupancy.
+// (op_decoder.cuh), and integer avg's division pass; their launchers and occupancy.
 #include <algorithm>
 #include <cstdint>
 
-#include "interpreter_body.cuh"
+#include "interpreter_kernel.h"
+#include "kernel_dispatch.cuh"
+#include "op_decoder.cuh"
 
 namespace efccl::device {
 namespace {
 
-template <typename E, Reduction R, bool kFlagged>
+template <typename E, Reduction R, typename Protocol>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock, 1)
     interpreter_kernel(const __grid_constant__ KernelParams p) {
   __shared__ Staging staging;
-  run_threadblock<E, R, kFlagged>(p, p.ranks, blockIdx.x, staging);
+  run_threadblock<E, R, Protocol>(p, p.ranks, blockIdx.x, staging);
 }
 
 template <typename E>
@@ -33,9 +35,9 @@ template <typename E, Reduction R>
 cudaError_t launch_typed(const KernelParams& params, bool flagged, int nblocks, int threads,
                          cudaStream_t stream) {
   if (flagged) {
-    interpreter_kernel<E, R, true><<<nblocks, threads, 0, stream>>>(params);
+    interpreter_kernel<E, R, ProtoFlagged><<<nblocks, threads, 0, stream>>>(params);
   } else {
-    interpreter_kernel<E, R, false><<<nblocks, threads, 0, stream>>>(params);
+    interpreter_kernel<E, R, ProtoSimple><<<nblocks, threads, 0, stream>>>(params);
   }
   return cudaGetLastError();
 }
@@ -43,9 +45,9 @@ cudaError_t launch_typed(const KernelParams& params, bool flagged, int nblocks, 
 template <typename E, Reduction R>
 cudaError_t occupancy_typed(bool flagged, int threads, int* blocks) {
   return flagged ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                       blocks, interpreter_kernel<E, R, true>, threads, 0)
+                       blocks, interpreter_kernel<E, R, ProtoFlagged>, threads, 0)
                  : cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                       blocks, interpreter_kernel<E, R, false>, threads, 0);
+                       blocks, interpreter_kernel<E, R, ProtoSimple>, threads, 0);
 }
 
 }  // namespace

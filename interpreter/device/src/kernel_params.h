@@ -1,11 +1,16 @@
 // The interpreter kernel's view of a Program and of one call: plain structs shared by the host
-// code (C++20, g++) and the kernel (C++17, nvcc). Everything here is trivially copyable and
-// self-contained; the host builds these tables from an ef::Program (device_executor.cc) and the
-// kernel only reads them (interpreter_kernel.cu).
+// code (C++20, g++) and the kernel (C++17, nvcc). Everything here is trivially copyable; the
+// host builds the tables from an ef::Program (program_tables.h) and the kernels read them.
+// Besides the tables, a launch writes: dependency flags, per-CTA launch counts (epochs),
+// connection counters and slots (through the connection handles), and on failure its device's
+// ErrorRecord and the stop signals (WaitBound).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+
+#include "connection_device_handle.h"
+#include "wait_bound.h"
 
 namespace efccl::device {
 
@@ -14,13 +19,11 @@ namespace efccl::device {
 inline constexpr int kMaxThreadsPerBlock = 512;
 /// Ranks one launch can serve (several ranks may share a GPU); bounds the kernel parameter size.
 inline constexpr int kMaxLocalRanks = 64;
-/// Distance between counters written by different agents (avoids false sharing across links).
-inline constexpr std::size_t kCounterStride = 128;
 
 /// The binary operator a call reduces with (avg and premulsum reduce with kSum after scaling).
 enum Reduction : int { kReduceSum = 0, kReduceProd = 1, kReduceMin = 2, kReduceMax = 3 };
 
-/// ef::OpCode, same values (checked by a static_assert in device_executor.cc).
+/// ef::OpCode, same values (checked by a static_assert in program_tables.cc).
 enum OpKind : uint8_t {
   kOpSend = 0,
   kOpRecv = 1,
@@ -81,105 +84,6 @@ struct DepDesc {
   int32_t op;
 };
 
-/// How a connection's slots carry a tile (docs/ef-format.md §5).
-///  * Simple: the tile's bytes as they are; the sender release-stores `tail` once the whole
-///    CTA has written the slot, the receiver acquires it before reading.
-///  * LL: 8-byte lines of 4 data bytes and a 4-byte flag, each line one 8-byte store; the
-///    receiver polls every line until its flag is the one of this slot use. No tail.
-///  * LL128: 128-byte lines of 120 data bytes and an 8-byte flag, each line stored by 8 lanes
-///    of one warp in one 16-byte-per-lane instruction; the receiver checks the flag lane of
-///    each line it loaded with one such instruction. No tail. Relies on the GPU delivering a
-///    warp's aligned 128-byte store to peer memory as a unit (NVLink, compute capability 9.0).
-/// Both flagged formats cut a tile into 120-byte groups: group L is one LL128 line, or 30 LL
-/// lines, and lane g (0..7) of the 8 lanes that handle it owns its bytes [16g, 16g + 16)
-/// (lane 7: [112, 120)), so an op may pop one format and push the other.
-enum WireFormat : uint32_t { kWireSimple = 0, kWireLL = 1, kWireLL128 = 2 };
-
-inline constexpr uint32_t kGroupDataBytes = 120;  ///< data bytes per 120-byte group
-inline constexpr uint32_t kLL128LineBytes = 128;  ///< LL128 wire bytes per group
-inline constexpr uint32_t kLLGroupWireBytes = 2 * kGroupDataBytes;  ///< LL wire bytes per group
-/// LL flags are 31-bit (position mod 2^31, plus 1, so never 0), so a line written by an earlier
-/// use of the slot could carry the flag expected now once the position has moved 2^31 on. The
-/// receiver zeroes a slot after reading it once every kLLClearPeriod positions of that slot,
-/// which bounds the age of any line it reads to well under 2^31 positions.
-inline constexpr uint64_t kLLClearPeriod = uint64_t{1} << 30;
-
-/// The sending end of a connection (sender, receiver, channel); lives on the sender's device.
-/// Slots and `tail` are in the receiver's memory (written here through peer access); `head`
-/// is in the sender's memory and written by the receiver. Counters only grow, across calls.
-struct SendConnection {
-  char* slots;          ///< receiver's memory: `nslots` slots of `slot_stride` bytes
-  uint64_t* tail;       ///< receiver's memory: units pushed so far (Simple only)
-  uint64_t* head;       ///< sender's memory: units popped so far (written by the receiver)
-  uint64_t* position;   ///< sender's memory: this side's push count, persisted between calls
-  uint64_t slot_stride; ///< wire bytes per slot
-  uint32_t nslots;
-  int32_t peer;         ///< receiving rank
-  int32_t channel;
-  uint32_t wire;        ///< WireFormat, the same at both ends
-};
-
-/// The receiving end of a connection; lives on the receiver's device.
-struct RecvConnection {
-  char* slots;          ///< this device's memory (read; LL slots are also zeroed here)
-  uint64_t* tail;       ///< this device's memory: units pushed (Simple only)
-  uint64_t* head;       ///< sender's memory: units popped so far (written by this side)
-  uint64_t* position;   ///< this device's memory: this side's pop count, persisted
-  uint64_t slot_stride; ///< wire bytes per slot
-  uint32_t nslots;
-  int32_t peer;         ///< sending rank
-  int32_t channel;
-  uint32_t wire;        ///< WireFormat
-};
-
-/// Per-device state that survives launches. Zero-initialised once; never reset between calls.
-/// The launch count that forms the high half of every dependency flag is kept per CTA
-/// (KernelParams::epochs): every CTA of a launch runs to its end once, so all of them hold the
-/// same value at the start of a launch, and each advances its own without an atomic or fence.
-struct LaunchState {
-  uint32_t error_claim;  ///< 0 until a CTA of this device claims its ErrorRecord
-  uint32_t reserved;
-};
-
-/// What a CTA was waiting for when it gave up (ErrorRecord::wait).
-enum WaitKind : uint32_t {
-  kWaitNone = 0,
-  kWaitData = 1,        ///< a filled slot (peer = sender)
-  kWaitSlot = 2,        ///< a free slot (peer = receiver)
-  kWaitDependency = 3,  ///< another op's flag (tb, op)
-};
-
-/// Why a CTA stopped.
-enum ErrorKind : uint32_t {
-  kErrorNone = 0,
-  kErrorTimeout = 1,
-  kErrorAborted = 2,
-  kErrorSkipped = 3,  ///< not run: an earlier call of the same fused launch failed on its CTA
-};
-
-/// The first failure on one device, in host-mapped memory so the host can read it while the
-/// kernel still runs. Written once per device: the CTA that wins LaunchState::error_claim fills
-/// the fields, fences, then sets `posted`.
-struct ErrorRecord {
-  uint32_t posted;  ///< 1 once the fields below are complete
-  uint32_t kind;    ///< ErrorKind
-  uint32_t wait;    ///< WaitKind
-  int32_t rank;
-  int32_t tb;
-  int32_t op;       ///< index in the threadblock's op list
-  int32_t peer;     ///< data/slot: the other rank; dependency: the threadblock waited for
-  int32_t channel;  ///< data/slot: the channel; dependency: the op waited for
-  uint64_t iteration;
-  uint64_t timestamp_ns;  ///< %globaltimer when the CTA gave up (orders records across devices)
-  uint64_t waited_ns;
-};
-
-/// Host-mapped stop signals read by every spin. Read together as one 64-bit word.
-struct alignas(8) StopSignals {
-  uint32_t abort;   ///< set by the host (DeviceExecutor::abort)
-  uint32_t failed;  ///< set by any CTA that posted an error, so CTAs on all devices bail out
-};
-
 /// The call's buffers and premul scalars for one rank (the scalar in each representation the
 /// element types need, converted on the host exactly as the host executor converts it).
 struct RankCallArgs {
@@ -196,16 +100,13 @@ struct CallParams {
   const OpDesc* ops;
   const DepDesc* deps;
   uint64_t* flags;
-  const SendConnection* sends;
-  const RecvConnection* recvs;
-  LaunchState* state;
+  const SendConnectionDeviceHandle* sends;
+  const RecvConnectionDeviceHandle* recvs;
   uint64_t* epochs;             ///< one per threadblock: launches it has completed
-  ErrorRecord* error;           ///< host-mapped, this device's record
-  StopSignals* signals;         ///< host-mapped, shared by all devices
+  WaitBound bound;              ///< deadline, stop signals, error record
   uint64_t chunk_elements;      ///< B
   uint64_t tile_elements;       ///< E
   uint64_t iterations;          ///< ceil(B / E), < 2^32
-  uint64_t timeout_ns;          ///< per wait without progress; > 0
   int32_t premul_shift;         ///< kPremulShift{OutOfPlace,InPlace}
   int32_t premul;               ///< 1: scale pristine reads (premulsum, avg on floats)
 };

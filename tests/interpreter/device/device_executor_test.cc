@@ -3,7 +3,8 @@
 // one GPU and spread over all visible GPUs, a datatype/operator matrix, both call modes,
 // counts from 0 to many tiles: outputs must be bitwise identical.
 // Plus: unaligned user buffers, one-element tiles, repeated and back-to-back calls (also past
-// LL's flag wrap), CUDA-graph replays, timeout and abort.
+// LL's flag wrap), CUDA-graph replays (also two streams of one capture), timeout and abort,
+// batches (fusion, a failed launch), sizes that overflow.
 #include "efccl/device/device_executor.h"
 
 #include <cuda_runtime_api.h>
@@ -17,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -900,6 +902,104 @@ TEST(DeviceExecutor, CallsOnDifferentStreamsAreSerialised) {
   }
 }
 
+/// True when graph node `node` depends, directly or through other nodes, on `target`.
+bool depends_on(cudaGraphNode_t node, cudaGraphNode_t target) {
+  std::vector<cudaGraphNode_t> todo{node};
+  std::set<cudaGraphNode_t> seen;
+  while (!todo.empty()) {
+    const cudaGraphNode_t n = todo.back();
+    todo.pop_back();
+    std::size_t count = 0;
+    if (cudaGraphNodeGetDependencies(n, nullptr, nullptr, &count) != cudaSuccess) return false;
+    std::vector<cudaGraphNode_t> deps(count);
+    if (count > 0 && cudaGraphNodeGetDependencies(n, deps.data(), nullptr, &count) != cudaSuccess)
+      return false;
+    for (cudaGraphNode_t d : deps) {
+      if (d == target) return true;
+      if (seen.insert(d).second) todo.push_back(d);
+    }
+  }
+  return false;
+}
+
+TEST(DeviceExecutor, CapturedCallsOnTwoStreamsOfOneCaptureAreOrdered) {
+  // A user overlapping two calls of one communicator in one graph: the second call is captured
+  // on a stream forked from the first. Both launches share the executor's FIFOs, flags and
+  // launch counts, so the graph must order them (an event the executor records after the
+  // first and waits for before the second): one kernel node depends on the other. Replays
+  // compute both calls' results.
+  SKIP_WITHOUT_GPU();
+  for (ef::Protocol protocol : kProtocols) {
+    SCOPED_TRACE(protocol_name(protocol));
+    const ef::Program& p = program_as(example("ring_allreduce_4r_2ch.json"), protocol);
+    const auto devices = map_ranks(p.nranks, false);  // one GPU: one kernel node per call
+    auto executor = small_slot_executor(p, devices);
+    ASSERT_TRUE(executor.is_ok()) << executor.status().message();
+    device::DeviceExecutor& ex = **executor;
+    ASSERT_EQ(ex.devices().size(), 1u);
+    Streams first(ex.devices()), second(ex.devices());
+    const uint64_t count = ef::count_granularity(p) * 700;
+    const DataType dtype = DataType::kFloat32;
+    CallBuffers bufs_a, bufs_b;
+    make_buffers(p, devices, count, dtype, false, false, 21, bufs_a);
+    make_buffers(p, devices, count, dtype, false, false, 22, bufs_b);
+    const auto a = run_args(p, bufs_a, count, dtype, RedOp::kSum, false, first.get());
+    const auto b = run_args(p, bufs_b, count, dtype, RedOp::kSum, false, second.get());
+    ASSERT_TRUE(ex.run_and_wait(a).is_ok());  // warm-up: picks the CTA size outside capture
+
+    cudaSetDevice(ex.devices()[0]);
+    cudaStream_t s1 = first.get()[0], s2 = second.get()[0];
+    cudaEvent_t fork = nullptr, join = nullptr;
+    ASSERT_CUDA(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    ASSERT_CUDA(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+    cudaGraph_t graph = nullptr;
+    ASSERT_CUDA(cudaStreamBeginCapture(s1, cudaStreamCaptureModeThreadLocal));
+    ASSERT_CUDA(cudaEventRecord(fork, s1));
+    ASSERT_CUDA(cudaStreamWaitEvent(s2, fork, 0));
+    const Status ran_a = ex.run(a);
+    const Status ran_b = ex.run(b);
+    ASSERT_CUDA(cudaEventRecord(join, s2));
+    ASSERT_CUDA(cudaStreamWaitEvent(s1, join, 0));
+    ASSERT_CUDA(cudaStreamEndCapture(s1, &graph));
+    ASSERT_TRUE(ran_a.is_ok()) << ran_a.message();
+    ASSERT_TRUE(ran_b.is_ok()) << ran_b.message();
+
+    std::size_t nnodes = 0;
+    ASSERT_CUDA(cudaGraphGetNodes(graph, nullptr, &nnodes));
+    std::vector<cudaGraphNode_t> nodes(nnodes);
+    ASSERT_CUDA(cudaGraphGetNodes(graph, nodes.data(), &nnodes));
+    std::vector<cudaGraphNode_t> kernels;
+    for (cudaGraphNode_t n : nodes) {
+      cudaGraphNodeType type;
+      ASSERT_CUDA(cudaGraphNodeGetType(n, &type));
+      if (type == cudaGraphNodeTypeKernel) kernels.push_back(n);
+    }
+    ASSERT_EQ(kernels.size(), 2u);
+    EXPECT_TRUE(depends_on(kernels[0], kernels[1]) || depends_on(kernels[1], kernels[0]))
+        << "the two captured launches of one executor are not ordered in the graph";
+
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 6; ++replay) {
+      refill_inputs(p, dtype, 300 + replay, bufs_a);
+      refill_inputs(p, dtype, 400 + replay, bufs_b);
+      ASSERT_CUDA(cudaGraphLaunch(exec, s1));
+      const Status s = ex.wait(a);
+      ASSERT_TRUE(s.is_ok()) << s.message();
+      for (CallBuffers* bufs : {&bufs_a, &bufs_b}) {
+        auto result = host::execute(p, host_options(a, kSmallSlotBytes), bufs->host);
+        ASSERT_TRUE(result.status.is_ok()) << result.status.message();
+        const std::string failure = compare(p, dtype, *bufs);
+        ASSERT_TRUE(failure.empty()) << "replay " << replay << ": " << failure;
+      }
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaEventDestroy(fork);
+    cudaEventDestroy(join);
+  }
+}
+
 // ---- Failures: a program that blocks forever ----
 
 /// Two ranks that each receive before sending: validation's `deadlock` rule, run anyway. Under
@@ -1037,13 +1137,14 @@ struct BatchEntry {
   uint64_t count = 0;
   CallBuffers bufs;
   device::RunArgs args;
+  std::vector<int> devices;  ///< rank -> GPU of the buffers (empty: spread over every GPU)
 };
 
 /// Fresh buffers and inputs for every entry (not during a capture: it copies synchronously).
 void make_batch_buffers(std::vector<BatchEntry>& entries, const Streams& streams, uint64_t seed) {
   for (BatchEntry& e : entries) {
-    make_buffers(*e.program, map_ranks(e.program->nranks, true), e.count, e.dtype, e.inplace, false,
-                 ++seed, e.bufs);
+    make_buffers(*e.program, e.devices.empty() ? map_ranks(e.program->nranks, true) : e.devices,
+                 e.count, e.dtype, e.inplace, false, ++seed, e.bufs);
     e.args = run_args(*e.program, e.bufs, e.count, e.dtype, e.op, e.inplace, streams.get());
   }
 }
@@ -1374,6 +1475,177 @@ TEST(DeviceExecutor, BatchWithBadArgumentsLaunchesNothing) {
   EXPECT_NE(s.message().find("batch call 1"), std::string::npos) << s.message();
   EXPECT_EQ(device::interpreter_launch_count(), before);
   EXPECT_FALSE(device::DeviceExecutor::run_batch({{nullptr, nullptr}}).is_ok());
+}
+
+/// Two executors of the ring program (Simple, LL) running a float sum and an int32 max: two
+/// kernels, so per device one launch each, in call order.
+struct TwoKernelBatch {
+  std::vector<std::unique_ptr<device::DeviceExecutor>> executors;
+  std::vector<BatchEntry> entries;
+  std::unique_ptr<Streams> streams;
+};
+
+/// `spread`: the ranks over every visible GPU, else all on GPU 0.
+void make_two_kernel_batch(TwoKernelBatch& batch, bool spread) {
+  const ef::Program& ring = program_as(example("ring_allreduce_4r_2ch.json"), ef::Protocol::kSimple);
+  const ef::Program& ll = program_as(example("ring_allreduce_4r_2ch.json"), ef::Protocol::kLL);
+  for (const ef::Program* p : {&ring, &ll}) {
+    auto e = small_slot_executor(*p, map_ranks(p->nranks, spread));
+    ASSERT_TRUE(e.is_ok()) << e.status().message();
+    batch.executors.push_back(std::move(e.value()));
+  }
+  batch.streams = std::make_unique<Streams>(batch.executors[0]->devices());
+  batch.entries.resize(2);
+  batch.entries[0].program = &ring;
+  batch.entries[0].executor = batch.executors[0].get();
+  batch.entries[1].program = &ll;
+  batch.entries[1].executor = batch.executors[1].get();
+  batch.entries[1].dtype = DataType::kInt32;
+  batch.entries[1].op = RedOp::kMax;
+  for (BatchEntry& e : batch.entries) e.count = ef::count_granularity(ring) * 77;
+}
+
+TEST(DeviceExecutor, BatchWithAFailedLaunchLeavesWholeCallsAlone) {
+  // The second call's launch fails (injected): the first call ran whole, so its executor is
+  // not aborted and its result is the host's; the second did not run at all, is reported, and
+  // its executor stays usable without reset().
+  SKIP_WITHOUT_GPU();
+  TwoKernelBatch batch;
+  make_two_kernel_batch(batch, /*spread=*/false);  // one GPU: one launch per call
+  ASSERT_EQ(batch.executors.size(), 2u);
+  device::BatchReport report;
+  device::BatchOptions options;
+  options.fail_launch = 1;
+  const uint64_t before = device::interpreter_launch_count();
+  for (BatchEntry& e : batch.entries) e.devices = map_ranks(4, false);
+  const Status s = run_batch_of(batch.entries, *batch.streams, 40, &report, options);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("failed on purpose"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("batch calls not run: 1"), std::string::npos) << s.message();
+  EXPECT_EQ(s.message().find("aborted"), std::string::npos) << s.message();
+  EXPECT_EQ(report.not_run, std::vector<std::size_t>{1});
+  EXPECT_EQ(device::interpreter_launch_count() - before, 1u);
+
+  BatchEntry& ran = batch.entries[0];
+  const Status w = ran.executor->wait(ran.args);
+  ASSERT_TRUE(w.is_ok()) << w.message();
+  auto result = host::execute(*ran.program, host_options(ran.args, ran.executor->slot_bytes()),
+                              ran.bufs.host);
+  ASSERT_TRUE(result.status.is_ok()) << result.status.message();
+  EXPECT_EQ(compare(*ran.program, ran.dtype, ran.bufs), "");
+
+  BatchEntry& skipped = batch.entries[1];
+  EXPECT_TRUE(skipped.executor->error_status().is_ok());
+  make_buffers(*skipped.program, map_ranks(4, false), skipped.count, skipped.dtype, false, false,
+               41, skipped.bufs);
+  skipped.args = run_args(*skipped.program, skipped.bufs, skipped.count, skipped.dtype,
+                          skipped.op, false, batch.streams->get());
+  const Status again = skipped.executor->run_and_wait(skipped.args);
+  ASSERT_TRUE(again.is_ok()) << again.message();
+  auto expected = host::execute(*skipped.program,
+                                host_options(skipped.args, skipped.executor->slot_bytes()),
+                                skipped.bufs.host);
+  ASSERT_TRUE(expected.status.is_ok()) << expected.status.message();
+  EXPECT_EQ(compare(*skipped.program, skipped.dtype, skipped.bufs), "");
+}
+
+TEST(DeviceExecutor, BatchWithAFailedLaunchAbortsPartlyLaunchedCalls) {
+  // Two GPUs: launches go out as [call 0 on GPU 0, call 0 on GPU 1, call 1 on GPU 0, call 1 on
+  // GPU 1]. The second fails: call 0 runs on GPU 0 only, so its executor is aborted (its CTAs
+  // there would wait for GPU 1's until the deadline); call 1 never ran and is left alone.
+  SKIP_WITHOUT_GPU();
+  if (visible_gpus(nullptr) < 2) GTEST_SKIP() << "needs two GPUs (a call launched on one only)";
+  TwoKernelBatch batch;
+  make_two_kernel_batch(batch, /*spread=*/true);
+  ASSERT_EQ(batch.executors.size(), 2u);
+  device::BatchReport report;
+  device::BatchOptions options;
+  options.fail_launch = 1;
+  const auto start = std::chrono::steady_clock::now();
+  make_batch_buffers(batch.entries, *batch.streams, 50);
+  for (BatchEntry& e : batch.entries) e.args.timeout = std::chrono::seconds(30);
+  const Status s = run_batch_only(batch.entries, &report, options);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("batch calls not run: 0, 1"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("1 executor(s) aborted"), std::string::npos) << s.message();
+  EXPECT_EQ(report.not_run, (std::vector<std::size_t>{0, 1}));
+
+  const Status first = batch.entries[0].executor->wait(batch.entries[0].args);
+  EXPECT_NE(first.message().find("aborted"), std::string::npos) << first.message();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_TRUE(batch.entries[1].executor->error_status().is_ok());
+
+  // After reset, the aborted executor runs again.
+  ASSERT_TRUE(batch.entries[0].executor->reset().is_ok());
+  BatchEntry& e = batch.entries[0];
+  make_buffers(*e.program, map_ranks(4, true), e.count, e.dtype, false, false, 51, e.bufs);
+  e.args = run_args(*e.program, e.bufs, e.count, e.dtype, e.op, false, batch.streams->get());
+  ASSERT_TRUE(e.executor->run_and_wait(e.args).is_ok());
+  auto result = host::execute(*e.program, host_options(e.args, e.executor->slot_bytes()), e.bufs.host);
+  ASSERT_TRUE(result.status.is_ok());
+  EXPECT_EQ(compare(*e.program, e.dtype, e.bufs), "");
+}
+
+// ---- Sizes derived from the program ----
+
+TEST(DeviceExecutor, ScratchThatOverflowsIsRefusedBeforeAnythingRuns) {
+  // Validation accepts 10^12 scratch chunks (the program never touches them). A call of 2^25
+  // floats per chunk would need 10^12 * 2^27 bytes of scratch: run(), reserve() and run_batch()
+  // refuse it, naming the rank and the buffer, and launch nothing.
+  SKIP_WITHOUT_GPU();
+  ef::Program p = send_first_program();
+  p.ranks[0].scratch_chunks = 1'000'000'000'000;
+  const std::vector<int> devices = map_ranks(2, true);
+  auto executor = device::DeviceExecutor::create(p, devices);
+  ASSERT_TRUE(executor.is_ok()) << executor.status().message();
+  device::DeviceExecutor& ex = **executor;
+  Streams streams(ex.devices());
+
+  const uint64_t huge = uint64_t{1} << 25;
+  const Status reserved = ex.reserve(huge, DataType::kFloat32);
+  ASSERT_FALSE(reserved.is_ok());
+  EXPECT_NE(reserved.message().find("rank 0: the program's scratch buffer of 1000000000000 "
+                                    "chunks"),
+            std::string::npos)
+      << reserved.message();
+
+  CallBuffers bufs;
+  make_buffers(p, devices, 64, DataType::kFloat32, false, false, 60, bufs);
+  device::RunArgs args = run_args(p, bufs, 64, DataType::kFloat32, RedOp::kSum, false,
+                                  streams.get());
+  args.count = huge;  // the buffers are never touched: the call is refused first
+  const uint64_t before = device::interpreter_launch_count();
+  const Status ran = ex.run(args);
+  ASSERT_FALSE(ran.is_ok());
+  EXPECT_NE(ran.message().find("overflows 64-bit sizes"), std::string::npos) << ran.message();
+  const Status batched = device::DeviceExecutor::run_batch({{&ex, &args}});
+  ASSERT_FALSE(batched.is_ok());
+  EXPECT_NE(batched.message().find("overflows 64-bit sizes"), std::string::npos)
+      << batched.message();
+  EXPECT_EQ(device::interpreter_launch_count(), before);
+
+  // Sizes that fit but cannot be allocated (10^12 chunks of 64 floats): a clear error too.
+  args.count = 64;
+  const Status small = ex.run(args);
+  ASSERT_FALSE(small.is_ok());
+  EXPECT_NE(small.message().find("growing the scratch of rank 0"), std::string::npos)
+      << small.message();
+  EXPECT_EQ(device::interpreter_launch_count(), before);
+
+  // The failed allocation leaves no error behind for the next launch to report as its own.
+  const ef::Program healthy = send_first_program();
+  auto other = device::DeviceExecutor::create(healthy, devices);
+  ASSERT_TRUE(other.is_ok()) << other.status().message();
+  CallBuffers other_bufs;
+  make_buffers(healthy, devices, 64, DataType::kFloat32, false, false, 61, other_bufs);
+  const device::RunArgs other_args = run_args(healthy, other_bufs, 64, DataType::kFloat32,
+                                              RedOp::kSum, false, streams.get());
+  const Status ok = (*other)->run_and_wait(other_args);
+  ASSERT_TRUE(ok.is_ok()) << ok.message();
+  auto result = host::execute(healthy, host_options(other_args, (*other)->slot_bytes()),
+                              other_bufs.host);
+  ASSERT_TRUE(result.status.is_ok()) << result.status.message();
+  EXPECT_EQ(compare(healthy, DataType::kFloat32, other_bufs), "");
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
-// The GPU interpreter: runs an EF program on CUDA devices, one kernel launch per device per
-// call, with exactly the results of the host reference executor (docs/ef-format.md).
+// The GPU interpreter: runs an EF program on CUDA devices with exactly the results of the host
+// reference executor (docs/ef-format.md): run() enqueues one kernel launch per device per call,
+// run_batch() several calls in as few (fused) launches as possible.
 //
 //   auto executor = device::DeviceExecutor::create(program, {0, 0, 1, 1});  // rank -> GPU
 //   device::RunArgs args{...};                // count, dtype, op, per-rank buffers, streams
@@ -113,6 +114,9 @@ struct BatchCall {
 struct BatchReport {
   std::size_t launches = 0;     ///< interpreter launches, fused or not
   std::size_t fused_calls = 0;  ///< device parts of calls that ran inside a fused launch
+  /// After a failed launch: the calls (indexes into the batch) with at least one device part
+  /// that was not launched, ascending; empty when every launch went out.
+  std::vector<std::size_t> not_run;
 };
 
 /// Tests only: how run_batch places calls.
@@ -120,13 +124,19 @@ struct BatchOptions {
   /// Place each fused launch's calls on at most this many CTAs (0: as many as are co-resident),
   /// so that calls share CTAs, one after the other.
   uint32_t max_ctas = 0;
+  /// Make launch number `fail_launch` of the batch (0-based, in the order run_batch enqueues
+  /// its launches) fail before it is enqueued, as a refused CUDA launch would.
+  std::size_t fail_launch = SIZE_MAX;
 };
 
 /// Interpreter launches (one-call and fused) this process has enqueued so far (tests).
 uint64_t interpreter_launch_count();
 
 /// Owns everything one program needs on its GPUs: uploaded op tables, connection FIFOs,
-/// dependency flags, scratch. Calls on one executor must be ordered on the same streams.
+/// dependency flags, scratch. Its launches share that memory, so it orders them itself: a launch
+/// on another stream than its previous one waits for that one (an event; within one CUDA-graph
+/// capture, an edge of the graph). Launches in different graphs are ordered by whoever
+/// replays them.
 class DeviceExecutor {
  public:
   /// Validates `program` (ef::validate with config.connection_slots), enables peer access
@@ -172,8 +182,10 @@ class DeviceExecutor {
   /// batch's calls must give them in the same relative order (NCCL's rule for grouped calls).
   /// As in an NCCL group, the calls may overlap on the GPU, also two calls of one executor
   /// (each gets its own executor-owned memory): no call may read what another call writes.
-  /// Nothing is launched when a call's arguments are bad. A failed launch aborts the
-  /// executors of the launches already enqueued.
+  /// Nothing is launched when a call's arguments are bad. After a failed launch nothing more
+  /// is launched; the error and BatchReport::not_run name the calls that did not run (wholly
+  /// or on some devices), and only the executors of calls launched on some of their devices
+  /// but not all are aborted (their launched parts would wait for the others).
   static Status run_batch(const std::vector<BatchCall>& calls, BatchReport* report = nullptr,
                           const BatchOptions& options = {});
 

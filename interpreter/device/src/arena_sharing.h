@@ -1,0 +1,38 @@
+// Multi-process executors: connection arenas shared between processes through CUDA IPC.
+//
+// Why this lives in the device executor and not in the runtime's transports: the executor owns
+// the layout (which arena holds which connection's slots and counters, computed from the
+// program alone) and the memory (cudaMalloc'd arenas whose IPC handles are exported and opened
+// here); the runtime only carries opaque bytes between processes, through the exchange function
+// of PeerProcesses (docs/device-executor.md).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "connection_arena.h"
+#include "efccl/common/status.h"
+#include "efccl/ef/program.h"
+
+namespace efccl::device {
+
+/// What arena sharing needs to know about the executor's processes.
+struct ArenaSharing {
+  const ef::Program* program = nullptr;
+  const std::vector<bool>* local = nullptr;        ///< per rank: run by this process
+  const std::vector<int64_t>* location = nullptr;  ///< per rank: its arena group
+  const std::vector<int>* rank_devices = nullptr;  ///< per rank: its GPU (local ranks)
+  std::string fingerprint;                         ///< PeerProcesses::fingerprint
+  /// PeerProcesses::exchange: this process's description out, every rank's process's in.
+  std::function<StatusOr<std::vector<std::string>>(const std::string&)> exchange;
+};
+
+/// Describes this process's arenas (location, sizes, GPU, CUDA IPC handles) to the other
+/// processes, checks theirs (same program and call, same layout), and maps the arenas of every
+/// location a local rank talks to into `arena`, on each local GPU that needs it. Called once,
+/// inside DeviceExecutor::create, at the same point by every process.
+Status share_arenas(ConnectionArena& arena, const ArenaSharing& sharing);
+
+}  // namespace efccl::device

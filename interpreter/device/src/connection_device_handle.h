@@ -1,0 +1,136 @@
+// The two ends of a connection (sender, receiver, channel) as the kernel sees them: small,
+// trivially copyable handles in the style of MSCCL++'s *DeviceHandle types. The host lays the
+// memory out and fills them (ConnectionArena); a CTA copies its ends into shared memory and
+// calls their methods. Plain data for the host code (C++20, g++); methods in device code only.
+//
+// Ordering protocol (one CTA per threadblock; thread 0 synchronises, all threads move data):
+//   producer: all threads write -> __syncthreads -> thread 0 release-stores a counter
+//   consumer: thread 0 acquire-loads until ready -> __syncthreads -> all threads read
+// A release by thread 0 after the barrier covers the whole CTA's writes (PTX memory model:
+// bar.sync is morally strong and release is cumulative). Counters cross devices and processes:
+// system scope. LL and LL128 connections (WireFormat) carry flags inside the data instead of
+// `tail` (prims_flagged.cuh). Freeing a slot (`head`): all threads read -> __syncthreads ->
+// thread 0 stores head, relaxed (see post_free_slot).
+//
+// Counters only grow, across calls and graph replays; every wait is bounded (WaitBound).
+#pragma once
+
+#include <cstdint>
+
+#include "wait_bound.h"
+#include "wire_format.h"
+
+namespace efccl::device {
+
+/// The sending end of a connection; lives on the sender's device. Slots and `tail` are in the
+/// receiver's memory (written here through peer access or CUDA IPC); `head` is in the sender's
+/// memory and written by the receiver.
+struct SendConnectionDeviceHandle {
+  char* slots;           ///< receiver's memory: `nslots` slots of `slot_stride` bytes
+  uint64_t* tail;        ///< receiver's memory: units pushed so far (Simple only)
+  uint64_t* head;        ///< sender's memory: units popped so far (written by the receiver)
+  uint64_t* position;    ///< sender's memory: this side's push count, persisted between calls
+  uint64_t slot_stride;  ///< wire bytes per slot
+  uint32_t nslots;
+  int32_t peer;  ///< receiving rank
+  int32_t channel;
+  uint32_t wire;  ///< WireFormat, the same at both ends
+
+#if defined(__CUDACC__)
+  /// The push count where the previous launch left it (stream order makes it visible).
+  __device__ __forceinline__ uint64_t load_position() const { return *position; }
+  /// Thread 0 at the end of a launch: the push count for the next one.
+  __device__ __forceinline__ void save_position(uint64_t value) const { *position = value; }
+
+  /// `site` as a wait for a free slot of this connection.
+  __device__ __forceinline__ WaitSite waiting_for_slot(WaitSite site) const {
+    site.wait = kWaitSlot;
+    site.peer = peer;
+    site.channel = channel;
+    return site;
+  }
+  /// Thread 0: waits until the slot for push number `position` is free (the receiver has popped
+  /// all but nslots - 1 of the units before it); false when the call must stop instead.
+  __device__ __forceinline__ bool wait_free_slot(const WaitBound& bound, uint64_t position,
+                                                 const WaitSite& site) const {
+    return bound.spin_until(waiting_for_slot(site),
+                            [&] { return position - load_acquire_system(head) < nslots; });
+  }
+  /// The slot that push number `position` fills (in the receiver's memory).
+  __device__ __forceinline__ char* slot(uint64_t position) const {
+    return slots + (position % nslots) * slot_stride;
+  }
+  /// Thread 0, after the CTA's barrier (Simple): the slot of push `position` is filled.
+  __device__ __forceinline__ void post_filled_slot(uint64_t position) const {
+    store_release_system(tail, position + 1);
+  }
+#endif
+};
+
+/// The receiving end of a connection; lives on the receiver's device.
+struct RecvConnectionDeviceHandle {
+  char* slots;           ///< this device's memory (read; LL slots are also zeroed here)
+  uint64_t* tail;        ///< this device's memory: units pushed (Simple only)
+  uint64_t* head;        ///< sender's memory: units popped so far (written by this side)
+  uint64_t* position;    ///< this device's memory: this side's pop count, persisted
+  uint64_t slot_stride;  ///< wire bytes per slot
+  uint32_t nslots;
+  int32_t peer;  ///< sending rank
+  int32_t channel;
+  uint32_t wire;  ///< WireFormat
+
+#if defined(__CUDACC__)
+  /// The pop count where the previous launch left it.
+  __device__ __forceinline__ uint64_t load_position() const { return *position; }
+  /// Thread 0 at the end of a launch: the pop count for the next one.
+  __device__ __forceinline__ void save_position(uint64_t value) const { *position = value; }
+
+  /// `site` as a wait for data on this connection.
+  __device__ __forceinline__ WaitSite waiting_for_data(WaitSite site) const {
+    site.wait = kWaitData;
+    site.peer = peer;
+    site.channel = channel;
+    return site;
+  }
+  /// Thread 0 (Simple): waits until pop number `position` has been pushed; false when the call
+  /// must stop instead.
+  __device__ __forceinline__ bool wait_filled_slot(const WaitBound& bound, uint64_t position,
+                                                   const WaitSite& site) const {
+    return bound.spin_until(waiting_for_data(site),
+                            [&] { return load_acquire_system(tail) > position; });
+  }
+  /// The slot that pop number `position` reads.
+  __device__ __forceinline__ const char* slot(uint64_t position) const {
+    return slots + (position % nslots) * slot_stride;
+  }
+  /// Thread 0, after the CTA's barrier: the slot of pop `position` has been read and may be
+  /// reused. Relaxed, as NCCL frees its slots: every thread's reads of the slot returned their
+  /// values before the barrier (each value was stored or reduced), so no later write of the
+  /// sender can reach them. A release here would make thread 0 wait for its own earlier stores
+  /// to peer memory (a round trip over the link) before the next op.
+  /// `wrote_slot`: the CTA also wrote the slot (LL's periodic zeroing); those writes must land
+  /// before the sender's next ones, so the store is a release then.
+  __device__ __forceinline__ void post_free_slot(uint64_t position, bool wrote_slot = false) const {
+    if (wrote_slot)
+      store_release_system(head, position + 1);
+    else
+      store_relaxed_system(head, position + 1);
+  }
+
+  /// LL: whether the slot of pop `position` must be zeroed once read. Each slot once every
+  /// kLLClearPeriod positions, at the last `nslots` positions before a multiple of it (slots
+  /// start zeroed, so a young connection never pays for it).
+  __device__ __forceinline__ bool clear_due(uint64_t position) const {
+    return position % kLLClearPeriod >= kLLClearPeriod - nslots;
+  }
+  /// All threads: zeroes the slot of pop `position`. Every warp must be done reading it (a
+  /// line zeroed before its warp polled it would never arrive), and it is freed only after.
+  __device__ __forceinline__ void clear_slot(uint64_t position) const {
+    auto* at = reinterpret_cast<uint4*>(slots + (position % nslots) * slot_stride);
+    for (uint64_t i = threadIdx.x; i < slot_stride / sizeof(uint4); i += blockDim.x)
+      __stcg(at + i, make_uint4(0, 0, 0, 0));
+  }
+#endif
+};
+
+}  // namespace efccl::device

@@ -1,0 +1,98 @@
+// Connection layout: which connections a program has, and where their memory lies.
+#include "connection_layout.h"
+
+#include <algorithm>
+#include <string>
+#include <tuple>
+
+#include "checked_size.h"
+
+namespace efccl::device {
+
+StatusOr<std::vector<ConnectionPlan>> plan_connections(const ef::Program& program) {
+  // (sender, receiver, channel) -> both threadblocks.
+  std::map<std::tuple<int, int, int>, ConnectionPlan> by_key;
+  for (int r = 0; r < program.nranks; ++r) {
+    const auto& tbs = program.ranks[r].threadblocks;
+    for (std::size_t t = 0; t < tbs.size(); ++t) {
+      const auto& tb = tbs[t];
+      if (tb.send_peer >= 0) {
+        auto& c = by_key[{r, tb.send_peer, tb.channel}];
+        c.sender = r, c.receiver = tb.send_peer, c.channel = tb.channel;
+        c.send_tb = static_cast<int>(t);
+      }
+      if (tb.recv_peer >= 0) {
+        auto& c = by_key[{tb.recv_peer, r, tb.channel}];
+        c.sender = tb.recv_peer, c.receiver = r, c.channel = tb.channel;
+        c.recv_tb = static_cast<int>(t);
+      }
+    }
+  }
+  std::vector<ConnectionPlan> connections;
+  for (auto& [key, c] : by_key) {
+    if (c.send_tb < 0 || c.recv_tb < 0)
+      return Status::error("connection " + std::to_string(c.sender) + "->" +
+                           std::to_string(c.receiver) + " ch " + std::to_string(c.channel) +
+                           " has only one side");
+    connections.push_back(c);
+  }
+  return connections;
+}
+
+std::size_t slot_wire_bytes(WireFormat wire, std::size_t slot_bytes) {
+  const auto align_up = [](std::size_t v, std::size_t a) { return (v + a - 1) / a * a; };
+  const std::size_t groups =
+      (std::max<std::size_t>(slot_bytes, 8) + kGroupDataBytes - 1) / kGroupDataBytes;
+  switch (wire) {
+    case kWireLL:
+      return align_up(groups * kLLGroupWireBytes, kLL128LineBytes);
+    case kWireLL128:
+      return groups * kLL128LineBytes;
+    case kWireSimple:
+      break;
+  }
+  return align_up(std::max<std::size_t>(slot_bytes, 16), 16);
+}
+
+std::size_t connection_slot_stride(ef::Protocol protocol, std::size_t slot_bytes,
+                                   const std::vector<ConnectionPlan>& connections,
+                                   bool multiprocess) {
+  if (protocol == ef::Protocol::kSimple) return slot_wire_bytes(kWireSimple, slot_bytes);
+  const bool all_ll128 =
+      !multiprocess && std::all_of(connections.begin(), connections.end(),
+                                   [](const ConnectionPlan& c) { return c.wire == kWireLL128; });
+  return slot_wire_bytes(all_ll128 ? kWireLL128 : kWireLL, slot_bytes);
+}
+
+StatusOr<ConnectionLayout> lay_out_connections(std::vector<ConnectionPlan>& connections,
+                                               const std::vector<int64_t>& location,
+                                               std::size_t slot_stride, int nslots) {
+  ConnectionLayout layout;
+  layout.slot_stride = slot_stride;
+  layout.nslots = static_cast<uint32_t>(nslots);
+  const auto slots = checked_mul(slot_stride, static_cast<uint64_t>(nslots));
+  const auto fifo = slots ? checked_add(kSlotsOffset, *slots) : std::nullopt;
+  const auto aligned = fifo ? checked_align_up(*fifo, kCounterStride) : std::nullopt;
+  if (!aligned)
+    return Status::error("connection memory of " + std::to_string(nslots) + " slots of " +
+                         std::to_string(slot_stride) + " bytes overflows 64-bit sizes");
+  layout.connection_fifo_bytes = *aligned;
+  for (int64_t loc : location) layout.fifo_bytes[loc] = layout.counter_bytes[loc] = 0;
+  // Offsets per location, in connection order.
+  for (ConnectionPlan& c : connections) {
+    std::size_t& fifo_end = layout.fifo_bytes.at(location.at(c.receiver));
+    std::size_t& counter_end = layout.counter_bytes.at(location.at(c.sender));
+    const auto fifo_next = checked_add(fifo_end, layout.connection_fifo_bytes);
+    const auto counter_next = checked_add(counter_end, kSendEndBytes);
+    if (!fifo_next || !counter_next)
+      return Status::error("the connection memory of " + std::to_string(connections.size()) +
+                           " connections overflows 64-bit sizes");
+    c.recv_offset = fifo_end;
+    c.send_offset = counter_end;
+    fifo_end = *fifo_next;
+    counter_end = *counter_next;
+  }
+  return layout;
+}
+
+}  // namespace efccl::device

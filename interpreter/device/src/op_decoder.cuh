@@ -1,0 +1,208 @@
+// The GPU interpreter of EF programs (docs/ef-format.md §4-5), shared by its two kernels
+// (interpreter_kernel.cu: one call, one CTA per threadblock of every rank on this device;
+// fused_kernel.cu: several calls of a group in one launch). A CTA running a threadblock walks
+// iterations j = 0 .. iterations-1 and, in each, its op list; an op with count c processes
+// tile j of its chunks k .. k+c-1, one unit at a time. The decoder here turns each unit into a
+// Transfer and hands it to the protocol's primitives (primitives.cuh), which wait, move and
+// publish; what belongs to the op rather than the protocol stays here: its dependencies (thread
+// 0 waits before the op's first unit) and its flag (published after its last unit).
+//
+// Registers: up to the 128 that __launch_bounds__ allows (ptxas, sm_90: the one-call Simple
+// instantiations spill at most 10 bytes, the flagged ones up to 52, the fused kernel up to
+// about 240); the CTA size is chosen per (type, operator, protocol) by the executor so that the
+// whole grid is co-resident.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernel_params.h"
+#include "primitives.cuh"
+#include "reduction.cuh"
+#include "scoped_atomics.cuh"
+#include "wait_bound.h"
+
+namespace efccl::device {
+namespace {
+
+/// A dependency flag's value once op `i` has completed iteration `j` in launch `epoch`. Flags
+/// only grow within a launch and each launch starts above every value of the previous ones,
+/// so nothing is reset between calls; the comparison is modular, so the 32-bit epoch may wrap.
+__device__ __forceinline__ uint64_t flag_value(uint64_t epoch, uint64_t iteration) {
+  return (epoch << 32) | (iteration + 1);
+}
+__device__ __forceinline__ bool flag_reached(uint64_t flag, uint64_t target) {
+  return static_cast<int64_t>(flag - target) >= 0;
+}
+
+/// Thread 0: waits until every dependency of `op` has completed iteration `site.iteration`.
+/// `deps` is the threadblock's dependency list (staged or in global memory), starting at
+/// CallParams::deps[dep_base].
+__device__ __forceinline__ bool wait_dependencies(const CallParams& p, const OpDesc& op,
+                                                  const DepDesc* deps, uint32_t dep_base,
+                                                  uint64_t epoch, WaitSite site) {
+  const uint64_t target = flag_value(epoch, site.iteration);
+  for (uint32_t d = op.dep_begin; d < op.dep_begin + op.dep_count; ++d) {
+    const DepDesc dep = deps[d - dep_base];
+    site.wait = kWaitDependency;
+    site.peer = dep.tb;
+    site.channel = dep.op;
+    uint64_t* flag = p.flags + dep.flag;
+    if (!p.bound.spin_until(site, [&] { return flag_reached(load_acquire_device(flag), target); }))
+      return false;
+  }
+  return true;
+}
+
+/// Ops and dependencies a CTA copies into shared memory before it starts (longer lists are
+/// read from global memory as they come): 128 ops of 48 bytes and 128 dependencies of 12.
+inline constexpr uint32_t kStagedOps = 128;
+inline constexpr uint32_t kStagedDeps = 128;
+static_assert(sizeof(OpDesc) % 8 == 0 && sizeof(SendConnectionDeviceHandle) % 8 == 0 &&
+                  sizeof(RecvConnectionDeviceHandle) % 8 == 0 && sizeof(DepDesc) % 4 == 0,
+              "staged tables are copied in whole words");
+
+/// All threads: copies `bytes` (a multiple of sizeof(W)) from global to shared memory.
+template <typename W>
+__device__ __forceinline__ void stage(void* to, const void* from, uint32_t bytes) {
+  auto* dst = static_cast<W*>(to);
+  const auto* src = static_cast<const W*>(from);
+  for (uint32_t i = threadIdx.x; i < bytes / sizeof(W); i += blockDim.x) dst[i] = src[i];
+}
+
+/// A CTA's shared-memory copy of its threadblock's tables (see run_threadblock).
+struct Staging {
+  OpDesc ops[kStagedOps];
+  DepDesc deps[kStagedDeps];
+  SendConnectionDeviceHandle send;
+  RecvConnectionDeviceHandle recv;
+};
+
+/// Runs threadblock `index` of the call `p` on this CTA (every thread) and returns false when
+/// it stopped (timeout, abort or another CTA's failure; posted). `ranks`: the call's
+/// RankCallArgs, indexed by ThreadblockDesc::local_rank. `staging` is this CTA's shared
+/// memory; the caller must barrier before running another threadblock with it.
+///
+/// Protocol: ProtoSimple, or ProtoFlagged for LL and LL128 programs (each connection's
+/// WireFormat says which of the two).
+///
+/// Latency (what a small message pays, so what this function avoids on its critical path):
+/// the CTA copies its op list, dependencies and connection ends into shared memory up front
+/// (one round of independent loads instead of one dependent global load per op); freeing a
+/// slot is a relaxed store (RecvConnectionDeviceHandle::post_free_slot); an op that others
+/// depend on publishes its flag before its last unit frees or fills a slot, so the dependent
+/// threadblock does not wait for thread 0's fence behind a store to peer memory; the launch
+/// count is per CTA (no atomic and no fence at the end).
+template <typename E, Reduction R, typename Protocol>
+__device__ __forceinline__ bool run_threadblock(const CallParams& p, const RankCallArgs* ranks,
+                                                uint32_t index, Staging& staging) {
+  using S = typename E::Storage;
+  const ThreadblockDesc tb = p.threadblocks[index];
+  const bool leader = threadIdx.x == 0;
+  // Written by this CTA at the end of the previous launch (stream order makes it visible);
+  // only thread 0 uses it. Loads issued before the staging so that they overlap it.
+  const uint64_t epoch = leader ? p.epochs[index] : 0;
+  ThreadblockConnections ends;
+  ends.send_position = tb.send >= 0 ? p.sends[tb.send].load_position() : 0;
+  ends.recv_position = tb.recv >= 0 ? p.recvs[tb.recv].load_position() : 0;
+  const bool ops_staged = tb.op_count <= kStagedOps;
+  const bool deps_staged = tb.dep_count <= kStagedDeps;
+  if (ops_staged) stage<uint64_t>(staging.ops, p.ops + tb.op_begin, tb.op_count * sizeof(OpDesc));
+  if (deps_staged)
+    stage<uint32_t>(staging.deps, p.deps + tb.dep_begin, tb.dep_count * sizeof(DepDesc));
+  if (tb.send >= 0)
+    stage<uint64_t>(&staging.send, p.sends + tb.send, sizeof(SendConnectionDeviceHandle));
+  if (tb.recv >= 0)
+    stage<uint64_t>(&staging.recv, p.recvs + tb.recv, sizeof(RecvConnectionDeviceHandle));
+  __syncthreads();
+  const OpDesc* ops = ops_staged ? staging.ops : p.ops + tb.op_begin;
+  const DepDesc* deps = deps_staged ? staging.deps : p.deps + tb.dep_begin;
+  ends.send = tb.send >= 0 ? &staging.send : nullptr;
+  ends.recv = tb.recv >= 0 ? &staging.recv : nullptr;
+  const RankCallArgs& rank = ranks[tb.local_rank];
+  const Scalar<E> scalar(rank);
+  Primitives<E, R, Protocol> prims(p.bound, ends, scalar);
+
+  bool stopped = false;
+  for (uint64_t j = 0; j < p.iterations && !stopped; ++j) {
+    const uint64_t tile_begin = j * p.tile_elements;
+    const uint64_t tile = min(p.tile_elements, p.chunk_elements - tile_begin);
+    for (uint32_t i = 0; i < tb.op_count && !stopped; ++i) {
+      const OpDesc op = ops[i];
+      const int pristine = p.premul != 0 ? (op.premul >> p.premul_shift) & 3 : 0;
+      const bool scale_src = (pristine & kPremulSrc) != 0;
+      const WaitSite site{tb.rank, tb.tb, static_cast<int32_t>(i), j, kWaitNone, -1, -1};
+      const int64_t units = op.count > 0 ? op.count : 1;  // a nop waits once, moves nothing
+      uint64_t* const flag = p.flags + tb.flag_begin + i;
+      bool published = false;
+      for (int64_t u = 0; u < units; ++u) {
+        Transfer t(op.code);
+        // Thread 0 waits for the op's dependencies before its first unit; the primitives'
+        // barrier then releases the CTA after those and the connection waits together.
+        const bool gated = u == 0 && op.dep_count > 0;
+        bool deps_ready = true;
+        if (leader && gated) deps_ready = wait_dependencies(p, op, deps, tb.dep_begin, epoch, site);
+        if (!prims.wait(t, gated, deps_ready, site)) {
+          stopped = true;
+          break;
+        }
+        if (!t.moves()) break;  // a nop
+        const auto at = [&](uint8_t buffer, int64_t chunk) {
+          return rank.buffers[buffer] +
+                 (static_cast<uint64_t>(chunk + u) * p.chunk_elements + tile_begin) * sizeof(S);
+        };
+        switch (op.code) {
+          case kOpSend:
+            t.send(at(op.src_buffer, op.src_chunk), scale_src);
+            break;
+          case kOpRecv:
+            t.recv(at(op.dst_buffer, op.dst_chunk));
+            break;
+          case kOpCopy:
+            t.copy(at(op.src_buffer, op.src_chunk), scale_src, at(op.dst_buffer, op.dst_chunk));
+            break;
+          case kOpReduce:
+            t.reduce(at(op.dst_buffer, op.dst_chunk), (pristine & kPremulDst) != 0,
+                     at(op.src_buffer, op.src_chunk), scale_src);
+            break;
+          case kOpRecvCopySend:
+            t.recv_copy_send(at(op.dst_buffer, op.dst_chunk));
+            break;
+          case kOpRecvReduceCopy:
+            t.recv_reduce_copy(at(op.src_buffer, op.src_chunk), scale_src,
+                               at(op.dst_buffer, op.dst_chunk));
+            break;
+          case kOpRecvReduceSend:
+            t.recv_reduce_send(at(op.src_buffer, op.src_chunk), scale_src);
+            break;
+          default:  // rrcs (validation admits no other code)
+            t.recv_reduce_copy_send(at(op.src_buffer, op.src_chunk), scale_src,
+                                    at(op.dst_buffer, op.dst_chunk));
+            break;
+        }
+        if (!prims.move(t, tile, site)) {
+          stopped = true;
+          break;
+        }
+        // Thread 0, after the unit's final barrier: the op's flag first when this is its last
+        // unit (see the latency note above), then the connection counters.
+        if (leader && op.publishes != 0 && u + 1 == units) {
+          store_release_device(flag, flag_value(epoch, j));
+          published = true;
+        }
+        prims.post(t);
+      }
+      if (!stopped && leader && op.publishes != 0 && !published)
+        store_release_device(flag, flag_value(epoch, j));
+    }
+  }
+
+  if (leader) {
+    prims.save_positions();
+    p.epochs[index] = epoch + 1;
+  }
+  return !stopped;
+}
+
+}  // namespace
+}  // namespace efccl::device

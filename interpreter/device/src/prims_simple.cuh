@@ -1,0 +1,66 @@
+// Primitives over Simple connections: a slot holds the tile's bytes as they are.
+//
+// Per unit: wait(): thread 0 waits (after the decoder's dependencies: a filled slot to pop, a
+// free slot to push), a barrier releases the CTA; move(): all threads move the tile
+// (reduce_copy: 16-byte vectors when every pointer allows, elements otherwise), a second
+// barrier; post(): thread 0 publishes `tail` to the receiver and `head` to the sender.
+#pragma once
+
+#include <cstdint>
+
+#include "primitives.cuh"
+
+namespace efccl::device {
+namespace {
+
+template <typename E, Reduction R>
+class Primitives<E, R, ProtoSimple> {
+ public:
+  __device__ __forceinline__ Primitives(const WaitBound& bound, ThreadblockConnections& connections,
+                                        const Scalar<E>& scalar)
+      : bound_(bound), ends_(connections), scalar_(scalar) {}
+
+  /// All threads: thread 0 waits for a filled slot to pop and a free slot to push (after the
+  /// decoder's dependency wait, `deps_ready`); a barrier releases the CTA. False when the call
+  /// must stop (posted).
+  __device__ __forceinline__ bool wait(const Transfer& t, bool gated, bool deps_ready,
+                                       const WaitSite& site) {
+    bool ready = true;
+    if (threadIdx.x == 0) {
+      ready = deps_ready &&
+              (!t.pops() || ends_.recv->wait_filled_slot(bound_, ends_.recv_position, site)) &&
+              (!t.pushes() || ends_.send->wait_free_slot(bound_, ends_.send_position, site));
+    }
+    return !__syncthreads_or(!ready);
+  }
+
+  /// All threads, after wait(): moves the unit's `n` elements, then a barrier. Always true.
+  __device__ __forceinline__ bool move(Transfer& t, uint64_t n, const WaitSite& site) {
+    if (t.pops()) t.operands.left = ends_.recv->slot(ends_.recv_position);
+    if (t.pushes()) t.operands.slot = ends_.send->slot(ends_.send_position);
+    reduce_copy<E, R>(t.operands, n, scalar_);
+    __syncthreads();
+    return true;
+  }
+
+  /// After move() (thread 0 posts): `tail` to the receiver, `head` to the sender; every thread
+  /// advances its positions.
+  __device__ __forceinline__ void post(const Transfer& t) {
+    if (threadIdx.x == 0) {
+      if (t.pushes()) ends_.send->post_filled_slot(ends_.send_position);
+      if (t.pops()) ends_.recv->post_free_slot(ends_.recv_position);
+    }
+    ends_.advance(t);
+  }
+
+  /// Thread 0, at the end of the launch.
+  __device__ __forceinline__ void save_positions() const { ends_.save_positions(); }
+
+ private:
+  const WaitBound& bound_;
+  ThreadblockConnections& ends_;
+  const Scalar<E>& scalar_;
+};
+
+}  // namespace
+}  // namespace efccl::device

@@ -1,0 +1,146 @@
+// The kernel's tables from a program.
+#include "program_tables.h"
+
+#include <algorithm>
+#include <limits>
+#include <set>
+#include <string>
+
+namespace efccl::device {
+namespace {
+
+static_assert(static_cast<int>(ef::OpCode::kSend) == kOpSend &&
+                  static_cast<int>(ef::OpCode::kRecv) == kOpRecv &&
+                  static_cast<int>(ef::OpCode::kCopy) == kOpCopy &&
+                  static_cast<int>(ef::OpCode::kReduce) == kOpReduce &&
+                  static_cast<int>(ef::OpCode::kRecvCopySend) == kOpRecvCopySend &&
+                  static_cast<int>(ef::OpCode::kRecvReduceCopy) == kOpRecvReduceCopy &&
+                  static_cast<int>(ef::OpCode::kRecvReduceSend) == kOpRecvReduceSend &&
+                  static_cast<int>(ef::OpCode::kRecvReduceCopySend) == kOpRecvReduceCopySend &&
+                  static_cast<int>(ef::OpCode::kNop) == kOpNop,
+              "OpKind mirrors ef::OpCode");
+static_assert(static_cast<int>(ef::BufferKind::kInput) == kBufferInput &&
+                  static_cast<int>(ef::BufferKind::kOutput) == kBufferOutput &&
+                  static_cast<int>(ef::BufferKind::kScratch) == kBufferScratch,
+              "BufferIndex mirrors ef::BufferKind");
+
+/// Table entries the kernel indexes with 32-bit fields (with room for sums of two).
+constexpr uint64_t kMaxTableEntries = std::numeric_limits<uint32_t>::max() / 2;
+
+/// Integer avg's result regions of `rank` (local index `local_rank`), in chunks of its API
+/// output (the host executor's rule).
+void add_divide_segments(const ef::Program& p, int rank, int32_t local_rank,
+                         std::vector<DivideSegment>& segments) {
+  const int64_t c = p.nchunksperloop;
+  const auto add = [&](int64_t first, int64_t chunks) {
+    segments.push_back({local_rank, 0, first, chunks});
+  };
+  switch (p.collective) {
+    case ef::Collective::kAllReduce:
+      add(0, c);
+      break;
+    case ef::Collective::kReduceScatter:
+      add(0, c / p.nranks);
+      break;
+    case ef::Collective::kReduce:
+      if (rank == p.root) add(0, c);
+      break;
+    case ef::Collective::kCustom: {
+      std::set<int64_t> chunks;  // each named chunk once
+      for (const ef::Postcondition& pc : p.postconditions)
+        if (pc.rank == rank && pc.index >= 0 && pc.index < p.ranks[rank].output_chunks)
+          chunks.insert(pc.index);
+      for (int64_t k : chunks) add(k, 1);
+      break;
+    }
+    default:
+      break;  // collectives without a reduction ignore the operator
+  }
+}
+
+}  // namespace
+
+StatusOr<ProgramTables> build_program_tables(const ef::Program& p, const std::vector<int>& ranks,
+                                             const ConnectionIndex& sends,
+                                             const ConnectionIndex& recvs,
+                                             const ef::PremulMap* outofplace,
+                                             const ef::PremulMap* inplace) {
+  ProgramTables t;
+  // Counted before anything is built, so that no index below is truncated.
+  uint64_t nthreadblocks = 0, nops = 0, ndeps = 0;
+  for (int r : ranks)
+    for (const auto& tb : p.ranks[r].threadblocks) {
+      ++nthreadblocks;
+      nops += tb.ops.size();
+      for (const auto& op : tb.ops) ndeps += op.deps.size();
+    }
+  if (nthreadblocks > kMaxTableEntries || nops > kMaxTableEntries || ndeps > kMaxTableEntries)
+    return Status::error("program too large for one launch: " + std::to_string(nthreadblocks) +
+                         " threadblocks, " + std::to_string(nops) + " ops, " +
+                         std::to_string(ndeps) + " dependencies (at most " +
+                         std::to_string(kMaxTableEntries) + " each)");
+  if (nthreadblocks > static_cast<uint64_t>(std::numeric_limits<int>::max()))
+    return Status::error("too many threadblocks for one launch");
+
+  for (std::size_t li = 0; li < ranks.size(); ++li) {
+    const int r = ranks[li];
+    const auto& rank = p.ranks[r];
+    std::vector<uint64_t> flag_base(rank.threadblocks.size());
+    std::set<std::pair<int, int>> depended_on;
+    for (std::size_t tb = 0; tb < rank.threadblocks.size(); ++tb) {
+      flag_base[tb] = t.nflags;
+      t.nflags += rank.threadblocks[tb].ops.size();
+      for (const auto& op : rank.threadblocks[tb].ops)
+        for (const auto& d : op.deps) depended_on.insert({d.tb, d.op});
+    }
+    for (std::size_t tb_index = 0; tb_index < rank.threadblocks.size(); ++tb_index) {
+      const auto& tb = rank.threadblocks[tb_index];
+      const int tbi = static_cast<int>(tb_index);
+      ThreadblockDesc desc{};
+      desc.local_rank = static_cast<int32_t>(li);
+      desc.rank = r;
+      desc.tb = tbi;
+      desc.send = tb.send_peer >= 0 ? sends.at({r, tbi}) : -1;
+      desc.recv = tb.recv_peer >= 0 ? recvs.at({r, tbi}) : -1;
+      desc.op_begin = static_cast<uint32_t>(t.ops.size());
+      desc.op_count = static_cast<uint32_t>(tb.ops.size());
+      desc.flag_begin = static_cast<uint32_t>(flag_base[tb_index]);
+      desc.dep_begin = static_cast<uint32_t>(t.deps.size());
+      for (std::size_t o = 0; o < tb.ops.size(); ++o) {
+        const ef::Op& op = tb.ops[o];
+        OpDesc od{};
+        od.code = static_cast<uint8_t>(op.code);
+        od.count = op.code == ef::OpCode::kNop ? 0 : op.count;
+        if (op.src) {
+          od.src_buffer = static_cast<uint8_t>(op.src->buffer);
+          od.src_chunk = op.src->offset;
+        }
+        if (op.dst) {
+          od.dst_buffer = static_cast<uint8_t>(op.dst->buffer);
+          od.dst_chunk = op.dst->offset;
+        }
+        const auto bits = [&](const ef::PremulMap* map) {
+          if (map == nullptr) return 0;
+          const ef::PremulFlags& f = (*map)[r][tb_index][o];
+          return (f.src ? kPremulSrc : 0) | (f.dst ? kPremulDst : 0);
+        };
+        od.premul = static_cast<uint8_t>((bits(outofplace) << kPremulShiftOutOfPlace) |
+                                         (bits(inplace) << kPremulShiftInPlace));
+        od.publishes = depended_on.count({tbi, static_cast<int>(o)}) ? 1 : 0;
+        od.dep_begin = static_cast<uint32_t>(t.deps.size());
+        od.dep_count = static_cast<uint32_t>(op.deps.size());
+        for (const auto& d : op.deps)
+          t.deps.push_back({static_cast<uint32_t>(flag_base[d.tb] + d.op), d.tb, d.op});
+        t.ops.push_back(od);
+      }
+      desc.dep_count = static_cast<uint32_t>(t.deps.size()) - desc.dep_begin;
+      t.threadblocks.push_back(desc);
+    }
+    add_divide_segments(p, r, static_cast<int32_t>(li), t.divide_segments);
+  }
+  for (const auto& seg : t.divide_segments)
+    t.largest_divide_chunks = std::max(t.largest_divide_chunks, seg.chunks);
+  return t;
+}
+
+}  // namespace efccl::device
