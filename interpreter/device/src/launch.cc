@@ -8,6 +8,7 @@
 
 #include "cuda_status.h"
 #include "device_executor_impl.h"
+#include "efccl/host/numeric.h"
 #include "interpreter_kernel.h"
 #include "launch_events.h"
 #include "owned_memory_layout.h"
@@ -16,16 +17,6 @@ namespace efccl::device {
 namespace {
 
 std::atomic<uint64_t> g_interpreter_launches{0};
-
-/// premulsum's scalar as an integer type sees it: truncated toward zero into int64_t
-/// (saturating, NaN -> 0), then wrapped to the type by the kernel (host::scale_elements).
-int64_t integer_scalar(double scalar) {
-  if (std::isnan(scalar)) return 0;
-  constexpr double kLimit = 9223372036854775808.0;  // 2^63
-  if (scalar >= kLimit) return std::numeric_limits<int64_t>::max();
-  if (scalar < -kLimit) return std::numeric_limits<int64_t>::min();
-  return static_cast<int64_t>(scalar);
-}
 
 }  // namespace
 
@@ -178,7 +169,9 @@ Status DeviceExecutor::Impl::prepare(DeviceExecutor* self, const RunArgs& args,
       if (args.op == ef::RedOp::kAvg) scalar = 1.0 / static_cast<double>(n);
       ra.scalar_f64 = scalar;
       ra.scalar_f32 = static_cast<float>(scalar);
-      ra.scalar_i64 = integer_scalar(scalar);
+      // As an integer type sees it: the host executor's conversion, wrapped to the type by the
+      // kernel.
+      ra.scalar_i64 = host::premulsum_integer_scalar(scalar);
 
       divide.outputs[li] = static_cast<char*>(args.outputs[r]);
     }

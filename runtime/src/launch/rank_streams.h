@@ -41,8 +41,9 @@ class RankStreams {
   /// Before a launch: picks each device's launch stream and makes it wait for the other
   /// participating ranks' streams on that device.
   ApiStatus order_before(Launch& l);
-  /// After a launch (also a failed one: the parts that went out run, aborted, and every rank's
-  /// later work must follow them): the other ranks' streams wait for the launch stream.
+  /// After a launch (also a failed one: the parts that went out still run, aborted where their
+  /// call did not launch on every device, and every rank's later work must follow them): the
+  /// other ranks' streams wait for the launch stream.
   ApiStatus join_after(const Launch& l);
 
  private:
