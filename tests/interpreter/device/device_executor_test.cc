@@ -1589,23 +1589,29 @@ TEST(DeviceExecutor, BatchWithAFailedLaunchAbortsPartlyLaunchedCalls) {
 // ---- Sizes derived from the program ----
 
 TEST(DeviceExecutor, ScratchThatOverflowsIsRefusedBeforeAnythingRuns) {
-  // Validation accepts 10^12 scratch chunks (the program never touches them). A call of 2^25
-  // floats per chunk would need 10^12 * 2^27 bytes of scratch: run(), reserve() and run_batch()
-  // refuse it, naming the rank and the buffer, and launch nothing.
+  // Validation refuses more than 2^24 chunks per buffer (10^12 scratch chunks are not a
+  // program); at the limit, a call of 2^41 floats per chunk would need 2^24 * 2^43 bytes of
+  // scratch: run(), reserve() and run_batch() refuse it, naming the rank and the buffer, and
+  // launch nothing.
   SKIP_WITHOUT_GPU();
   ef::Program p = send_first_program();
-  p.ranks[0].scratch_chunks = 1'000'000'000'000;
   const std::vector<int> devices = map_ranks(2, true);
+  p.ranks[0].scratch_chunks = 1'000'000'000'000;
+  auto refused = device::DeviceExecutor::create(p, devices);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("scratch_chunks is 1000000000000"), std::string::npos)
+      << refused.status().message();
+  p.ranks[0].scratch_chunks = ef::kMaxChunks;
   auto executor = device::DeviceExecutor::create(p, devices);
   ASSERT_TRUE(executor.is_ok()) << executor.status().message();
   device::DeviceExecutor& ex = **executor;
   Streams streams(ex.devices());
 
-  const uint64_t huge = uint64_t{1} << 25;
+  const uint64_t huge = uint64_t{1} << 41;
   const Status reserved = ex.reserve(huge, DataType::kFloat32);
   ASSERT_FALSE(reserved.is_ok());
-  EXPECT_NE(reserved.message().find("rank 0: the program's scratch buffer of 1000000000000 "
-                                    "chunks"),
+  EXPECT_NE(reserved.message().find("rank 0: the program's scratch buffer of " +
+                                    std::to_string(ef::kMaxChunks) + " chunks"),
             std::string::npos)
       << reserved.message();
 
@@ -1624,8 +1630,9 @@ TEST(DeviceExecutor, ScratchThatOverflowsIsRefusedBeforeAnythingRuns) {
       << batched.message();
   EXPECT_EQ(device::interpreter_launch_count(), before);
 
-  // Sizes that fit but cannot be allocated (10^12 chunks of 64 floats): a clear error too.
-  args.count = 64;
+  // Sizes that fit but cannot be allocated (2^24 chunks of 2^20 floats, 64 TiB): a clear error
+  // too.
+  args.count = uint64_t{1} << 20;
   const Status small = ex.run(args);
   ASSERT_FALSE(small.is_ok());
   EXPECT_NE(small.message().find("growing the scratch of rank 0"), std::string::npos)
