@@ -5,13 +5,16 @@ namespace efccl::net {
 std::string printable(std::string_view bytes, std::size_t max_bytes) {
   static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
-  const std::size_t shown = bytes.size() < max_bytes ? bytes.size() : max_bytes;
-  out.reserve(shown + 16);
-  for (std::size_t i = 0; i < shown; ++i) {
-    const auto c = static_cast<unsigned char>(bytes[i]);
+  out.reserve((bytes.size() < max_bytes ? bytes.size() : max_bytes) + 24);
+  std::size_t shown = 0;
+  for (; shown < bytes.size(); ++shown) {
+    const auto c = static_cast<unsigned char>(bytes[shown]);
+    const bool plain = c >= 0x20 && c < 0x7f && c != '\\';
+    const std::size_t width = plain ? 1 : c == '\\' ? 2 : 4;
+    if (out.size() + width > max_bytes) break;
     if (c == '\\') {
       out += "\\\\";
-    } else if (c >= 0x20 && c < 0x7f) {
+    } else if (plain) {
       out += static_cast<char>(c);
     } else {
       out += "\\x";

@@ -21,6 +21,11 @@ TEST(Printable, BoundsTheLength) {
   EXPECT_EQ(shown, "zzzzzzzzzz...(1000 bytes)");
   EXPECT_EQ(printable("", 10), "");
   EXPECT_EQ(printable("abc", 3), "abc");
+  // Escapes count at their printed width, and none is cut in half.
+  EXPECT_EQ(printable(std::string(100, '\0'), 10), "\\x00\\x00...(100 bytes)");
+  EXPECT_EQ(printable("\\\\\\", 5), "\\\\\\\\...(3 bytes)");
+  const std::string worst = printable(std::string(1000, '\x01'), 120);
+  EXPECT_LE(worst.size(), 120u + std::string("...(1000 bytes)").size());
 }
 
 }  // namespace

@@ -9,8 +9,8 @@
 namespace efccl::net {
 
 /// `bytes` with printable ASCII kept (space to '~', except '\\'), everything else as \xNN and
-/// '\\' as "\\\\"; at most `max_bytes` input bytes are shown, followed by "...(N bytes)" when
-/// there were more.
+/// '\\' as "\\\\"; the shown part is at most `max_bytes` characters long (escapes count in full,
+/// none is cut), followed by "...(N bytes)" when not every byte was shown.
 std::string printable(std::string_view bytes, std::size_t max_bytes = 80);
 
 }  // namespace efccl::net
