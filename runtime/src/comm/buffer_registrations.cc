@@ -5,6 +5,7 @@
 #include <mutex>
 #include <string>
 
+#include "base/pointer_text.h"
 #include "comm/communicator.h"
 #include "efccl/common/log.h"
 
@@ -28,11 +29,6 @@ void log_registration_once() {
   });
 }
 
-std::string hex(const void* p) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%p", p);
-  return buf;
-}
 
 }  // namespace
 
@@ -57,7 +53,7 @@ ApiStatus remove_buffer_registration(ncclComm_t comm, void* handle, bool window)
   auto it = std::find(list.begin(), list.end(), handle);
   if (it == list.end() || static_cast<ncclWindow_vidmem*>(*it)->window != window)
     return ApiStatus::invalid_argument(
-        std::string(what) + " " + hex(handle) + " was not returned by " +
+        std::string(what) + " " + pointer_text(handle) + " was not returned by " +
         (window ? "ncclCommWindowRegister" : "ncclCommRegister") +
         " on this communicator, or was deregistered already");
   delete static_cast<ncclWindow_vidmem*>(*it);

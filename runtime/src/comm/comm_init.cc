@@ -3,7 +3,6 @@
 #include <cuda_runtime_api.h>
 
 #include <chrono>
-#include <cstdio>
 #include <mutex>
 #include <string>
 #include <system_error>
@@ -11,6 +10,7 @@
 #include <vector>
 
 #include "base/device_guard.h"
+#include "base/pointer_text.h"
 #include "base/settings.h"
 #include "comm/comm_config.h"
 #include "comm/buffer_registrations.h"
@@ -25,16 +25,6 @@
 #include "select/program_registry.h"
 
 namespace efccl::runtime {
-namespace {
-
-std::string hex(const void* p) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%p", p);
-  return buf;
-}
-
-}  // namespace
-
 void log_version_once() {
   static std::once_flag version_once;
   std::call_once(version_once, [] {
@@ -81,7 +71,7 @@ ApiStatus init_all(ncclComm_t* comms, int ndev, const int* devlist) {
     register_comm(comm);
     comms[r] = comm;
     EFCCL_INFO(kLogInit, comm->device,
-               "comm " + hex(comm) + " rank " + std::to_string(r) + " nRanks " +
+               "comm " + pointer_text(comm) + " rank " + std::to_string(r) + " nRanks " +
                    std::to_string(ndev) + " nNodes 1 cudaDev " + std::to_string(comm->device) +
                    " - Init COMPLETE");
   }
@@ -134,7 +124,7 @@ ApiStatus init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& id, int
   *newcomm = comm;
   const bool grouped = joined != nullptr || in_group();
   EFCCL_INFO(kLogInit, device,
-             "comm " + hex(comm) + " rank " + std::to_string(rank) + " nRanks " +
+             "comm " + pointer_text(comm) + " rank " + std::to_string(rank) + " nRanks " +
                  std::to_string(nranks) + " cudaDev " + std::to_string(device) +
                  (cfg.blocking ? "" : " (non-blocking)") +
                  (cfg.hints.empty() ? "" : " ignoring config hints:" + cfg.hints) +
@@ -192,7 +182,7 @@ ApiStatus release_comm(ncclComm_t comm, bool abort) {
   }
   release_buffer_registrations(comm);
   EFCCL_INFO(kLogInit, comm->device,
-             "comm " + hex(comm) + " rank " + std::to_string(comm->rank) +
+             "comm " + pointer_text(comm) + " rank " + std::to_string(comm->rank) +
                  (abort ? " - Abort COMPLETE" : " - Destroy COMPLETE"));
   comm->magic = kCommDeadMagic;
   delete comm;

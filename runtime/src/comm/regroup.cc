@@ -11,6 +11,7 @@
 #include <string>
 
 #include "base/device_guard.h"
+#include "base/pointer_text.h"
 #include "base/settings.h"
 #include "efccl/net/bootstrap.h"
 #include "comm/comm_config.h"
@@ -24,12 +25,6 @@
 
 namespace efccl::runtime {
 namespace {
-
-std::string hex(const void* p) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%p", p);
-  return buf;
-}
 
 /// One rank's ncclCommSplit / ncclCommShrink, with what it needs from the parent copied out so
 /// that a grouped one can finish at ncclGroupEnd. The `participants` (ascending parent ranks,
@@ -75,7 +70,7 @@ ApiStatus start_regroup(const char* fn, ncclComm_t parent, std::vector<int> part
   g.fn = fn;
   g.clique = parent->clique;
   g.bootstrap = parent->bootstrap;
-  g.parent_name = hex(parent);
+  g.parent_name = pointer_text(parent);
   g.rank = parent->rank;
   g.device = parent->device;
   g.blocking = parent->blocking;

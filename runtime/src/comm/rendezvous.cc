@@ -18,6 +18,7 @@
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
+#include "base/pointer_text.h"
 #include "base/settings.h"
 #include "comm/communicator.h"
 #include "efccl/net/bootstrap.h"
@@ -176,11 +177,6 @@ ApiStatus learn_table_locked(Rendezvous& r, std::vector<std::string> table) {
   return ApiStatus::ok();
 }
 
-std::string pointer(const void* p) {
-  std::ostringstream m;
-  m << p;
-  return m.str();
-}
 
 /// What create_fallback needs of a complete rendezvous (`r.mu` held, so the members'
 /// communicators are alive). `processes`: null when every rank is in this process.
@@ -309,7 +305,7 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
       if (m.comm == nullptr) continue;
       attach_clique(m.comm, clique);
       EFCCL_INFO(kLogInit, m.device,
-                 "comm " + pointer(m.comm) + " rank " + std::to_string(rank) + " nRanks " +
+                 "comm " + pointer_text(m.comm) + " rank " + std::to_string(rank) + " nRanks " +
                      std::to_string(r.nranks) + " localRanks " + std::to_string(r.members.size()) +
                      " nNodes 1 cudaDev " + std::to_string(m.device) + " - Init COMPLETE");
     }
