@@ -28,25 +28,25 @@
 namespace efccl::device {
 namespace {
 
-/// One unit (one tile of one chunk) of an op, as the decoder hands it to the primitives: the
-/// op's kind, which says whether it pops the threadblock's receive connection (the popped tile
-/// is then the left operand) and pushes its send connection (the result then goes to the slot),
-/// and its memory operands, set by the member named after the kind. Each member sets only the
-/// operands its kind has (the others stay null).
+/// The units (tiles of chunks) of one op, as the decoder hands them to the primitives: the op's
+/// kind, which says whether it pops the threadblock's receive connection (the popped tile is
+/// then the left operand) and pushes its send connection (the result then goes to the slot),
+/// decoded once per op, and the memory operands of the current unit, set by the member named
+/// after the kind. Each member sets only the operands its kind has (the others stay null).
 struct Transfer {
   uint8_t kind;           ///< OpKind
+  bool pops;              ///< takes the popped tile from the receive connection
+  bool pushes;            ///< puts the result into the send connection's slot
   UnitOperands operands;  ///< memory operands only: the primitives add the slots
 
-  __device__ __forceinline__ explicit Transfer(uint8_t op_kind) : kind(op_kind) {}
+  /// Decoded once per op, so that its units do not test the kind again.
+  __device__ __forceinline__ explicit Transfer(uint8_t op_kind)
+      : kind(op_kind),
+        pops(kind == kOpRecv || kind == kOpRecvCopySend || kind == kOpRecvReduceCopy ||
+             kind == kOpRecvReduceSend || kind == kOpRecvReduceCopySend),
+        pushes(kind == kOpSend || kind == kOpRecvCopySend || kind == kOpRecvReduceSend ||
+               kind == kOpRecvReduceCopySend) {}
 
-  __device__ __forceinline__ bool pops() const {
-    return kind == kOpRecv || kind == kOpRecvCopySend || kind == kOpRecvReduceCopy ||
-           kind == kOpRecvReduceSend || kind == kOpRecvReduceCopySend;
-  }
-  __device__ __forceinline__ bool pushes() const {
-    return kind == kOpSend || kind == kOpRecvCopySend || kind == kOpRecvReduceSend ||
-           kind == kOpRecvReduceCopySend;
-  }
   /// False for a nop: it only waits for its dependencies.
   __device__ __forceinline__ bool moves() const { return kind != kOpNop; }
 
@@ -96,16 +96,31 @@ struct ProtoSimple {};
 struct ProtoFlagged {};
 
 /// The connection ends of one threadblock and its positions in them, which every thread keeps
-/// in a register during a launch (they advance in lockstep) and thread 0 persists at its end.
+/// in a register during a launch (they advance in lockstep) and thread 0 persists at its end,
+/// with the slot of each position, so that no unit divides by the slot count.
 struct ThreadblockConnections {
   const SendConnectionDeviceHandle* send;  ///< null when the threadblock sends to nobody
   const RecvConnectionDeviceHandle* recv;  ///< null when it receives from nobody
   uint64_t send_position;
   uint64_t recv_position;
+  uint32_t send_slot;  ///< send_position % send->nslots
+  uint32_t recv_slot;  ///< recv_position % recv->nslots
 
+  /// All threads, once the handles are staged: the slots of the loaded positions.
+  __device__ __forceinline__ void find_slots() {
+    send_slot = send != nullptr ? send->slot_index(send_position) : 0;
+    recv_slot = recv != nullptr ? recv->slot_index(recv_position) : 0;
+  }
+  /// After a unit of `t`.
   __device__ __forceinline__ void advance(const Transfer& t) {
-    send_position += t.pushes() ? 1 : 0;
-    recv_position += t.pops() ? 1 : 0;
+    if (t.pushes) {
+      ++send_position;
+      send_slot = send->next_slot(send_slot);
+    }
+    if (t.pops) {
+      ++recv_position;
+      recv_slot = recv->next_slot(recv_slot);
+    }
   }
   /// Thread 0, at the end of the launch.
   __device__ __forceinline__ void save_positions() const {
@@ -121,9 +136,9 @@ struct ThreadblockConnections {
 ///   bool wait(const Transfer&, bool gated, bool deps_ready, const WaitSite&);
 ///     the connection waits and the barrier that releases the CTA; `gated`: the decoder waited
 ///     for the op's dependencies before this unit, `deps_ready` is thread 0's result;
-///   bool move(Transfer&, uint64_t n, const WaitSite&);
-///     the tile's n elements (the connection slots join the transfer's operands), ending with
-///     a barrier;
+///   bool move(const Transfer&, uint64_t n, const WaitSite&);
+///     the tile's n elements (the connection slots join a copy of the transfer's operands),
+///     ending with a barrier;
 ///   void post(const Transfer&);
 ///     thread 0 posts the connection counters; positions advance;
 ///   void save_positions() const;  thread 0, at the end of the launch.
