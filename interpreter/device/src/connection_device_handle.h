@@ -56,17 +56,9 @@ struct SendConnectionDeviceHandle {
     return bound.spin_until(waiting_for_slot(site),
                             [&] { return position - load_acquire_system(head) < nslots; });
   }
-  /// The slot index of push number `position` (a division: once per launch, see next_slot).
-  __device__ __forceinline__ uint32_t slot_index(uint64_t position) const {
-    return static_cast<uint32_t>(position % nslots);
-  }
-  /// The slot index after `slot`.
-  __device__ __forceinline__ uint32_t next_slot(uint32_t slot) const {
-    return slot + 1 < nslots ? slot + 1 : 0;
-  }
-  /// Slot number `slot` (in the receiver's memory).
-  __device__ __forceinline__ char* slot_at(uint32_t slot) const {
-    return slots + static_cast<uint64_t>(slot) * slot_stride;
+  /// The slot that push number `position` fills (in the receiver's memory).
+  __device__ __forceinline__ char* slot(uint64_t position) const {
+    return slots + (position % nslots) * slot_stride;
   }
   /// Thread 0, after the CTA's barrier (Simple): the slot of push `position` is filled.
   __device__ __forceinline__ void post_filled_slot(uint64_t position) const {
@@ -107,17 +99,9 @@ struct RecvConnectionDeviceHandle {
     return bound.spin_until(waiting_for_data(site),
                             [&] { return load_acquire_system(tail) > position; });
   }
-  /// The slot index of pop number `position` (a division: once per launch, see next_slot).
-  __device__ __forceinline__ uint32_t slot_index(uint64_t position) const {
-    return static_cast<uint32_t>(position % nslots);
-  }
-  /// The slot index after `slot`.
-  __device__ __forceinline__ uint32_t next_slot(uint32_t slot) const {
-    return slot + 1 < nslots ? slot + 1 : 0;
-  }
-  /// Slot number `slot`.
-  __device__ __forceinline__ const char* slot_at(uint32_t slot) const {
-    return slots + static_cast<uint64_t>(slot) * slot_stride;
+  /// The slot that pop number `position` reads.
+  __device__ __forceinline__ const char* slot(uint64_t position) const {
+    return slots + (position % nslots) * slot_stride;
   }
   /// Thread 0, after the CTA's barrier: the slot of pop `position` has been read and may be
   /// reused. Relaxed, as NCCL frees its slots: every thread's reads of the slot returned their
@@ -139,10 +123,10 @@ struct RecvConnectionDeviceHandle {
   __device__ __forceinline__ bool clear_due(uint64_t position) const {
     return position % kLLClearPeriod >= kLLClearPeriod - nslots;
   }
-  /// All threads: zeroes slot number `slot`. Every warp must be done reading it (a line
-  /// zeroed before its warp polled it would never arrive), and it is freed only after.
-  __device__ __forceinline__ void clear_slot(uint32_t slot) const {
-    auto* at = reinterpret_cast<uint4*>(slots + static_cast<uint64_t>(slot) * slot_stride);
+  /// All threads: zeroes the slot of pop `position`. Every warp must be done reading it (a
+  /// line zeroed before its warp polled it would never arrive), and it is freed only after.
+  __device__ __forceinline__ void clear_slot(uint64_t position) const {
+    auto* at = reinterpret_cast<uint4*>(slots + (position % nslots) * slot_stride);
     for (uint64_t i = threadIdx.x; i < slot_stride / sizeof(uint4); i += blockDim.x)
       __stcg(at + i, make_uint4(0, 0, 0, 0));
   }

@@ -120,7 +120,6 @@ __device__ __forceinline__ bool run_threadblock(const CallParams& p, const RankC
   const DepDesc* deps = deps_staged ? staging.deps : p.deps + tb.dep_begin;
   ends.send = tb.send >= 0 ? &staging.send : nullptr;
   ends.recv = tb.recv >= 0 ? &staging.recv : nullptr;
-  ends.find_slots();
   const RankCallArgs& rank = ranks[tb.local_rank];
   const Scalar<E> scalar(rank);
   Primitives<E, R, Protocol> prims(p.bound, ends, scalar);

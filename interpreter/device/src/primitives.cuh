@@ -96,31 +96,16 @@ struct ProtoSimple {};
 struct ProtoFlagged {};
 
 /// The connection ends of one threadblock and its positions in them, which every thread keeps
-/// in a register during a launch (they advance in lockstep) and thread 0 persists at its end,
-/// with the slot of each position, so that no unit divides by the slot count.
+/// in a register during a launch (they advance in lockstep) and thread 0 persists at its end.
 struct ThreadblockConnections {
   const SendConnectionDeviceHandle* send;  ///< null when the threadblock sends to nobody
   const RecvConnectionDeviceHandle* recv;  ///< null when it receives from nobody
   uint64_t send_position;
   uint64_t recv_position;
-  uint32_t send_slot;  ///< send_position % send->nslots
-  uint32_t recv_slot;  ///< recv_position % recv->nslots
 
-  /// All threads, once the handles are staged: the slots of the loaded positions.
-  __device__ __forceinline__ void find_slots() {
-    send_slot = send != nullptr ? send->slot_index(send_position) : 0;
-    recv_slot = recv != nullptr ? recv->slot_index(recv_position) : 0;
-  }
-  /// After a unit of `t`.
   __device__ __forceinline__ void advance(const Transfer& t) {
-    if (t.pushes) {
-      ++send_position;
-      send_slot = send->next_slot(send_slot);
-    }
-    if (t.pops) {
-      ++recv_position;
-      recv_slot = recv->next_slot(recv_slot);
-    }
+    send_position += t.pushes ? 1 : 0;
+    recv_position += t.pops ? 1 : 0;
   }
   /// Thread 0, at the end of the launch.
   __device__ __forceinline__ void save_positions() const {

@@ -261,12 +261,12 @@ class Primitives<E, R, ProtoFlagged> {
     if (t.pops || t.pushes) {
       Wire wire;
       if (t.pops) {
-        wire.in = ends_.recv->slot_at(ends_.recv_slot);
+        wire.in = ends_.recv->slot(ends_.recv_position);
         wire.in_format = ends_.recv->wire;
         wire.in_position = ends_.recv_position;
       }
       if (t.pushes) {
-        wire.out = ends_.send->slot_at(ends_.send_slot);
+        wire.out = ends_.send->slot(ends_.send_position);
         wire.out_format = ends_.send->wire;
         wire.out_position = ends_.send_position;
       }
@@ -280,7 +280,7 @@ class Primitives<E, R, ProtoFlagged> {
     cleared_ =
         t.pops && ends_.recv->wire == kWireLL && ends_.recv->clear_due(ends_.recv_position);
     if (cleared_) {
-      ends_.recv->clear_slot(ends_.recv_slot);
+      ends_.recv->clear_slot(ends_.recv_position);
       __syncthreads();
     }
     return true;

@@ -37,8 +37,8 @@ class Primitives<E, R, ProtoSimple> {
   /// All threads, after wait(): moves the unit's `n` elements, then a barrier. Always true.
   __device__ __forceinline__ bool move(const Transfer& t, uint64_t n, const WaitSite& site) {
     UnitOperands u = t.operands;
-    if (t.pops) u.left = ends_.recv->slot_at(ends_.recv_slot);
-    if (t.pushes) u.slot = ends_.send->slot_at(ends_.send_slot);
+    if (t.pops) u.left = ends_.recv->slot(ends_.recv_position);
+    if (t.pushes) u.slot = ends_.send->slot(ends_.send_position);
     reduce_copy<E, R>(u, n, scalar_);
     __syncthreads();
     return true;
