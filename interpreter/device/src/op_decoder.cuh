@@ -9,9 +9,9 @@
 // (published after its last unit).
 //
 // Registers: up to the 128 that __launch_bounds__ allows (ptxas, sm_90: the one-call Simple
-// instantiations spill at most 10 bytes, the flagged ones up to 52, the fused kernel up to
-// about 240); the CTA size is chosen per (type, operator, protocol) by the executor so that the
-// whole grid is co-resident.
+// instantiations spill at most 20 bytes, the flagged ones up to 56, the fused kernel up to
+// about 250; see docs/device-executor.md for what a unit may cost besides); the CTA size is
+// chosen per (type, operator, protocol) by the executor so that the whole grid is co-resident.
 #pragma once
 
 #include <algorithm>
@@ -137,7 +137,8 @@ __device__ __forceinline__ bool run_threadblock(const CallParams& p, const RankC
       const int pristine = p.premul != 0 ? (op.premul >> p.premul_shift) & 3 : 0;
       const bool scale_src = (pristine & kPremulSrc) != 0;
       const WaitSite site{tb.rank, tb.tb, static_cast<int32_t>(i), j, kWaitNone, -1, -1};
-      const uint32_t units = op.count > 0 ? static_cast<uint32_t>(op.count) : 1;  // a nop waits once
+      const uint32_t units =
+          op.count > 0 ? static_cast<uint32_t>(op.count) : 1;  // a nop waits once
       uint64_t* const flag = p.flags + tb.flag_begin + i;
       bool published = false;
       for (uint32_t u = 0; u < units; ++u) {

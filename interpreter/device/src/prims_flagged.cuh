@@ -277,8 +277,7 @@ class Primitives<E, R, ProtoFlagged> {
     }
     if (__syncthreads_or(!ok)) return false;
     // Only now has every warp read the slot: zero it (rarely) before freeing it.
-    cleared_ =
-        t.pops && ends_.recv->wire == kWireLL && ends_.recv->clear_due(ends_.recv_position);
+    cleared_ = t.pops && ends_.recv->wire == kWireLL && ends_.recv->clear_due(ends_.recv_position);
     if (cleared_) {
       ends_.recv->clear_slot(ends_.recv_position);
       __syncthreads();
