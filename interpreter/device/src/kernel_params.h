@@ -52,7 +52,7 @@ inline constexpr int kPremulShiftInPlace = 2;
 struct OpDesc {
   int64_t src_chunk;
   int64_t dst_chunk;
-  int64_t count;        ///< units per iteration (0 for nop)
+  int64_t count;        ///< units per iteration (0 for nop); at most ef::kMaxChunks
   uint32_t dep_begin;   ///< first entry in KernelParams::deps
   uint32_t dep_count;
   uint8_t code;         ///< OpKind

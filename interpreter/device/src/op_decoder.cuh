@@ -2,15 +2,16 @@
 // (interpreter_kernel.cu: one call, one CTA per threadblock of every rank on this device;
 // fused_kernel.cu: several calls of a group in one launch). A CTA running a threadblock walks
 // iterations j = 0 .. iterations-1 and, in each, its op list; an op with count c processes
-// tile j of its chunks k .. k+c-1, one unit at a time. The decoder here turns each unit into a
-// Transfer and hands it to the protocol's primitives (primitives.cuh), which wait, move and
-// publish; what belongs to the op rather than the protocol stays here: its dependencies (thread
-// 0 waits before the op's first unit) and its flag (published after its last unit).
+// tile j of its chunks k .. k+c-1, one unit at a time. The decoder here turns each op into a
+// Transfer, sets its operands for each unit and hands it to the protocol's primitives
+// (primitives.cuh), which wait, move and publish; what belongs to the op rather than the
+// protocol stays here: its dependencies (thread 0 waits before the op's first unit) and its flag
+// (published after its last unit).
 //
 // Registers: up to the 128 that __launch_bounds__ allows (ptxas, sm_90: the one-call Simple
-// instantiations spill at most 10 bytes, the flagged ones up to 52, the fused kernel up to
-// about 240); the CTA size is chosen per (type, operator, protocol) by the executor so that the
-// whole grid is co-resident.
+// instantiations spill at most 20 bytes, the flagged ones up to 56, the fused kernel up to
+// about 250; see docs/device-executor.md for what a unit may cost besides); the CTA size is
+// chosen per (type, operator, protocol) by the executor so that the whole grid is co-resident.
 #pragma once
 
 #include <algorithm>
@@ -124,19 +125,23 @@ __device__ __forceinline__ bool run_threadblock(const CallParams& p, const RankC
   Primitives<E, R, Protocol> prims(p.bound, ends, scalar);
 
   bool stopped = false;
-  for (uint64_t j = 0; j < p.iterations && !stopped; ++j) {
-    const uint64_t tile_begin = j * p.tile_elements;
+  // 32-bit loop counters: the host refuses 2^32 - 1 tiles per chunk or more (launch.cc), and a
+  // valid op's count lies inside a buffer of at most ef::kMaxChunks chunks.
+  const uint32_t iterations = static_cast<uint32_t>(p.iterations);
+  for (uint32_t j = 0; j < iterations && !stopped; ++j) {
+    const uint64_t tile_begin = static_cast<uint64_t>(j) * p.tile_elements;
     const uint64_t tile = min(p.tile_elements, p.chunk_elements - tile_begin);
     for (uint32_t i = 0; i < tb.op_count && !stopped; ++i) {
       const OpDesc op = ops[i];
+      Transfer t(op.code);
       const int pristine = p.premul != 0 ? (op.premul >> p.premul_shift) & 3 : 0;
       const bool scale_src = (pristine & kPremulSrc) != 0;
       const WaitSite site{tb.rank, tb.tb, static_cast<int32_t>(i), j, kWaitNone, -1, -1};
-      const int64_t units = op.count > 0 ? op.count : 1;  // a nop waits once, moves nothing
+      const uint32_t units =
+          op.count > 0 ? static_cast<uint32_t>(op.count) : 1;  // a nop waits once
       uint64_t* const flag = p.flags + tb.flag_begin + i;
       bool published = false;
-      for (int64_t u = 0; u < units; ++u) {
-        Transfer t(op.code);
+      for (uint32_t u = 0; u < units; ++u) {
         // Thread 0 waits for the op's dependencies before its first unit; the primitives'
         // barrier then releases the CTA after those and the connection waits together.
         const bool gated = u == 0 && op.dep_count > 0;

@@ -28,25 +28,25 @@
 namespace efccl::device {
 namespace {
 
-/// One unit (one tile of one chunk) of an op, as the decoder hands it to the primitives: the
-/// op's kind, which says whether it pops the threadblock's receive connection (the popped tile
-/// is then the left operand) and pushes its send connection (the result then goes to the slot),
-/// and its memory operands, set by the member named after the kind. Each member sets only the
-/// operands its kind has (the others stay null).
+/// The units (tiles of chunks) of one op, as the decoder hands them to the primitives: the op's
+/// kind, which says whether it pops the threadblock's receive connection (the popped tile is
+/// then the left operand) and pushes its send connection (the result then goes to the slot),
+/// decoded once per op, and the memory operands of the current unit, set by the member named
+/// after the kind. Each member sets only the operands its kind has (the others stay null).
 struct Transfer {
   uint8_t kind;           ///< OpKind
+  bool pops;              ///< takes the popped tile from the receive connection
+  bool pushes;            ///< puts the result into the send connection's slot
   UnitOperands operands;  ///< memory operands only: the primitives add the slots
 
-  __device__ __forceinline__ explicit Transfer(uint8_t op_kind) : kind(op_kind) {}
+  /// Decoded once per op, so that its units do not test the kind again.
+  __device__ __forceinline__ explicit Transfer(uint8_t op_kind)
+      : kind(op_kind),
+        pops(kind == kOpRecv || kind == kOpRecvCopySend || kind == kOpRecvReduceCopy ||
+             kind == kOpRecvReduceSend || kind == kOpRecvReduceCopySend),
+        pushes(kind == kOpSend || kind == kOpRecvCopySend || kind == kOpRecvReduceSend ||
+               kind == kOpRecvReduceCopySend) {}
 
-  __device__ __forceinline__ bool pops() const {
-    return kind == kOpRecv || kind == kOpRecvCopySend || kind == kOpRecvReduceCopy ||
-           kind == kOpRecvReduceSend || kind == kOpRecvReduceCopySend;
-  }
-  __device__ __forceinline__ bool pushes() const {
-    return kind == kOpSend || kind == kOpRecvCopySend || kind == kOpRecvReduceSend ||
-           kind == kOpRecvReduceCopySend;
-  }
   /// False for a nop: it only waits for its dependencies.
   __device__ __forceinline__ bool moves() const { return kind != kOpNop; }
 
@@ -104,8 +104,8 @@ struct ThreadblockConnections {
   uint64_t recv_position;
 
   __device__ __forceinline__ void advance(const Transfer& t) {
-    send_position += t.pushes() ? 1 : 0;
-    recv_position += t.pops() ? 1 : 0;
+    send_position += t.pushes ? 1 : 0;
+    recv_position += t.pops ? 1 : 0;
   }
   /// Thread 0, at the end of the launch.
   __device__ __forceinline__ void save_positions() const {
@@ -121,9 +121,9 @@ struct ThreadblockConnections {
 ///   bool wait(const Transfer&, bool gated, bool deps_ready, const WaitSite&);
 ///     the connection waits and the barrier that releases the CTA; `gated`: the decoder waited
 ///     for the op's dependencies before this unit, `deps_ready` is thread 0's result;
-///   bool move(Transfer&, uint64_t n, const WaitSite&);
-///     the tile's n elements (the connection slots join the transfer's operands), ending with
-///     a barrier;
+///   bool move(const Transfer&, uint64_t n, const WaitSite&);
+///     the tile's n elements (the connection slots join a copy of the transfer's operands),
+///     ending with a barrier;
 ///   void post(const Transfer&);
 ///     thread 0 posts the connection counters; positions advance;
 ///   void save_positions() const;  thread 0, at the end of the launch.

@@ -245,40 +245,39 @@ class Primitives<E, R, ProtoFlagged> {
   /// barrier suffices. False when the call must stop (posted).
   __device__ __forceinline__ bool wait(const Transfer& t, bool gated, bool deps_ready,
                                        const WaitSite& site) {
-    if (!gated && !t.pushes()) return true;
+    if (!gated && !t.pushes) return true;
     bool ready = true;
     if (threadIdx.x == 0)
       ready = deps_ready &&
-              (!t.pushes() || ends_.send->wait_free_slot(bound_, ends_.send_position, site));
+              (!t.pushes || ends_.send->wait_free_slot(bound_, ends_.send_position, site));
     return !__syncthreads_or(!ready);
   }
 
   /// All threads, after wait(): moves the unit's `n` elements (polling the popped lines, storing
   /// the pushed ones), then a barrier, and zeroes an LL slot when due. False when a poll had to
   /// stop (posted).
-  __device__ __forceinline__ bool move(Transfer& t, uint64_t n, const WaitSite& site) {
+  __device__ __forceinline__ bool move(const Transfer& t, uint64_t n, const WaitSite& site) {
     bool ok = true;
-    if (t.pops() || t.pushes()) {
+    if (t.pops || t.pushes) {
       Wire wire;
-      if (t.pops()) {
+      if (t.pops) {
         wire.in = ends_.recv->slot(ends_.recv_position);
         wire.in_format = ends_.recv->wire;
         wire.in_position = ends_.recv_position;
       }
-      if (t.pushes()) {
+      if (t.pushes) {
         wire.out = ends_.send->slot(ends_.send_position);
         wire.out_format = ends_.send->wire;
         wire.out_position = ends_.send_position;
       }
-      const WaitSite data_site = t.pops() ? ends_.recv->waiting_for_data(site) : site;
+      const WaitSite data_site = t.pops ? ends_.recv->waiting_for_data(site) : site;
       ok = process_flagged<E, R>(t.operands, wire, n, scalar_, bound_, data_site);
     } else {
       reduce_copy<E, R>(t.operands, n, scalar_);
     }
     if (__syncthreads_or(!ok)) return false;
     // Only now has every warp read the slot: zero it (rarely) before freeing it.
-    cleared_ =
-        t.pops() && ends_.recv->wire == kWireLL && ends_.recv->clear_due(ends_.recv_position);
+    cleared_ = t.pops && ends_.recv->wire == kWireLL && ends_.recv->clear_due(ends_.recv_position);
     if (cleared_) {
       ends_.recv->clear_slot(ends_.recv_position);
       __syncthreads();
@@ -289,7 +288,7 @@ class Primitives<E, R, ProtoFlagged> {
   /// After move(): thread 0 frees the popped slot (nothing to post for a push: the lines carry
   /// their flags); every thread advances its positions.
   __device__ __forceinline__ void post(const Transfer& t) {
-    if (threadIdx.x == 0 && t.pops()) ends_.recv->post_free_slot(ends_.recv_position, cleared_);
+    if (threadIdx.x == 0 && t.pops) ends_.recv->post_free_slot(ends_.recv_position, cleared_);
     ends_.advance(t);
   }
 

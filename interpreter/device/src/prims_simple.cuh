@@ -28,17 +28,18 @@ class Primitives<E, R, ProtoSimple> {
     bool ready = true;
     if (threadIdx.x == 0) {
       ready = deps_ready &&
-              (!t.pops() || ends_.recv->wait_filled_slot(bound_, ends_.recv_position, site)) &&
-              (!t.pushes() || ends_.send->wait_free_slot(bound_, ends_.send_position, site));
+              (!t.pops || ends_.recv->wait_filled_slot(bound_, ends_.recv_position, site)) &&
+              (!t.pushes || ends_.send->wait_free_slot(bound_, ends_.send_position, site));
     }
     return !__syncthreads_or(!ready);
   }
 
   /// All threads, after wait(): moves the unit's `n` elements, then a barrier. Always true.
-  __device__ __forceinline__ bool move(Transfer& t, uint64_t n, const WaitSite& site) {
-    if (t.pops()) t.operands.left = ends_.recv->slot(ends_.recv_position);
-    if (t.pushes()) t.operands.slot = ends_.send->slot(ends_.send_position);
-    reduce_copy<E, R>(t.operands, n, scalar_);
+  __device__ __forceinline__ bool move(const Transfer& t, uint64_t n, const WaitSite& site) {
+    UnitOperands u = t.operands;
+    if (t.pops) u.left = ends_.recv->slot(ends_.recv_position);
+    if (t.pushes) u.slot = ends_.send->slot(ends_.send_position);
+    reduce_copy<E, R>(u, n, scalar_);
     __syncthreads();
     return true;
   }
@@ -47,8 +48,8 @@ class Primitives<E, R, ProtoSimple> {
   /// advances its positions.
   __device__ __forceinline__ void post(const Transfer& t) {
     if (threadIdx.x == 0) {
-      if (t.pushes()) ends_.send->post_filled_slot(ends_.send_position);
-      if (t.pops()) ends_.recv->post_free_slot(ends_.recv_position);
+      if (t.pushes) ends_.send->post_filled_slot(ends_.send_position);
+      if (t.pops) ends_.recv->post_free_slot(ends_.recv_position);
     }
     ends_.advance(t);
   }

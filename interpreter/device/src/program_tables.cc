@@ -6,6 +6,8 @@
 #include <set>
 #include <string>
 
+#include "efccl/ef/validate.h"
+
 namespace efccl::device {
 namespace {
 
@@ -23,6 +25,11 @@ static_assert(static_cast<int>(ef::BufferKind::kInput) == kBufferInput &&
                   static_cast<int>(ef::BufferKind::kOutput) == kBufferOutput &&
                   static_cast<int>(ef::BufferKind::kScratch) == kBufferScratch,
               "BufferIndex mirrors ef::BufferKind");
+
+// The kernel counts an op's units (OpDesc::count) in 32 bits: a valid op's chunks lie inside a
+// buffer of at most ef::kMaxChunks chunks.
+static_assert(ef::kMaxChunks <= std::numeric_limits<uint32_t>::max(),
+              "OpDesc::count must fit the kernel's 32-bit unit counter");
 
 /// Table entries the kernel indexes with 32-bit fields (with room for sums of two).
 constexpr uint64_t kMaxTableEntries = std::numeric_limits<uint32_t>::max() / 2;
