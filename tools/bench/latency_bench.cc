@@ -1,8 +1,12 @@
 // Small-message latency through the NCCL API, split into what the host pays and what the GPUs
 // pay: single process, one communicator per GPU (ncclCommInitAll), float sum.
 //
-//   latency_bench [--gpus N] [--min-bytes 8] [--max-bytes 64K] [--factor 4] [--iters 200]
-//                 [--coll allreduce|sendrecv|allgather] [--repeats 3] [--group 1] [--no-graph]
+//   latency_bench [--gpus N | --devices 0,0,...] [--min-bytes 8] [--max-bytes 64K] [--factor 4]
+//                 [--iters 200] [--coll allreduce|sendrecv|allgather] [--repeats 3] [--group 1]
+//                 [--no-graph]
+//
+// --devices gives each rank's CUDA device (one communicator per entry): "0,0" puts two ranks on
+// GPU 0, which efccl allows and NCCL refuses.
 //
 // Linked against NVIDIA's libnccl: run it as is for NCCL, with LD_PRELOAD=libefccl.so for
 // efccl (the way nccl-tests is run). Per size it prints, in microseconds per call (the best of
@@ -59,6 +63,7 @@ double now_us() {
 
 int main(int argc, char** argv) {
   int gpus = 0;
+  std::vector<int> devs;
   uint64_t min_bytes = 8, max_bytes = 64 * 1024, factor = 4;
   int iters = 200, repeats = 3, group = 1;
   bool graph = true;
@@ -70,6 +75,15 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--gpus") gpus = static_cast<int>(parse_size(value()));
+    else if (a == "--devices") {
+      const std::string_view list = value();
+      std::size_t at = 0;
+      while (at <= list.size()) {
+        const std::size_t comma = std::min(list.find(',', at), list.size());
+        devs.push_back(static_cast<int>(parse_size(list.substr(at, comma - at))));
+        at = comma + 1;
+      }
+    }
     else if (a == "--min-bytes") min_bytes = parse_size(value());
     else if (a == "--max-bytes") max_bytes = parse_size(value());
     else if (a == "--factor") factor = parse_size(value());
@@ -86,18 +100,23 @@ int main(int argc, char** argv) {
     die("bad --factor/--iters/--repeats/--min-bytes/--group");
   int available = 0;
   check(cudaGetDeviceCount(&available), "cudaGetDeviceCount");
-  if (gpus == 0) gpus = available;
-  if (gpus < 1 || gpus > available) die("--gpus " + std::to_string(gpus) + " but " + std::to_string(available) + " visible");
-
-  std::vector<int> devs(gpus);
-  for (int g = 0; g < gpus; ++g) devs[g] = g;
+  if (!devs.empty()) {
+    if (gpus != 0) die("--gpus and --devices are alternatives");
+    for (int d : devs)
+      if (d < 0 || d >= available) die("--devices names device " + std::to_string(d) + " but " + std::to_string(available) + " are visible");
+    gpus = static_cast<int>(devs.size());
+  } else {
+    if (gpus == 0) gpus = available;
+    if (gpus < 1 || gpus > available) die("--gpus " + std::to_string(gpus) + " but " + std::to_string(available) + " visible");
+    for (int g = 0; g < gpus; ++g) devs.push_back(g);
+  }
   std::vector<ncclComm_t> comms(gpus);
   check(ncclCommInitAll(comms.data(), gpus, devs.data()), "ncclCommInitAll");
   std::vector<cudaStream_t> streams(gpus);
   std::vector<float*> send(gpus), recv(gpus);
   const uint64_t max_elems = max_bytes / sizeof(float);
   for (int g = 0; g < gpus; ++g) {
-    check(cudaSetDevice(g), "cudaSetDevice");
+    check(cudaSetDevice(devs[g]), "cudaSetDevice");
     check(cudaStreamCreateWithFlags(&streams[g], cudaStreamNonBlocking), "cudaStreamCreate");
     check(cudaMalloc(&send[g], max_bytes * gpus * group), "cudaMalloc");
     check(cudaMalloc(&recv[g], max_bytes * gpus * group), "cudaMalloc");
@@ -154,24 +173,24 @@ int main(int argc, char** argv) {
     std::vector<cudaGraph_t> graphs(gpus);
     std::vector<cudaGraphExec_t> execs(gpus);
     for (int g = 0; g < gpus; ++g) {
-      check(cudaSetDevice(g), "cudaSetDevice");
+      check(cudaSetDevice(devs[g]), "cudaSetDevice");
       check(cudaStreamBeginCapture(streams[g], cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
     }
     for (int it = 0; it < iters; ++it) one_call(count);
     // Every capture ends before any graph is instantiated (not allowed while this thread
     // still captures).
     for (int g = 0; g < gpus; ++g) {
-      check(cudaSetDevice(g), "cudaSetDevice");
+      check(cudaSetDevice(devs[g]), "cudaSetDevice");
       check(cudaStreamEndCapture(streams[g], &graphs[g]), "cudaStreamEndCapture");
     }
     for (int g = 0; g < gpus; ++g) {
-      check(cudaSetDevice(g), "cudaSetDevice");
+      check(cudaSetDevice(devs[g]), "cudaSetDevice");
       check(cudaGraphInstantiate(&execs[g], graphs[g], 0), "cudaGraphInstantiate");
     }
     for (int r = 0; r < repeats + 1; ++r) {
       const double t0 = now_us();
       for (int g = 0; g < gpus; ++g) {
-        check(cudaSetDevice(g), "cudaSetDevice");
+        check(cudaSetDevice(devs[g]), "cudaSetDevice");
         check(cudaGraphLaunch(execs[g], streams[g]), "cudaGraphLaunch");
       }
       sync_all();

@@ -87,11 +87,13 @@ StatusOr<std::shared_ptr<Clique>> Clique::create(std::vector<int> rank_devices,
   if (!streams) return streams.status();
   c->streams_ = std::move(*streams);
   c->queue_ = std::make_unique<CallQueue>(std::move(local), c->launch_.timeout, &c->aborted_);
+  c->batch_ = std::make_unique<LaunchBatch>(*c->executors_, *c->streams_, c->fusion_);
   return c;
 }
 
 Clique::~Clique() {
   DeviceGuard guard;
+  batch_.reset();
   executors_.reset();  // each waits for its launches (aborted ones end within a millisecond)
 }
 
@@ -120,7 +122,8 @@ ApiStatus Clique::submit(std::vector<Call> calls, bool whole_clique,
   for (Call& c : calls) (is_p2p(c.kind) ? p2p : collectives).push_back(std::move(c));
   // The submission's launches (its collectives that became complete, then its send/receive
   // rounds) are enqueued together at the end.
-  LaunchBatch batch(*executors_, *streams_, fusion_);
+  LaunchBatch& batch = *batch_;
+  batch.start();
   std::optional<CallQueue::Admission> admission;
   std::vector<ApiStatus> ran;
   if (!collectives.empty()) {

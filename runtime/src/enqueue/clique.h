@@ -31,6 +31,7 @@
 #include "launch/call.h"
 #include "launch/collective_fallback.h"
 #include "launch/executor_store.h"
+#include "launch/launch_batch.h"
 #include "launch/launch_context.h"
 #include "launch/process_map.h"
 #include "launch/rank_streams.h"
@@ -117,6 +118,7 @@ class Clique {
   std::unique_ptr<ExecutorStore> executors_;
   std::unique_ptr<RankStreams> streams_;
   std::unique_ptr<CallQueue> queue_;
+  std::unique_ptr<LaunchBatch> batch_;  ///< the submission's launches (started per submission)
   LaunchContext launch_;
   std::shared_ptr<CollectiveFallback> fallback_;
 

@@ -131,7 +131,7 @@ ApiStatus run_collective(LaunchContext& ctx, const std::vector<Call>& set, Launc
     device::DeviceExecutor* executor = nullptr;
     if (ApiStatus s = ctx.executors->get(
             *piece.program, key, all_ranks, *capturing, piece.count, ref.dtype,
-            ExchangeName::program(ctx.executors->fingerprint(*piece.program)), batch, &executor);
+            ExchangeName::of_program(*piece.program), batch, &executor);
         !s)
       return s;
     Launch l;

@@ -92,8 +92,9 @@ uint64_t ExecutorStore::exchange_tag(const ExchangeName& name) {
   }
   // The program (so that processes that ever disagreed on one program do not disagree on
   // every later one), then how often it was prepared.
-  const uint64_t h = hash64(name.fingerprint) & 0xffffffffffull;
-  return kProgramExchangeTag | (h << 16) | (program_exchanges_[name.fingerprint]++ & 0xffff);
+  const std::string& f = fingerprint(*name.program);
+  const uint64_t h = hash64(f) & 0xffffffffffull;
+  return kProgramExchangeTag | (h << 16) | (program_exchanges_[f]++ & 0xffff);
 }
 
 std::unique_ptr<device::PeerProcesses> ExecutorStore::peers_for(const std::vector<int32_t>& ranks,

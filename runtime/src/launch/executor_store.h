@@ -28,13 +28,15 @@ namespace efccl::runtime {
 
 class LaunchBatch;
 
-/// What an executor's connection-memory exchange is named after (multi-process only).
+/// What an executor's connection-memory exchange is named after (multi-process only; the name
+/// is spelled out only when an executor is created).
 struct ExchangeName {
-  /// A registry program: its fingerprint. Send/receive rounds: the pair of ranks (a < b).
-  std::string fingerprint;
+  /// A registry program (named by its fingerprint). Send/receive rounds: the pair of ranks
+  /// (a < b).
+  const ef::Program* program = nullptr;
   int32_t a = -1, b = -1;
-  static ExchangeName program(std::string fingerprint) { return {std::move(fingerprint), -1, -1}; }
-  static ExchangeName pair(int32_t a, int32_t b) { return {std::string(), a, b}; }
+  static ExchangeName of_program(const ef::Program& p) { return {&p, -1, -1}; }
+  static ExchangeName pair(int32_t a, int32_t b) { return {nullptr, a, b}; }
 };
 
 class ExecutorStore {

@@ -1,7 +1,6 @@
 #include "launch/launch_batch.h"
 
 #include <string>
-#include <vector>
 
 #include "efccl/common/log.h"
 
@@ -15,6 +14,12 @@ ApiStatus launch_failure(const Status& s) {
 }
 
 }  // namespace
+
+void LaunchBatch::start() {
+  pending_.clear();
+  uses_.clear();
+  failure_ = ApiStatus::ok();
+}
 
 ApiStatus LaunchBatch::add(Launch launch, bool capturing) {
   if (ApiStatus s = executors_.ready_to_launch(*launch.executor, launch.rank_streams, capturing);
@@ -32,10 +37,11 @@ ApiStatus LaunchBatch::add(Launch launch, bool capturing) {
 
 ApiStatus LaunchBatch::flush() {
   if (pending_.empty()) return failure_;
-  std::deque<Launch> launches;
-  launches.swap(pending_);
-  std::vector<device::BatchCall> calls;
-  calls.reserve(launches.size());
+  std::vector<Launch>& launches = flushing_;
+  launches.clear();
+  launches.swap(pending_);  // add() may not run meanwhile, but keep the two apart anyway
+  std::vector<device::BatchCall>& calls = calls_;
+  calls.clear();
   for (Launch& l : launches) calls.push_back({l.executor, &l.args});
   device::BatchReport report;
   const Status run = calls.size() == 1 ? launches.front().executor->run(launches.front().args)
@@ -49,6 +55,7 @@ ApiStatus LaunchBatch::flush() {
                    std::to_string(report.launches) + " launch(es) (" +
                    std::to_string(report.fused_calls) + " device part(s) fused)");
   if (!status && failure_) failure_ = status;
+  launches.clear();
   return failure_;
 }
 

@@ -2,12 +2,13 @@
 // one clique), enqueued together: runners add them as they match calls, and the submission
 // flushes the batch once, so that DeviceExecutor::run_batch can put the group's program runs in
 // one fused launch per device and stream (EFCCL_GROUP_FUSION=1, the default). With fusion off,
-// every launch goes out as it is added.
+// every launch goes out as it is added. The clique owns one batch (its storage is kept between
+// submissions) and starts it anew for each submission, under its lock.
 #pragma once
 
 #include <cstddef>
-#include <deque>
 #include <map>
+#include <vector>
 
 #include "base/api_status.h"
 #include "launch/executor_store.h"
@@ -22,6 +23,8 @@ class LaunchBatch {
   LaunchBatch(const LaunchBatch&) = delete;
   LaunchBatch& operator=(const LaunchBatch&) = delete;
 
+  /// Begins a submission: nothing pending, no failure, no runs counted.
+  void start();
   /// Checks the executor (an earlier failure stops it; a capture pins it to its graph), orders
   /// the launch after its ranks' streams, and runs it now (no fusion) or at flush().
   ApiStatus add(Launch launch, bool capturing);
@@ -40,7 +43,9 @@ class LaunchBatch {
   ExecutorStore& executors_;
   RankStreams& streams_;
   const bool fuse_;
-  std::deque<Launch> pending_;
+  std::vector<Launch> pending_;
+  std::vector<Launch> flushing_;  ///< the launches of the flush in progress (storage kept)
+  std::vector<device::BatchCall> calls_;
   std::map<const void*, int> uses_;
   ApiStatus failure_;
 };

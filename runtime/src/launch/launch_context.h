@@ -24,8 +24,13 @@ struct LaunchContext {
   CollectiveFallback* fallback = nullptr;  ///< EFCCL_FALLBACK=nccl; null: none
   std::chrono::nanoseconds timeout{};      ///< for kernels' waits and the fallback
   uint64_t launches = 0;                   ///< runs so far, for the logs (NCCL's opCount)
-  /// Across processes: the pair rounds planned so far, by (a, b, bytes a->b, bytes b->a).
-  std::map<std::tuple<int32_t, int32_t, uint64_t, uint64_t>, PairRounds> pair_rounds;
+  /// Across processes: the pair rounds planned so far, by (a, b, bytes a->b, bytes b->a), with
+  /// their executors once prepared (multi-process executors are never evicted).
+  struct PreparedPair {
+    PairRounds plan;
+    std::vector<device::DeviceExecutor*> executors;  ///< per round; null until prepared
+  };
+  std::map<std::tuple<int32_t, int32_t, uint64_t, uint64_t>, PreparedPair> pair_rounds;
 
   int32_t nranks() const { return static_cast<int32_t>(rank_devices.size()); }
   int device(int32_t rank) const { return rank_devices[static_cast<std::size_t>(rank)]; }

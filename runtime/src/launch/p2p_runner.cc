@@ -22,12 +22,14 @@ struct Direction {
 };
 using DirectionKey = std::pair<int32_t, int32_t>;  ///< (sender, receiver)
 
-/// A round ready to launch: its plan, the buffers of its program ranks, its ranks here.
+/// A round ready to launch: its plan, the buffers of its program ranks, and (across
+/// processes) where its prepared executor is kept.
 struct ReadyRound {
   const P2pRound* round = nullptr;
   std::vector<const void*> inputs;
   std::vector<void*> outputs;
   ExchangeName exchange;
+  device::DeviceExecutor** prepared = nullptr;  ///< null: look it up in the store
 };
 
 ApiStatus cuda_status(cudaError_t e, const std::string& what) {
@@ -134,7 +136,7 @@ ApiStatus run_send_recv(LaunchContext& ctx, const std::vector<Call>& calls, Laun
     local_rounds = plan_p2p_rounds(std::move(list), &p2p_channels, protocol_for,
                                    /*build_programs=*/false);
     for (const P2pRound& round : local_rounds)
-      ready.push_back({&round, round.inputs, round.outputs, ExchangeName{}});
+      ready.push_back({&round, round.inputs, round.outputs, ExchangeName{}, nullptr});
   } else {
     // Pairs in one global order; each side of a message is known here from its local end.
     std::map<DirectionKey, std::size_t> messages;
@@ -164,14 +166,16 @@ ApiStatus run_send_recv(LaunchContext& ctx, const std::vector<Call>& calls, Laun
         auto cached = ctx.pair_rounds.find(key);
         if (cached == ctx.pair_rounds.end()) {
           if (ctx.pair_rounds.size() >= kMaxCachedPairPlans) ctx.pair_rounds.clear();
-          cached = ctx.pair_rounds
-                       .emplace(key, plan_pair_rounds(a, b, bytes_ab, bytes_ba, &p2p_channels,
-                                                      protocol_for))
-                       .first;
+          LaunchContext::PreparedPair prepared;
+          prepared.plan =
+              plan_pair_rounds(a, b, bytes_ab, bytes_ba, &p2p_channels, protocol_for);
+          prepared.executors.assign(prepared.plan.rounds.size(), nullptr);
+          cached = ctx.pair_rounds.emplace(key, std::move(prepared)).first;
         }
-        const PairRounds& plan = cached->second;
+        LaunchContext::PreparedPair& pair = cached->second;
+        const PairRounds& plan = pair.plan;
         for (std::size_t i = 0; i < plan.rounds.size(); ++i) {
-          ReadyRound r{&plan.rounds[i], {}, {}, ExchangeName::pair(a, b)};
+          ReadyRound r{&plan.rounds[i], {}, {}, ExchangeName::pair(a, b), &pair.executors[i]};
           for (int s : plan.input_slot[i]) r.inputs.push_back(s < 0 ? nullptr : slot[s]);
           for (int s : plan.output_slot[i]) r.outputs.push_back(s < 0 ? nullptr : slot[s]);
           ready.push_back(std::move(r));
@@ -182,21 +186,26 @@ ApiStatus run_send_recv(LaunchContext& ctx, const std::vector<Call>& calls, Laun
 
   if (ready.empty()) return ApiStatus::ok();  // only copies to self, or nothing
   const uint64_t op_count = ctx.launches++;
-  const std::string reason =
-      std::to_string(transfers) + " transfer(s) between ranks and " + std::to_string(to_self) +
-      " to self -> " + std::to_string(ready.size()) +
-      " launch(es) of generated 'p2p' programs (channels per transfer: " +
-      std::to_string(ready.front().round->channels) + ")" +
-      (ctx.processes != nullptr ? ", pairs in one global order across processes" : "");
-  EFCCL_INFO(kLogP2p, ctx.device(stream_of.begin()->first),
-             "ncclSend/ncclRecv group: opCount " + std::to_string(op_count) + " " + reason +
-                 (*capturing ? " (captured)" : ""));
-  notify_selection({"p2p", "p2p", "runtime", reason, false, transfers, ctx.nranks()});
+  const bool logged = log_enabled(LogLevel::kInfo, kLogP2p);
+  if (logged || selection_observed()) {
+    const std::string reason =
+        std::to_string(transfers) + " transfer(s) between ranks and " + std::to_string(to_self) +
+        " to self -> " + std::to_string(ready.size()) +
+        " launch(es) of generated 'p2p' programs (channels per transfer: " +
+        std::to_string(ready.front().round->channels) + ")" +
+        (ctx.processes != nullptr ? ", pairs in one global order across processes" : "");
+    if (logged)
+      log_line(LogLevel::kInfo, kLogP2p, ctx.device(stream_of.begin()->first),
+               "ncclSend/ncclRecv group: opCount " + std::to_string(op_count) + " " + reason +
+                   (*capturing ? " (captured)" : ""));
+    notify_selection({"p2p", "p2p", "runtime", reason, false, transfers, ctx.nranks()});
+  }
 
   for (ReadyRound& r : ready) {
     const P2pRound& round = *r.round;
-    device::DeviceExecutor* executor =
-        ctx.executors->find(ctx.executors->cache_key(round.signature, round.ranks));
+    device::DeviceExecutor* executor = r.prepared != nullptr ? *r.prepared : nullptr;
+    if (executor == nullptr)
+      executor = ctx.executors->find(ctx.executors->cache_key(round.signature, round.ranks));
     if (executor == nullptr) {
       const P2pRound* planned = &round;
       P2pRound built;
@@ -213,6 +222,7 @@ ApiStatus run_send_recv(LaunchContext& ctx, const std::vector<Call>& calls, Laun
           !s)
         return s;
     }
+    if (r.prepared != nullptr) *r.prepared = executor;
     Launch l;
     l.executor = executor;
     l.args.count = round.chunk_bytes;  // nchunksperloop 1: one chunk of chunk_bytes int8

@@ -106,7 +106,8 @@ StatusOr<Plan> ProgramRegistry::select(const CallShape& call) {
   {
     std::lock_guard<std::mutex> lock(cache_mu_);
     if (auto it = cache_.find(key); it != cache_.end()) {
-      for (const SelectionRecord& r : it->second.records) notify_selection(r);
+      if (selection_observed())
+        for (const SelectionRecord& r : it->second.records) notify_selection(r);
       return it->second.plan;
     }
   }
