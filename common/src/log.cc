@@ -14,7 +14,7 @@ namespace efccl {
 namespace {
 
 struct LoggerConfig {
-  LogLevel level = LogLevel::kNone;  // NCCL prints nothing unless NCCL_DEBUG asks
+  LogLevel level = LogLevel::kNone;      // NCCL prints nothing unless NCCL_DEBUG asks
   uint32_t subsys = kLogInit | kLogEnv;  // NCCL's default subsystem set
   FILE* file = stdout;
   std::string host;
@@ -33,10 +33,9 @@ std::string upper(std::string_view s) {
 
 uint32_t subsys_bit(const std::string& name) {
   static constexpr std::pair<std::string_view, uint32_t> kNames[] = {
-      {"INIT", kLogInit},   {"COLL", kLogColl},       {"P2P", kLogP2p},
-      {"NET", kLogNet},     {"GRAPH", kLogGraph},     {"TUNING", kLogTuning},
-      {"BALANCE", kLogBalance}, {"ALLOC", kLogAlloc}, {"ENV", kLogEnv},
-      {"ALL", kLogAll}};
+      {"INIT", kLogInit},   {"COLL", kLogColl},     {"P2P", kLogP2p},         {"NET", kLogNet},
+      {"GRAPH", kLogGraph}, {"TUNING", kLogTuning}, {"BALANCE", kLogBalance}, {"ALLOC", kLogAlloc},
+      {"ENV", kLogEnv},     {"ALL", kLogAll}};
   for (const auto& [n, bit] : kNames)
     if (name == n) return bit;
   return 0;  // unknown subsystems are ignored, as NCCL does
@@ -60,8 +59,16 @@ std::string expand_file_name(std::string_view pattern, const std::string& host) 
   std::string out;
   for (std::size_t i = 0; i < pattern.size(); ++i) {
     if (pattern[i] == '%' && i + 1 < pattern.size()) {
-      if (pattern[i + 1] == 'h') { out += host; ++i; continue; }
-      if (pattern[i + 1] == 'p') { out += std::to_string(getpid()); ++i; continue; }
+      if (pattern[i + 1] == 'h') {
+        out += host;
+        ++i;
+        continue;
+      }
+      if (pattern[i + 1] == 'p') {
+        out += std::to_string(getpid());
+        ++i;
+        continue;
+      }
     }
     out += pattern[i];
   }
@@ -76,11 +83,16 @@ LoggerConfig read_config() {
     c.host = host;
     if (const char* d = env_first("EFCCL_DEBUG", "NCCL_DEBUG")) {
       const std::string v = upper(d);
-      if (v == "VERSION") c.level = LogLevel::kVersion;
-      else if (v == "WARN") c.level = LogLevel::kWarn;
-      else if (v == "INFO") c.level = LogLevel::kInfo;
-      else if (v == "TRACE") c.level = LogLevel::kTrace;
-      else if (v == "NONE") c.level = LogLevel::kNone;
+      if (v == "VERSION")
+        c.level = LogLevel::kVersion;
+      else if (v == "WARN")
+        c.level = LogLevel::kWarn;
+      else if (v == "INFO")
+        c.level = LogLevel::kInfo;
+      else if (v == "TRACE")
+        c.level = LogLevel::kTrace;
+      else if (v == "NONE")
+        c.level = LogLevel::kNone;
     }
     if (const char* s = env_first("EFCCL_DEBUG_SUBSYS", "NCCL_DEBUG_SUBSYS"))
       c.subsys = parse_subsys(s);
@@ -118,11 +130,16 @@ std::atomic<int (*)()> g_device_query{nullptr};
 
 const char* level_name(LogLevel level) {
   switch (level) {
-    case LogLevel::kVersion: return "VERSION";
-    case LogLevel::kWarn: return "WARN";
-    case LogLevel::kInfo: return "INFO";
-    case LogLevel::kTrace: return "TRACE";
-    default: return "";
+    case LogLevel::kVersion:
+      return "VERSION";
+    case LogLevel::kWarn:
+      return "WARN";
+    case LogLevel::kInfo:
+      return "INFO";
+    case LogLevel::kTrace:
+      return "TRACE";
+    default:
+      return "";
   }
 }
 
@@ -144,8 +161,7 @@ void log_line(LogLevel level, uint32_t subsys, int device, const std::string& me
   }
   const std::string line = c.host + ":" + std::to_string(getpid()) + ":" +
                            std::to_string(static_cast<long>(syscall(SYS_gettid))) + " [" +
-                           std::to_string(device) + "] EFCCL " + level_name(level) + " " +
-                           message;
+                           std::to_string(device) + "] EFCCL " + level_name(level) + " " + message;
   const bool wanted = static_cast<int>(level) <= static_cast<int>(c.level) &&
                       (level <= LogLevel::kWarn || (subsys & c.subsys) != 0);
   if (wanted) {

@@ -74,7 +74,8 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) die("missing value after " + std::string(a));
       return argv[++i];
     };
-    if (a == "--gpus") gpus = static_cast<int>(parse_size(value()));
+    if (a == "--gpus")
+      gpus = static_cast<int>(parse_size(value()));
     else if (a == "--devices") {
       const std::string_view list = value();
       std::size_t at = 0;
@@ -83,16 +84,24 @@ int main(int argc, char** argv) {
         devs.push_back(static_cast<int>(parse_size(list.substr(at, comma - at))));
         at = comma + 1;
       }
-    }
-    else if (a == "--min-bytes") min_bytes = parse_size(value());
-    else if (a == "--max-bytes") max_bytes = parse_size(value());
-    else if (a == "--factor") factor = parse_size(value());
-    else if (a == "--iters") iters = static_cast<int>(parse_size(value()));
-    else if (a == "--repeats") repeats = static_cast<int>(parse_size(value()));
-    else if (a == "--coll") coll = std::string(value());
-    else if (a == "--group") group = static_cast<int>(parse_size(value()));
-    else if (a == "--no-graph") graph = false;
-    else die("unknown argument " + std::string(a) + " (see the comment at the top of the source)");
+    } else if (a == "--min-bytes")
+      min_bytes = parse_size(value());
+    else if (a == "--max-bytes")
+      max_bytes = parse_size(value());
+    else if (a == "--factor")
+      factor = parse_size(value());
+    else if (a == "--iters")
+      iters = static_cast<int>(parse_size(value()));
+    else if (a == "--repeats")
+      repeats = static_cast<int>(parse_size(value()));
+    else if (a == "--coll")
+      coll = std::string(value());
+    else if (a == "--group")
+      group = static_cast<int>(parse_size(value()));
+    else if (a == "--no-graph")
+      graph = false;
+    else
+      die("unknown argument " + std::string(a) + " (see the comment at the top of the source)");
   }
   if (coll != "allreduce" && coll != "sendrecv" && coll != "allgather")
     die("--coll must be allreduce, sendrecv or allgather");
@@ -103,11 +112,14 @@ int main(int argc, char** argv) {
   if (!devs.empty()) {
     if (gpus != 0) die("--gpus and --devices are alternatives");
     for (int d : devs)
-      if (d < 0 || d >= available) die("--devices names device " + std::to_string(d) + " but " + std::to_string(available) + " are visible");
+      if (d < 0 || d >= available)
+        die("--devices names device " + std::to_string(d) + " but " + std::to_string(available) +
+            " are visible");
     gpus = static_cast<int>(devs.size());
   } else {
     if (gpus == 0) gpus = available;
-    if (gpus < 1 || gpus > available) die("--gpus " + std::to_string(gpus) + " but " + std::to_string(available) + " visible");
+    if (gpus < 1 || gpus > available)
+      die("--gpus " + std::to_string(gpus) + " but " + std::to_string(available) + " visible");
     for (int g = 0; g < gpus; ++g) devs.push_back(g);
   }
   std::vector<ncclComm_t> comms(gpus);
@@ -130,24 +142,28 @@ int main(int argc, char** argv) {
         float* s = send[g] + at;
         float* r = recv[g] + at;
         if (coll == "allreduce") {
-          check(ncclAllReduce(s, r, count, ncclFloat, ncclSum, comms[g], streams[g]), "ncclAllReduce");
+          check(ncclAllReduce(s, r, count, ncclFloat, ncclSum, comms[g], streams[g]),
+                "ncclAllReduce");
         } else if (coll == "allgather") {
           check(ncclAllGather(s, r, count, ncclFloat, comms[g], streams[g]), "ncclAllGather");
         } else {
           check(ncclSend(s, count, ncclFloat, (g + 1) % gpus, comms[g], streams[g]), "ncclSend");
-          check(ncclRecv(r, count, ncclFloat, (g + gpus - 1) % gpus, comms[g], streams[g]), "ncclRecv");
+          check(ncclRecv(r, count, ncclFloat, (g + gpus - 1) % gpus, comms[g], streams[g]),
+                "ncclRecv");
         }
       }
     }
     check(ncclGroupEnd(), "ncclGroupEnd");
   };
   auto sync_all = [&] {
-    for (int g = 0; g < gpus; ++g) check(cudaStreamSynchronize(streams[g]), "cudaStreamSynchronize");
+    for (int g = 0; g < gpus; ++g)
+      check(cudaStreamSynchronize(streams[g]), "cudaStreamSynchronize");
   };
 
-  std::printf("# latency_bench %s, %d GPU(s), %d group(s) of %d call(s) per round, best of %d rounds "
-              "(us per call)\n",
-              coll.c_str(), gpus, iters, group, repeats);
+  std::printf(
+      "# latency_bench %s, %d GPU(s), %d group(s) of %d call(s) per round, best of %d rounds "
+      "(us per call)\n",
+      coll.c_str(), gpus, iters, group, repeats);
   std::printf("# %10s %10s %10s %10s\n", "bytes", "issue", "eager", "graph");
   for (uint64_t bytes = min_bytes; bytes <= max_bytes; bytes *= factor) {
     const size_t count = std::max<uint64_t>(1, std::min(max_elems, bytes / sizeof(float)));
@@ -164,8 +180,9 @@ int main(int argc, char** argv) {
       best_eager = std::min(best_eager, (t2 - t0) / iters / group);
     }
     if (!graph) {
-      std::printf("  %10llu %10.2f %10.2f %10s\n", static_cast<unsigned long long>(count * sizeof(float)),
-                  best_issue, best_eager, "-");
+      std::printf("  %10llu %10.2f %10.2f %10s\n",
+                  static_cast<unsigned long long>(count * sizeof(float)), best_issue, best_eager,
+                  "-");
       std::fflush(stdout);
       continue;
     }
@@ -174,7 +191,8 @@ int main(int argc, char** argv) {
     std::vector<cudaGraphExec_t> execs(gpus);
     for (int g = 0; g < gpus; ++g) {
       check(cudaSetDevice(devs[g]), "cudaSetDevice");
-      check(cudaStreamBeginCapture(streams[g], cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+      check(cudaStreamBeginCapture(streams[g], cudaStreamCaptureModeThreadLocal),
+            "cudaStreamBeginCapture");
     }
     for (int it = 0; it < iters; ++it) one_call(count);
     // Every capture ends before any graph is instantiated (not allowed while this thread
@@ -195,14 +213,16 @@ int main(int argc, char** argv) {
       }
       sync_all();
       const double t1 = now_us();
-      if (r > 0) best_graph = std::min(best_graph, (t1 - t0) / iters / group);  // the first warms up
+      if (r > 0)
+        best_graph = std::min(best_graph, (t1 - t0) / iters / group);  // the first warms up
     }
     for (int g = 0; g < gpus; ++g) {
       check(cudaGraphExecDestroy(execs[g]), "cudaGraphExecDestroy");
       check(cudaGraphDestroy(graphs[g]), "cudaGraphDestroy");
     }
-    std::printf("  %10llu %10.2f %10.2f %10.2f\n", static_cast<unsigned long long>(count * sizeof(float)),
-                best_issue, best_eager, best_graph);
+    std::printf("  %10llu %10.2f %10.2f %10.2f\n",
+                static_cast<unsigned long long>(count * sizeof(float)), best_issue, best_eager,
+                best_graph);
     std::fflush(stdout);
   }
   for (int g = 0; g < gpus; ++g) check(ncclCommDestroy(comms[g]), "ncclCommDestroy");

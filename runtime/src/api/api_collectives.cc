@@ -27,8 +27,7 @@ using efccl::runtime::submit_call;
 
 EFCCL_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar,
                                                 ncclDataType_t datatype,
-                                                ncclScalarResidence_t residence,
-                                                ncclComm_t comm) {
+                                                ncclScalarResidence_t residence, ncclComm_t comm) {
   return run_entry_point("ncclRedOpCreatePreMulSum", [&] {
     if (ApiStatus s = efccl::runtime::check_comm(comm); !s) return s;
     return efccl::runtime::create_premul_op(comm, scalar, datatype, residence, op);
@@ -96,8 +95,8 @@ EFCCL_API ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_
 EFCCL_ALIAS(ncclAllGather)
 
 EFCCL_API ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
-                                         ncclDataType_t datatype, ncclRedOp_t op,
-                                         ncclComm_t comm, cudaStream_t stream) {
+                                         ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                         cudaStream_t stream) {
   return run_grouped_entry_point("ncclReduceScatter", [&] {
     return submit_call(CallKind::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0,
                        comm, stream);
@@ -106,8 +105,7 @@ EFCCL_API ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, s
 EFCCL_ALIAS(ncclReduceScatter)
 
 EFCCL_API ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
-                                    ncclDataType_t datatype, ncclComm_t comm,
-                                    cudaStream_t stream) {
+                                    ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
   return run_grouped_entry_point("ncclAlltoAll", [&] {
     return submit_call(CallKind::kAllToAll, sendbuff, recvbuff, count, datatype, ncclSum, 0, comm,
                        stream);
@@ -119,8 +117,8 @@ EFCCL_API ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t c
                                   ncclDataType_t datatype, int root, ncclComm_t comm,
                                   cudaStream_t stream) {
   return run_grouped_entry_point("ncclGather", [&] {
-    return submit_call(CallKind::kGather, sendbuff, recvbuff, count, datatype, ncclSum, root,
-                       comm, stream);
+    return submit_call(CallKind::kGather, sendbuff, recvbuff, count, datatype, ncclSum, root, comm,
+                       stream);
   });
 }
 EFCCL_ALIAS(ncclGather)
@@ -129,8 +127,8 @@ EFCCL_API ncclResult_t ncclScatter(const void* sendbuff, void* recvbuff, size_t 
                                    ncclDataType_t datatype, int root, ncclComm_t comm,
                                    cudaStream_t stream) {
   return run_grouped_entry_point("ncclScatter", [&] {
-    return submit_call(CallKind::kScatter, sendbuff, recvbuff, count, datatype, ncclSum, root,
-                       comm, stream);
+    return submit_call(CallKind::kScatter, sendbuff, recvbuff, count, datatype, ncclSum, root, comm,
+                       stream);
   });
 }
 EFCCL_ALIAS(ncclScatter)

@@ -85,8 +85,8 @@ EFCCL_API ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks,
     if (newcomm != nullptr) *newcomm = nullptr;
     if (commIds == nullptr) return ApiStatus::invalid_argument("commIds is NULL");
     if (nId < 1 || nId > std::max(nranks, 1))
-      return ApiStatus::invalid_argument("nId " + std::to_string(nId) +
-                                         " must be in 1..nranks (" + std::to_string(nranks) + ")");
+      return ApiStatus::invalid_argument("nId " + std::to_string(nId) + " must be in 1..nranks (" +
+                                         std::to_string(nranks) + ")");
     return efccl::runtime::init_rank(newcomm, nranks, commIds[0], myrank, config);
   });
 }
@@ -197,9 +197,8 @@ EFCCL_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclCo
 }
 EFCCL_ALIAS(ncclCommSplit)
 
-EFCCL_API ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList,
-                                      int excludeRanksCount, ncclComm_t* newcomm,
-                                      ncclConfig_t* config, int shrinkFlags) {
+EFCCL_API ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
+                                      ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
   const char* fn = "ncclCommShrink";
   return run_grouped_entry_point(fn, [&] {
     if (newcomm == nullptr) return ApiStatus::invalid_argument("newcomm is NULL");
@@ -215,8 +214,8 @@ EFCCL_API ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList,
     for (int i = 0; i < excludeRanksCount; ++i) {
       const int r = excludeRanksList[i];
       if (r < 0 || r >= n)
-        return ApiStatus::invalid_argument("excludeRanksList[" + std::to_string(i) + "] = " +
-                                           std::to_string(r) +
+        return ApiStatus::invalid_argument("excludeRanksList[" + std::to_string(i) +
+                                           "] = " + std::to_string(r) +
                                            " is not a rank of the communicator");
       excluded[static_cast<std::size_t>(r)] = true;
     }

@@ -24,8 +24,9 @@ ApiStatus submit_call(CallKind kind, const void* sendbuff, void* recvbuff, size_
                       cudaStream_t stream) {
   if (ApiStatus s = check_comm(comm); !s) return s;
   if (comm->revoked.load())
-    return ApiStatus::invalid_usage("the communicator was revoked (ncclCommRevoke): only destroy, "
-                                    "split and shrink are allowed");
+    return ApiStatus::invalid_usage(
+        "the communicator was revoked (ncclCommRevoke): only destroy, "
+        "split and shrink are allowed");
   if (ApiStatus s = check_datatype(datatype); !s) return s;
   const int nranks = comm->clique->nranks();
   const bool p2p = is_p2p(kind);
@@ -49,12 +50,24 @@ ApiStatus submit_call(CallKind kind, const void* sendbuff, void* recvbuff, size_
     const bool root_rank = comm->rank == root;
     bool need_send = true, need_recv = true;
     switch (kind) {
-      case CallKind::kBroadcast: need_send = root_rank; break;
-      case CallKind::kReduce: case CallKind::kGather: need_recv = root_rank; break;
-      case CallKind::kScatter: need_send = root_rank; break;
-      case CallKind::kSend: need_recv = false; break;
-      case CallKind::kRecv: need_send = false; break;
-      default: break;
+      case CallKind::kBroadcast:
+        need_send = root_rank;
+        break;
+      case CallKind::kReduce:
+      case CallKind::kGather:
+        need_recv = root_rank;
+        break;
+      case CallKind::kScatter:
+        need_send = root_rank;
+        break;
+      case CallKind::kSend:
+        need_recv = false;
+        break;
+      case CallKind::kRecv:
+        need_send = false;
+        break;
+      default:
+        break;
     }
     if (need_send && sendbuff == nullptr) return ApiStatus::invalid_argument("sendbuff is NULL");
     if (need_recv && recvbuff == nullptr) return ApiStatus::invalid_argument("recvbuff is NULL");

@@ -15,8 +15,7 @@
 
 #define EFCCL_API __attribute__((visibility("default")))
 /// pnccl<name>: the same function under NCCL's profiling name.
-#define EFCCL_ALIAS(name) \
-  extern "C" EFCCL_API decltype(name) p##name __attribute__((alias(#name)));
+#define EFCCL_ALIAS(name) extern "C" EFCCL_API decltype(name) p##name __attribute__((alias(#name)));
 
 namespace efccl::runtime {
 

@@ -29,7 +29,6 @@ void log_registration_once() {
   });
 }
 
-
 }  // namespace
 
 ApiStatus add_buffer_registration(ncclComm_t comm, void* buff, std::size_t size, bool window,
@@ -52,10 +51,10 @@ ApiStatus remove_buffer_registration(ncclComm_t comm, void* handle, bool window)
   auto& list = comm->buffer_registrations;
   auto it = std::find(list.begin(), list.end(), handle);
   if (it == list.end() || static_cast<ncclWindow_vidmem*>(*it)->window != window)
-    return ApiStatus::invalid_argument(
-        std::string(what) + " " + pointer_text(handle) + " was not returned by " +
-        (window ? "ncclCommWindowRegister" : "ncclCommRegister") +
-        " on this communicator, or was deregistered already");
+    return ApiStatus::invalid_argument(std::string(what) + " " + pointer_text(handle) +
+                                       " was not returned by " +
+                                       (window ? "ncclCommWindowRegister" : "ncclCommRegister") +
+                                       " on this communicator, or was deregistered already");
   delete static_cast<ncclWindow_vidmem*>(*it);
   list.erase(it);
   return ApiStatus::ok();

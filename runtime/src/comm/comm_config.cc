@@ -79,9 +79,11 @@ ApiStatus parse_config(const ncclConfig_t* config, CommConfig* out) {
     return bad("CTAPolicy", c.CTAPolicy, "NCCL_CTA_POLICY_* flags");
   if (!bool_ok(c.shrinkShare)) return bad("shrinkShare", c.shrinkShare, "0 or 1");
   if (c.nvlsCTAs != kUndef && c.nvlsCTAs <= 0) return bad("nvlsCTAs", c.nvlsCTAs, ">= 1");
-  if (c.nChannelsPerNetPeer != kUndef && (c.nChannelsPerNetPeer <= 0 || c.nChannelsPerNetPeer > kMaxChannels))
+  if (c.nChannelsPerNetPeer != kUndef &&
+      (c.nChannelsPerNetPeer <= 0 || c.nChannelsPerNetPeer > kMaxChannels))
     return bad("nChannelsPerNetPeer", c.nChannelsPerNetPeer, "1..64");
-  if (!bool_ok(c.nvlinkCentricSched)) return bad("nvlinkCentricSched", c.nvlinkCentricSched, "0 or 1");
+  if (!bool_ok(c.nvlinkCentricSched))
+    return bad("nvlinkCentricSched", c.nvlinkCentricSched, "0 or 1");
 
   out->blocking = c.blocking != 0;  // undefined: blocking, as NCCL
   out->real.fields = c;

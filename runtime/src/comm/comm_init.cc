@@ -12,8 +12,8 @@
 #include "base/device_guard.h"
 #include "base/pointer_text.h"
 #include "base/settings.h"
-#include "comm/comm_config.h"
 #include "comm/buffer_registrations.h"
+#include "comm/comm_config.h"
 #include "comm/communicator.h"
 #include "comm/grouped_init.h"
 #include "comm/rendezvous.h"
@@ -36,7 +36,8 @@ void log_version_once() {
 
 ApiStatus init_all(ncclComm_t* comms, int ndev, const int* devlist) {
   if (comms == nullptr) return ApiStatus::invalid_argument("comms is NULL");
-  if (ndev < 1) return ApiStatus::invalid_argument("ndev " + std::to_string(ndev) + " must be >= 1");
+  if (ndev < 1)
+    return ApiStatus::invalid_argument("ndev " + std::to_string(ndev) + " must be >= 1");
   if (ndev > kMaxCommRanks)
     return ApiStatus::invalid_argument("ndev " + std::to_string(ndev) + " exceeds efccl's " +
                                        std::to_string(kMaxCommRanks) + " ranks per communicator");
@@ -51,16 +52,15 @@ ApiStatus init_all(ncclComm_t* comms, int ndev, const int* devlist) {
     devices[static_cast<std::size_t>(r)] = devlist != nullptr ? devlist[r] : r;
     const int d = devices[static_cast<std::size_t>(r)];
     if (d < 0 || d >= visible)
-      return ApiStatus::invalid_argument("devlist[" + std::to_string(r) + "] = " +
-                                         std::to_string(d) + " is not a CUDA device (" +
+      return ApiStatus::invalid_argument("devlist[" + std::to_string(r) +
+                                         "] = " + std::to_string(d) + " is not a CUDA device (" +
                                          std::to_string(visible) + " visible)");
   }
   log_version_once();
   auto clique = Clique::create(devices, ProgramRegistry::from_environment());
   if (!clique) return ApiStatus::cuda(clique.status().message());
   std::shared_ptr<NcclFallback> fallback;
-  if (ApiStatus s = create_fallback(single_process_fallback_plan(devices), &fallback); !s)
-    return s;
+  if (ApiStatus s = create_fallback(single_process_fallback_plan(devices), &fallback); !s) return s;
   (*clique)->set_fallback(std::move(fallback));
   for (int r = 0; r < ndev; ++r) {
     (*clique)->set_driver(r, this_thread_token());  // this thread drives every rank
@@ -90,8 +90,7 @@ ApiStatus init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& id, int
     return ApiStatus::invalid_argument("nranks " + std::to_string(nranks) + " must be >= 1");
   if (nranks > kMaxCommRanks)
     return ApiStatus::invalid_argument("nranks " + std::to_string(nranks) + " exceeds efccl's " +
-                                       std::to_string(kMaxCommRanks) +
-                                       " ranks per communicator");
+                                       std::to_string(kMaxCommRanks) + " ranks per communicator");
   if (rank < 0 || rank >= nranks)
     return ApiStatus::invalid_argument("rank " + std::to_string(rank) +
                                        " is out of range (nranks " + std::to_string(nranks) + ")");
@@ -112,9 +111,9 @@ ApiStatus init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& id, int
   comm->blocking = cfg.blocking;
   comm->real_config = cfg.real;
   std::shared_ptr<Rendezvous> rendezvous;
-  if (ApiStatus s = join_rendezvous(id, nranks, rank, device, device_error, comm, &rendezvous,
-                                    deadline, local_only,
-                                    driver != 0 ? driver : this_thread_token());
+  if (ApiStatus s =
+          join_rendezvous(id, nranks, rank, device, device_error, comm, &rendezvous, deadline,
+                          local_only, driver != 0 ? driver : this_thread_token());
       !s) {
     delete comm;
     return s;
@@ -147,17 +146,18 @@ ApiStatus init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& id, int
         try {
           (void)complete_rendezvous(rendezvous, deadline.when(), timeout);
         } catch (const std::exception& e) {
-          cancel_rendezvous(rendezvous,
-                            ApiStatus::internal(std::string("completing the rendezvous: ") +
-                                                e.what()));
+          cancel_rendezvous(rendezvous, ApiStatus::internal(
+                                            std::string("completing the rendezvous: ") + e.what()));
         }
       }).detach();
     } catch (const std::system_error& e) {
       cancel_rendezvous(rendezvous, ApiStatus::system(std::string("starting the thread that "
                                                                   "completes a non-blocking "
-                                                                  "init: ") + e.what()));
+                                                                  "init: ") +
+                                                      e.what()));
       return ApiStatus::system(std::string("starting the thread that completes a non-blocking "
-                                           "init: ") + e.what());
+                                           "init: ") +
+                               e.what());
     }
     return ApiStatus(ncclInProgress, "");
   }

@@ -39,7 +39,8 @@ ApiStatus check_comm_handle(const ncclComm* comm, CommInit* init, ApiStatus* ini
   if (comm->magic != kCommMagic)
     return ApiStatus::invalid_argument("comm is corrupted (bad magic)");
   *init = comm->init;
-  if (init_failure != nullptr && comm->init == CommInit::kFailed) *init_failure = comm->init_failure;
+  if (init_failure != nullptr && comm->init == CommInit::kFailed)
+    *init_failure = comm->init_failure;
   return ApiStatus::ok();
 }
 
@@ -57,8 +58,7 @@ ApiStatus check_comm(const ncclComm* comm) {
           "ncclGroupEnd)");
     case CommInit::kFailed:
       return ApiStatus::invalid_usage("the communicator's initialization failed (" +
-                                      failure.message() +
-                                      "); it can only be destroyed or aborted");
+                                      failure.message() + "); it can only be destroyed or aborted");
   }
   return ApiStatus::internal("bad communicator init state");
 }

@@ -54,15 +54,15 @@ struct ncclComm {
   uint64_t magic = efccl::runtime::kCommMagic;
   int32_t rank = 0;
   int device = 0;
-  std::shared_ptr<efccl::runtime::Clique> clique;  ///< set once, when ready
+  std::shared_ptr<efccl::runtime::Clique> clique;                    ///< set once, when ready
   efccl::runtime::CommInit init = efccl::runtime::CommInit::kReady;  ///< under the live-set lock
-  efccl::runtime::ApiStatus init_failure;                              ///< kFailed: why
+  efccl::runtime::ApiStatus init_failure;                            ///< kFailed: why
   /// ncclCommInitRank*: the rendezvous of its unique id (immutable; null for ncclCommInitAll).
   std::shared_ptr<efccl::runtime::Rendezvous> rendezvous;
   bool blocking = true;  ///< ncclConfig_t::blocking (efccl completes every init synchronously)
   /// ncclCommInitRank*'s config, for the real communicator of EFCCL_FALLBACK=nccl.
   efccl::runtime::RealConfig real_config;
-  std::mutex ops_mu;  ///< guards premul_ops
+  std::mutex ops_mu;                                    ///< guards premul_ops
   std::vector<efccl::runtime::PreMulSumOp> premul_ops;  ///< op value ncclNumOps + index
   /// Handles of ncclCommRegister / ncclCommWindowRegister (no-op buffer registrations), under
   /// ops_mu.
@@ -87,7 +87,8 @@ bool unregister_comm(ncclComm* comm);
 ApiStatus check_comm(const ncclComm* comm);
 /// ok when `comm` is a live communicator in any init state; `*init` (and `*init_failure` when
 /// failed) receive its state.
-ApiStatus check_comm_handle(const ncclComm* comm, CommInit* init, ApiStatus* init_failure = nullptr);
+ApiStatus check_comm_handle(const ncclComm* comm, CommInit* init,
+                            ApiStatus* init_failure = nullptr);
 /// Pending -> ready with `clique`.
 void attach_clique(ncclComm* comm, std::shared_ptr<Clique> clique);
 /// Pending -> failed with `why`.

@@ -73,8 +73,7 @@ ApiStatus finish_grouped_inits(const ApiStatus& group_failure) {
         workers.emplace_back(finish, i);
       } catch (const std::system_error& e) {
         finished[i] = ApiStatus::system(
-            std::string("ncclGroupEnd: could not start a thread for a grouped split: ") +
-            e.what());
+            std::string("ncclGroupEnd: could not start a thread for a grouped split: ") + e.what());
       }
     }
     for (std::size_t i = 0; i < regroups.size(); ++i)

@@ -43,9 +43,9 @@ void offer_in_process(const void* parent, uint64_t seq, const std::vector<int>& 
   m->cv.notify_all();
 }
 
-StatusOr<std::vector<std::string>> collect_in_process(const void* parent, uint64_t seq,
-                                                      const std::vector<int>& participants,
-                                                      std::chrono::steady_clock::time_point deadline) {
+StatusOr<std::vector<std::string>> collect_in_process(
+    const void* parent, uint64_t seq, const std::vector<int>& participants,
+    std::chrono::steady_clock::time_point deadline) {
   const auto key = std::make_pair(parent, seq);
   std::shared_ptr<Meeting> m;
   {
@@ -56,9 +56,8 @@ StatusOr<std::vector<std::string>> collect_in_process(const void* parent, uint64
   if (m == nullptr)
     return Status::error("another rank gave up waiting for this one (EFCCL_INIT_TIMEOUT_MS)");
   std::unique_lock<std::mutex> lock(m->mu);
-  const bool all = m->cv.wait_until(lock, deadline, [&] {
-    return m->contributions.size() == participants.size();
-  });
+  const bool all = m->cv.wait_until(lock, deadline,
+                                    [&] { return m->contributions.size() == participants.size(); });
   std::vector<std::string> out;
   if (all)
     for (int p : participants) out.push_back(m->contributions[p]);

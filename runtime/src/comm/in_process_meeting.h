@@ -24,8 +24,8 @@ StatusOr<std::vector<std::string>> meet_in_process(const void* parent, uint64_t 
 /// waits for the others as meet_in_process does. Every offer must be followed by its collect.
 void offer_in_process(const void* parent, uint64_t seq, const std::vector<int>& participants,
                       int rank, std::string mine);
-StatusOr<std::vector<std::string>> collect_in_process(const void* parent, uint64_t seq,
-                                                      const std::vector<int>& participants,
-                                                      std::chrono::steady_clock::time_point deadline);
+StatusOr<std::vector<std::string>> collect_in_process(
+    const void* parent, uint64_t seq, const std::vector<int>& participants,
+    std::chrono::steady_clock::time_point deadline);
 
 }  // namespace efccl::runtime

@@ -12,9 +12,7 @@ namespace efccl::runtime {
 namespace {
 
 /// A scalar of `dtype` at `p` (host memory) as a double.
-double scalar_value(ef::DataType dtype, const void* p) {
-  return host::element_to_double(dtype, p);
-}
+double scalar_value(ef::DataType dtype, const void* p) { return host::element_to_double(dtype, p); }
 
 }  // namespace
 
@@ -97,12 +95,11 @@ ApiStatus resolve_op(ncclComm* comm, ncclRedOp_t op, ncclDataType_t dtype, cudaS
     cudaSetDevice(comm->device);
     // In the call's stream order, so that a kernel the caller queued to compute the scalar has
     // finished (the legacy default stream does not order against non-blocking streams).
-    cudaError_t e = cudaMemcpyAsync(bytes, p.device_scalar, ef::size_of(p.dtype),
-                                    cudaMemcpyDefault, stream);
+    cudaError_t e =
+        cudaMemcpyAsync(bytes, p.device_scalar, ef::size_of(p.dtype), cudaMemcpyDefault, stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
     if (e != cudaSuccess)
-      return ApiStatus::cuda(std::string("reading the premulsum scalar: ") +
-                             cudaGetErrorString(e));
+      return ApiStatus::cuda(std::string("reading the premulsum scalar: ") + cudaGetErrorString(e));
     *scalar = scalar_value(p.dtype, bytes);
   }
   return ApiStatus::ok();

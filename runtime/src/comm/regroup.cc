@@ -13,7 +13,6 @@
 #include "base/device_guard.h"
 #include "base/pointer_text.h"
 #include "base/settings.h"
-#include "efccl/net/bootstrap.h"
 #include "comm/comm_config.h"
 #include "comm/comm_init.h"
 #include "comm/communicator.h"
@@ -21,6 +20,7 @@
 #include "comm/in_process_meeting.h"
 #include "efccl/common/hash.h"
 #include "efccl/common/log.h"
+#include "efccl/net/bootstrap.h"
 #include "enqueue/group.h"
 
 namespace efccl::runtime {
@@ -36,7 +36,7 @@ struct Regroup {
   const char* fn = "";
   std::shared_ptr<Clique> clique;
   std::shared_ptr<net::Bootstrap> bootstrap;  ///< multi-process parents only
-  std::string parent_name;                               ///< for the log
+  std::string parent_name;                    ///< for the log
   int rank = 0;
   int device = 0;
   bool blocking = true;
@@ -55,9 +55,8 @@ struct Regroup {
 };
 
 /// Checks `config` and copies what the split needs from `parent` (counts the regroup).
-ApiStatus start_regroup(const char* fn, ncclComm_t parent, std::vector<int> participants,
-                        int color, int key, ncclComm_t* newcomm, const ncclConfig_t* config,
-                        Regroup* out) {
+ApiStatus start_regroup(const char* fn, ncclComm_t parent, std::vector<int> participants, int color,
+                        int key, ncclComm_t* newcomm, const ncclConfig_t* config, Regroup* out) {
   Regroup& g = *out;
   if (config != nullptr) {
     CommConfig checked;
@@ -97,11 +96,10 @@ std::string color_and_key(const Regroup& g) {
 
 /// The participants' contributions under tag `tag` (outside a group: waits for all).
 StatusOr<std::vector<std::string>> gather(const Regroup& g, uint64_t tag, std::string mine,
-                                                 std::chrono::steady_clock::time_point deadline) {
+                                          std::chrono::steady_clock::time_point deadline) {
   if (g.bootstrap != nullptr)
     return g.bootstrap->allgather(g.participants, tag, std::move(mine), deadline, nullptr);
-  return meet_in_process(g.clique.get(), tag, g.participants, g.rank,
-                                         std::move(mine), deadline);
+  return meet_in_process(g.clique.get(), tag, g.participants, g.rank, std::move(mine), deadline);
 }
 
 /// With every participant's (color, key): the new communicator of this rank, if any.
@@ -109,14 +107,19 @@ ApiStatus finish_regroup(const Regroup& g, const std::vector<std::string>& entri
                          std::chrono::steady_clock::time_point deadline,
                          std::shared_ptr<Rendezvous>* joined) {
   const char* fn = g.fn;
-  struct Member { int32_t key; int parent_rank; };
+  struct Member {
+    int32_t key;
+    int parent_rank;
+  };
   std::vector<Member> group;
   for (std::size_t i = 0; i < g.participants.size(); ++i) {
     int32_t ck[2] = {0, 0};
     if (entries[i].size() != sizeof(ck))
-      return ApiStatus::system(std::string(fn) + ": rank " + std::to_string(g.participants[i]) + " sent a malformed color");
+      return ApiStatus::system(std::string(fn) + ": rank " + std::to_string(g.participants[i]) +
+                               " sent a malformed color");
     std::memcpy(ck, entries[i].data(), sizeof(ck));
-    if (ck[0] == g.color && g.color != NCCL_SPLIT_NOCOLOR) group.push_back({ck[1], g.participants[i]});
+    if (ck[0] == g.color && g.color != NCCL_SPLIT_NOCOLOR)
+      group.push_back({ck[1], g.participants[i]});
   }
   std::sort(group.begin(), group.end(), [](const Member& a, const Member& b) {
     return a.key != b.key ? a.key < b.key : a.parent_rank < b.parent_rank;
@@ -139,9 +142,13 @@ ApiStatus finish_regroup(const Regroup& g, const std::vector<std::string>& entri
       offer.assign(id.internal, sizeof(id.internal));
     }
     auto offers = gather(g, g.tag | 1, offer, deadline);
-    if (!offers) return ApiStatus::system(std::string(fn) + ": the ranks could not exchange ids: " + offers.status().message());
+    if (!offers)
+      return ApiStatus::system(std::string(fn) +
+                               ": the ranks could not exchange ids: " + offers.status().message());
     if (new_rank >= 0) {
-      const auto at = std::lower_bound(g.participants.begin(), g.participants.end(), group[0].parent_rank) - g.participants.begin();
+      const auto at =
+          std::lower_bound(g.participants.begin(), g.participants.end(), group[0].parent_rank) -
+          g.participants.begin();
       const std::string& theirs = (*offers)[static_cast<std::size_t>(at)];
       if (theirs.size() != sizeof(id.internal))
         return ApiStatus::system(std::string(fn) + ": the new communicator's rank 0 sent no id");
@@ -161,8 +168,8 @@ ApiStatus finish_regroup(const Regroup& g, const std::vector<std::string>& entri
   inherited.blocking = g.blocking ? 1 : 0;
   EFCCL_INFO(efccl::kLogInit, g.device,
              std::string(fn) + ": comm " + g.parent_name + " rank " + std::to_string(g.rank) +
-                 " color " + std::to_string(g.color) + " key " + std::to_string(g.key) + " -> rank " +
-                 std::to_string(new_rank) + " of " + std::to_string(group.size()));
+                 " color " + std::to_string(g.color) + " key " + std::to_string(g.key) +
+                 " -> rank " + std::to_string(new_rank) + " of " + std::to_string(group.size()));
   // The child lives on the parent's GPU, whichever device the calling thread has current.
   DeviceGuard guard;
   if (cudaError_t e = cudaSetDevice(g.device); e != cudaSuccess)
@@ -174,15 +181,13 @@ ApiStatus finish_regroup(const Regroup& g, const std::vector<std::string>& entri
 
 /// Every participant's color (collected after offer_in_process when `offered`, else exchanged
 /// now), then the new communicator, within EFCCL_INIT_TIMEOUT_MS.
-ApiStatus exchange_and_finish(const Regroup& g, bool offered,
-                              std::shared_ptr<Rendezvous>* joined) {
+ApiStatus exchange_and_finish(const Regroup& g, bool offered, std::shared_ptr<Rendezvous>* joined) {
   const auto deadline = std::chrono::steady_clock::now() + init_timeout();
-  auto entries =
-      offered ? collect_in_process(g.clique.get(), g.tag, g.participants, deadline)
-              : gather(g, g.tag, color_and_key(g), deadline);
+  auto entries = offered ? collect_in_process(g.clique.get(), g.tag, g.participants, deadline)
+                         : gather(g, g.tag, color_and_key(g), deadline);
   if (!entries)
-    return ApiStatus::system(std::string(g.fn) + ": the ranks could not exchange colors: " +
-                             entries.status().message());
+    return ApiStatus::system(
+        std::string(g.fn) + ": the ranks could not exchange colors: " + entries.status().message());
   return finish_regroup(g, *entries, deadline, joined);
 }
 
@@ -194,8 +199,8 @@ ApiStatus regroup(const char* fn, ncclComm_t parent, std::vector<int> participan
                   int key, ncclComm_t* newcomm, const ncclConfig_t* config) {
   const bool grouped = in_group();
   auto g = std::make_shared<Regroup>();
-  if (ApiStatus s = start_regroup(fn, parent, std::move(participants), color, key, newcomm,
-                                  config, g.get());
+  if (ApiStatus s =
+          start_regroup(fn, parent, std::move(participants), color, key, newcomm, config, g.get());
       !s)
     return s;
   if (!grouped) return exchange_and_finish(*g, false, nullptr);
@@ -208,8 +213,7 @@ ApiStatus regroup(const char* fn, ncclComm_t parent, std::vector<int> participan
   deferred.concurrent = across;
   deferred.offer = [g, across] {
     if (!across)
-      offer_in_process(g->clique.get(), g->tag, g->participants, g->rank,
-                                       color_and_key(*g));
+      offer_in_process(g->clique.get(), g->tag, g->participants, g->rank, color_and_key(*g));
     return ApiStatus::ok();
   };
   deferred.finish = [g, across](std::shared_ptr<Rendezvous>* joined) {

@@ -1,5 +1,8 @@
 #include "comm/rendezvous.h"
 
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -7,23 +10,20 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <random>
 #include <mutex>
+#include <random>
 #include <set>
 #include <sstream>
 #include <thread>
 #include <utility>
 #include <vector>
 
-#include <cuda_runtime_api.h>
-#include <unistd.h>
-
 #include "base/pointer_text.h"
 #include "base/settings.h"
 #include "comm/communicator.h"
+#include "efccl/common/log.h"
 #include "efccl/net/bootstrap.h"
 #include "efccl/net/host_hash.h"
-#include "efccl/common/log.h"
 #include "enqueue/clique.h"
 #include "fallback/nccl_fallback.h"
 #include "select/program_registry.h"
@@ -39,7 +39,7 @@ class Rendezvous {
   struct Member {
     int device = -1;
     std::string device_error;
-    ncclComm* comm = nullptr;  ///< null once destroyed/aborted while building
+    ncclComm* comm = nullptr;              ///< null once destroyed/aborted while building
     std::shared_ptr<net::Bootstrap> boot;  ///< this rank's connection to the others
     uint64_t thread = 0;  ///< this_thread_token() of the joining thread: the rank's first driver
   };
@@ -62,13 +62,10 @@ class Rendezvous {
   std::vector<int> expected;
   std::atomic<bool> abort{false};  ///< makes a bootstrap wait give up (destroy/abort/cancel)
 
-  bool complete() const {
-    return table_known && members.size() == expected.size();
-  }
+  bool complete() const { return table_known && members.size() == expected.size(); }
 };
 
 namespace {
-
 
 /// The rendezvous still collecting ranks in this process, by unique id.
 std::mutex& pending_mutex() {
@@ -135,7 +132,8 @@ std::string encode_info(int device) {
   info.process_nonce = process_nonce();
   info.pid = static_cast<int32_t>(getpid());
   info.device = device;
-  if (device >= 0 && cudaDeviceGetPCIBusId(info.bus_id, sizeof(info.bus_id) - 1, device) != cudaSuccess)
+  if (device >= 0 &&
+      cudaDeviceGetPCIBusId(info.bus_id, sizeof(info.bus_id) - 1, device) != cudaSuccess)
     (void)cudaGetLastError();
   gethostname(info.host, sizeof(info.host) - 1);
   return std::string(reinterpret_cast<const char*>(&info), sizeof(info));
@@ -160,7 +158,8 @@ ApiStatus learn_table_locked(Rendezvous& r, std::vector<std::string> table) {
       return ApiStatus::system("rank " + std::to_string(rank) +
                                " sent a malformed description of itself during the rendezvous (" +
                                std::to_string(table[rank].size()) + " bytes, expected " +
-                               std::to_string(sizeof(PeerInfo)) + "): is it running another efccl?");
+                               std::to_string(sizeof(PeerInfo)) +
+                               "): is it running another efccl?");
     if (info.host_hash != host)
       return ApiStatus::invalid_usage(
           "rank " + std::to_string(rank) + " runs on another host (" + info.host +
@@ -176,7 +175,6 @@ ApiStatus learn_table_locked(Rendezvous& r, std::vector<std::string> table) {
                                  " joined in this process but the bootstrap places it elsewhere");
   return ApiStatus::ok();
 }
-
 
 /// What create_fallback needs of a complete rendezvous (`r.mu` held, so the members'
 /// communicators are alive). `processes`: null when every rank is in this process.
@@ -250,15 +248,16 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
       PeerInfo info;
       decode_info(r.table[rank], &info);  // checked by learn_table_locked
       const auto key = std::make_pair(info.host_hash, info.process_nonce);
-      const int64_t proc = process_index.emplace(key, static_cast<int64_t>(process_index.size())).first->second;
+      const int64_t proc =
+          process_index.emplace(key, static_cast<int64_t>(process_index.size())).first->second;
       leader_of.emplace(proc, static_cast<int32_t>(rank));  // ranks ascend: the first is the lowest
       processes->local[rank] = r.members.count(static_cast<int>(rank)) != 0;
       processes->location[rank] = proc * 4096 + info.device;
       processes->leader[rank] = leader_of[proc];
       processes->where[rank] = std::string(info.host) + " pid " + std::to_string(info.pid) +
                                " GPU " + std::to_string(info.device) + " " + info.bus_id;
-      all_devices[rank] = processes->local[rank] ? r.members.at(static_cast<int>(rank)).device
-                                                 : info.device;
+      all_devices[rank] =
+          processes->local[rank] ? r.members.at(static_cast<int>(rank)).device : info.device;
     }
     processes->bootstraps = boots;
     for (const auto& [rank, m] : r.members)
@@ -278,7 +277,9 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
     }
     const bool single_process = processes == nullptr;
     StatusOr<std::shared_ptr<Clique>> created = Status::error("not created");
-    if (status) created = Clique::create(all_devices, ProgramRegistry::from_environment(), std::move(processes));
+    if (status)
+      created =
+          Clique::create(all_devices, ProgramRegistry::from_environment(), std::move(processes));
     if (status && created) {
       std::shared_ptr<NcclFallback> fallback;
       status = create_fallback(fallback_plan, &fallback);
@@ -316,14 +317,11 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
   lock.lock();
 }
 
-
 }  // namespace
-
 
 ApiStatus join_rendezvous(const ncclUniqueId& id, int nranks, int rank, int device,
                           const std::string& device_error, ncclComm* comm,
-                          std::shared_ptr<Rendezvous>* out, net::Deadline deadline,
-                          bool local_only,
+                          std::shared_ptr<Rendezvous>* out, net::Deadline deadline, bool local_only,
                           uint64_t driver) {
   Rendezvous::Key key;
   std::memcpy(key.data(), id.internal, key.size());
@@ -344,13 +342,13 @@ ApiStatus join_rendezvous(const ncclUniqueId& id, int nranks, int rank, int devi
   }
   std::lock_guard<std::mutex> lock(r->mu);
   if (r->nranks != nranks)
-    return ApiStatus::invalid_argument(
-        "nranks " + std::to_string(nranks) + " differs from the nranks " +
-        std::to_string(r->nranks) + " of the ranks that already joined with this unique id");
+    return ApiStatus::invalid_argument("nranks " + std::to_string(nranks) +
+                                       " differs from the nranks " + std::to_string(r->nranks) +
+                                       " of the ranks that already joined with this unique id");
   if (r->members.count(rank) != 0)
-    return ApiStatus::invalid_argument(
-        "rank " + std::to_string(rank) + " already joined with this unique id (each rank of a "
-        "communicator is initialized exactly once)");
+    return ApiStatus::invalid_argument("rank " + std::to_string(rank) +
+                                       " already joined with this unique id (each rank of a "
+                                       "communicator is initialized exactly once)");
   Rendezvous::Member m;
   m.device = device;
   m.device_error = device_error;
@@ -369,7 +367,7 @@ ApiStatus join_rendezvous(const ncclUniqueId& id, int nranks, int rank, int devi
   r->members.emplace(rank, std::move(m));
   if (r->complete()) {
     pending().erase(key);  // nobody else may join it
-    r->cv.notify_all();     // a waiting rank builds the clique
+    r->cv.notify_all();    // a waiting rank builds the clique
   }
   *out = r;
   return ApiStatus::ok();
@@ -421,12 +419,13 @@ ApiStatus complete_rendezvous(const std::shared_ptr<Rendezvous>& r,
       continue;
     }
     if (std::chrono::steady_clock::now() >= deadline) {
-      fail_locked(*r, ApiStatus::invalid_usage(
-                          "only " + std::to_string(r->members.size()) + " of the " +
-                          std::to_string(r->table_known ? r->expected.size() : r->nranks) +
-                          " ranks of this unique id that run in this process joined within " +
-                          std::to_string(timeout.count()) + " ms (EFCCL_INIT_TIMEOUT_MS; missing rank(s) " +
-                          missing_ranks(*r) + ")"));
+      fail_locked(
+          *r, ApiStatus::invalid_usage(
+                  "only " + std::to_string(r->members.size()) + " of the " +
+                  std::to_string(r->table_known ? r->expected.size() : r->nranks) +
+                  " ranks of this unique id that run in this process joined within " +
+                  std::to_string(timeout.count()) + " ms (EFCCL_INIT_TIMEOUT_MS; missing rank(s) " +
+                  missing_ranks(*r) + ")"));
       const ApiStatus failure = r->failure;
       lock.unlock();
       stop_pending(r);
@@ -457,9 +456,9 @@ void leave_rendezvous(ncclComm* comm, bool abort) {
   it->second.comm = nullptr;
   if (r->state != Rendezvous::State::kCollecting && r->state != Rendezvous::State::kBuilding)
     return;
-  const ApiStatus why = ApiStatus::invalid_usage(
-      "rank " + std::to_string(comm->rank) + "'s communicator was " +
-      (abort ? "aborted" : "destroyed") + " before its clique formed");
+  const ApiStatus why =
+      ApiStatus::invalid_usage("rank " + std::to_string(comm->rank) + "'s communicator was " +
+                               (abort ? "aborted" : "destroyed") + " before its clique formed");
   if (r->state == Rendezvous::State::kBuilding) {
     if (r->cancellation) r->cancellation = why;
     r->abort.store(true);  // the builder's waits (bootstrap, NCCL fallback init) give up

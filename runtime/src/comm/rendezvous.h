@@ -13,10 +13,10 @@
 // Waiting: outside a group the call itself waits; inside one, the outermost ncclGroupEnd does
 // (comm/grouped_init.h). Both wait until a deadline (EFCCL_INIT_TIMEOUT_MS, default 120000 ms,
 // from the ncclCommInitRank* call on); past it the rendezvous fails ("only k of n ranks joined
-// the rendezvous at ADDRESS ...") and its communicators stay failed: every call on them but destroy/abort/ncclCommGetAsyncError gives
-// ncclInvalidUsage. Destroying or aborting a pending communicator fails its rendezvous at once
-// (the abort path), waking every waiter. As with NCCL, an id serves one communicator: its root
-// exits once the rendezvous completed.
+// the rendezvous at ADDRESS ...") and its communicators stay failed: every call on them but
+// destroy/abort/ncclCommGetAsyncError gives ncclInvalidUsage. Destroying or aborting a pending
+// communicator fails its rendezvous at once (the abort path), waking every waiter. As with NCCL, an
+// id serves one communicator: its root exits once the rendezvous completed.
 //
 // Non-blocking communicators (ncclConfig_t::blocking = 0) outside a group return ncclInProgress
 // at once; a helper thread completes the rendezvous, and ncclCommGetAsyncError reports
@@ -54,8 +54,7 @@ class Rendezvous;
 ApiStatus join_rendezvous(const ncclUniqueId& id, int nranks, int rank, int device,
                           const std::string& device_error, ncclComm* comm,
                           std::shared_ptr<Rendezvous>* out, net::Deadline deadline,
-                          bool local_only = false,
-                          uint64_t driver = 0);
+                          bool local_only = false, uint64_t driver = 0);
 
 /// Waits until every rank has joined (until `deadline`, then fails the rendezvous), builds the
 /// clique if no other thread is building it, and returns how the rendezvous ended.

@@ -157,10 +157,10 @@ CallQueue::Admission CallQueue::admit(std::vector<Call> calls, bool whole_clique
   expire();
   for (std::size_t r = 0; r < gone_.size(); ++r)
     if (!gone_[r].empty()) {
-      a.refused = ApiStatus::invalid_usage("rank " + std::to_string(r) +
-                                           "'s communicator was " + gone_[r] +
-                                           ", so the collectives of the communicator can no "
-                                           "longer run");
+      a.refused =
+          ApiStatus::invalid_usage("rank " + std::to_string(r) + "'s communicator was " + gone_[r] +
+                                   ", so the collectives of the communicator can no "
+                                   "longer run");
       return a;
     }
   a.submission = std::make_shared<Submission>();

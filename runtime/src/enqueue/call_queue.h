@@ -59,7 +59,6 @@ class CallQueue {
   };
 
  public:
-
   /// The sets one admit() made ready, to be run by the caller and then passed to settle().
   class Admission {
    public:

@@ -7,8 +7,8 @@
 
 #include "base/device_guard.h"
 #include "base/settings.h"
-#include "efccl/net/bootstrap.h"
 #include "efccl/common/log.h"
+#include "efccl/net/bootstrap.h"
 #include "launch/collective_runner.h"
 #include "launch/launch_batch.h"
 #include "launch/p2p_runner.h"
@@ -46,8 +46,8 @@ Clique::Clique(std::vector<int> rank_devices, std::unique_ptr<ProgramRegistry> r
   launch_.registry = registry_.get();
   launch_.timeout = call_timeout();
   if (processes_ != nullptr)
-    nlocal_ = static_cast<int32_t>(
-        std::count(processes_->local.begin(), processes_->local.end(), true));
+    nlocal_ =
+        static_cast<int32_t>(std::count(processes_->local.begin(), processes_->local.end(), true));
   executors_ = std::make_unique<ExecutorStore>(launch_.rank_devices, processes_.get(),
                                                executor_cache_capacity(), launch_.timeout,
                                                &aborted_, &peer_gone_);
@@ -58,10 +58,9 @@ StatusOr<std::shared_ptr<Clique>> Clique::create(std::vector<int> rank_devices,
                                                  std::unique_ptr<ProgramRegistry> registry,
                                                  std::unique_ptr<ProcessMap> processes) {
   const std::size_t n = rank_devices.size();
-  if (processes != nullptr &&
-      (processes->local.size() != n || processes->location.size() != n ||
-       processes->leader.size() != n || processes->where.size() != n ||
-       processes->bootstraps.empty()))
+  if (processes != nullptr && (processes->local.size() != n || processes->location.size() != n ||
+                               processes->leader.size() != n || processes->where.size() != n ||
+                               processes->bootstraps.empty()))
     return Status::error("internal: incomplete process map");
   std::shared_ptr<Clique> c(
       new Clique(std::move(rank_devices), std::move(registry), std::move(processes)));
@@ -190,17 +189,21 @@ void Clique::peer_failed(int32_t peer, const std::string& why) {
     executors_->abort_all();
     aborted_.store(true);  // an exchange waiting on the bootstrap gives up too
   }
-  EFCCL_WARN(-1, "communicator peer " + where + " disconnected without destroying its "
-                 "communicator (" + why + "); this rank's running kernels give up and later "
-                 "calls fail with ncclRemoteError");
+  EFCCL_WARN(-1, "communicator peer " + where +
+                     " disconnected without destroying its "
+                     "communicator (" +
+                     why +
+                     "); this rank's running kernels give up and later "
+                     "calls fail with ncclRemoteError");
 }
 
 void Clique::abort(int32_t rank) {
   aborted_.store(true);
   executors_->abort_all();
-  EFCCL_INFO(kLogInit, device(rank), "rank " + std::to_string(rank) +
-                                         " aborted its communicator; every kernel of its clique "
-                                         "gives up");
+  EFCCL_INFO(kLogInit, device(rank),
+             "rank " + std::to_string(rank) +
+                 " aborted its communicator; every kernel of its clique "
+                 "gives up");
 }
 
 ApiStatus Clique::wait_for_kernels() {

@@ -66,9 +66,9 @@ ClosedGroup close_group(const char* function) {
   const ApiStatus first_failure = std::move(g.first_failure);
   g.first_failure = ApiStatus::ok();
   if (!first_failure) {
-    closed.failure = ApiStatus(
-        first_failure.code(),
-        "the group was not run because a call in it failed: " + first_failure.message());
+    closed.failure =
+        ApiStatus(first_failure.code(),
+                  "the group was not run because a call in it failed: " + first_failure.message());
     return closed;
   }
   closed.calls = std::move(calls);

@@ -10,10 +10,10 @@
 #include <set>
 #include <utility>
 
-#include "enqueue/clique.h"
-#include "efccl/device/device_executor.h"
-#include "enqueue/group.h"
 #include "efccl/common/log.h"
+#include "efccl/device/device_executor.h"
+#include "enqueue/clique.h"
+#include "enqueue/group.h"
 #include "select/tuning.h"
 
 namespace efccl::runtime {
@@ -211,7 +211,8 @@ StatusOr<double> estimate_group(const std::vector<GroupedCall>& calls) {
       shape.inplace = is_inplace(mode != nullptr ? *mode : *ref);
       // The clique's own registry: the plan its call would run.
       StatusOr<Plan> plan = clique->select(shape);
-      StatusOr<double> t = plan ? estimate_plan(*plan, shape, model) : StatusOr<double>(plan.status());
+      StatusOr<double> t =
+          plan ? estimate_plan(*plan, shape, model) : StatusOr<double>(plan.status());
       if (!t) return Status::error(describe(*ref) + ": " + t.status().message());
       total += *t;
     }

@@ -18,10 +18,10 @@
 #include <vector>
 
 #include "base/api_status.h"
-#include "enqueue/group.h"
-#include "launch/call.h"
 #include "efccl/common/status.h"
 #include "efccl/host/timing.h"
+#include "enqueue/group.h"
+#include "launch/call.h"
 #include "select/p2p_plan.h"
 #include "select/program_registry.h"
 

@@ -6,9 +6,9 @@
 
 #include "base/device_guard.h"
 #include "base/settings.h"
-#include "efccl/net/bootstrap.h"
 #include "efccl/common/log.h"
 #include "efccl/host/numeric.h"
+#include "efccl/net/bootstrap.h"
 
 namespace efccl::runtime {
 namespace {
@@ -22,8 +22,8 @@ constexpr uint64_t kRealIdTag = 0x0efcc1fa11bac000ull;
 // ---------------------------------------------------------------------------------------------
 // A clique's real communicators
 
-NcclFallback::NcclFallback(std::shared_ptr<const NcclLibrary> library,
-                               std::vector<ncclComm_t> real, std::vector<int> devices)
+NcclFallback::NcclFallback(std::shared_ptr<const NcclLibrary> library, std::vector<ncclComm_t> real,
+                           std::vector<int> devices)
     : library_(std::move(library)), real_(std::move(real)), devices_(std::move(devices)) {}
 
 NcclFallback::NcclFallback(std::shared_ptr<const NcclLibrary> library, std::string unavailable)
@@ -45,7 +45,7 @@ ncclComm_t NcclFallback::real(int32_t rank) {
 }
 
 ApiStatus NcclFallback::run(const std::vector<Call>& set, const std::string& why,
-                              std::chrono::nanoseconds timeout) {
+                            std::chrono::nanoseconds timeout) {
   const Call& ref = set.front();
   const std::string api = api_name(ref.kind);
   if (!unavailable_.empty())
@@ -332,8 +332,8 @@ ApiStatus create_fallback(const FallbackPlan& plan, std::shared_ptr<NcclFallback
                    " ranks has no NCCL fallback: " + plan.shared_gpu +
                    ", which NCCL refuses; calls that no program covers fail on it");
     *out = std::make_shared<NcclFallback>(*lib, plan.shared_gpu +
-                                                      " (NCCL refuses several "
-                                                      "ranks on one GPU)");
+                                                    " (NCCL refuses several "
+                                                    "ranks on one GPU)");
     return ApiStatus::ok();
   }
   if (!status && plan.leader == nullptr) return status;

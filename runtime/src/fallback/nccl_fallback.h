@@ -38,7 +38,7 @@ class NcclFallback final : public CollectiveFallback {
  public:
   /// `real[r]`, `devices[r]`: clique rank r's real communicator and GPU (null: not here).
   NcclFallback(std::shared_ptr<const NcclLibrary> library, std::vector<ncclComm_t> real,
-                 std::vector<int> devices);
+               std::vector<int> devices);
   /// A clique NCCL cannot serve: calls that need the fallback fail with `why`.
   NcclFallback(std::shared_ptr<const NcclLibrary> library, std::string unavailable);
   /// Aborts the real communicators whose efccl communicators never released them.

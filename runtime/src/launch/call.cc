@@ -29,30 +29,49 @@ bool is_inplace(const Call& c) {
 
 ef::Collective collective_of(CallKind k) {
   switch (k) {
-    case CallKind::kAllReduce: return ef::Collective::kAllReduce;
-    case CallKind::kBroadcast: return ef::Collective::kBroadcast;
-    case CallKind::kReduce: return ef::Collective::kReduce;
-    case CallKind::kAllGather: return ef::Collective::kAllGather;
-    case CallKind::kReduceScatter: return ef::Collective::kReduceScatter;
-    case CallKind::kAllToAll: return ef::Collective::kAllToAll;
-    case CallKind::kGather: return ef::Collective::kGather;
-    case CallKind::kScatter: return ef::Collective::kScatter;
-    default: return ef::Collective::kCustom;
+    case CallKind::kAllReduce:
+      return ef::Collective::kAllReduce;
+    case CallKind::kBroadcast:
+      return ef::Collective::kBroadcast;
+    case CallKind::kReduce:
+      return ef::Collective::kReduce;
+    case CallKind::kAllGather:
+      return ef::Collective::kAllGather;
+    case CallKind::kReduceScatter:
+      return ef::Collective::kReduceScatter;
+    case CallKind::kAllToAll:
+      return ef::Collective::kAllToAll;
+    case CallKind::kGather:
+      return ef::Collective::kGather;
+    case CallKind::kScatter:
+      return ef::Collective::kScatter;
+    default:
+      return ef::Collective::kCustom;
   }
 }
 
 const char* api_name(CallKind k) {
   switch (k) {
-    case CallKind::kAllReduce: return "ncclAllReduce";
-    case CallKind::kBroadcast: return "ncclBroadcast";
-    case CallKind::kReduce: return "ncclReduce";
-    case CallKind::kAllGather: return "ncclAllGather";
-    case CallKind::kReduceScatter: return "ncclReduceScatter";
-    case CallKind::kAllToAll: return "ncclAlltoAll";
-    case CallKind::kGather: return "ncclGather";
-    case CallKind::kScatter: return "ncclScatter";
-    case CallKind::kSend: return "ncclSend";
-    case CallKind::kRecv: return "ncclRecv";
+    case CallKind::kAllReduce:
+      return "ncclAllReduce";
+    case CallKind::kBroadcast:
+      return "ncclBroadcast";
+    case CallKind::kReduce:
+      return "ncclReduce";
+    case CallKind::kAllGather:
+      return "ncclAllGather";
+    case CallKind::kReduceScatter:
+      return "ncclReduceScatter";
+    case CallKind::kAllToAll:
+      return "ncclAlltoAll";
+    case CallKind::kGather:
+      return "ncclGather";
+    case CallKind::kScatter:
+      return "ncclScatter";
+    case CallKind::kSend:
+      return "ncclSend";
+    case CallKind::kRecv:
+      return "ncclRecv";
   }
   return "?";
 }

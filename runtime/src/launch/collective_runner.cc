@@ -113,12 +113,12 @@ ApiStatus run_collective(LaunchContext& ctx, const std::vector<Call>& set, Launc
       programs += (programs.empty() ? "" : " + ") + ("'" + p.program->name + "'") + " [" +
                   std::to_string(p.offset) + ", " + std::to_string(p.offset + p.count) + ")";
     log_line(LogLevel::kInfo, kLogColl, ctx.device(ref.rank),
-             std::string(api_name(ref.kind)) + ": opCount " + std::to_string(op_count) +
-                 " count " + std::to_string(ref.count) + " datatype " +
-                 std::string(ef::to_string(ref.dtype)) + " op " +
-                 std::string(ef::to_string(ref.op)) + " root " + std::to_string(shape.root) +
-                 " inplace " + (inplace ? "1" : "0") + " nranks " + std::to_string(ctx.nranks()) +
-                 (*capturing ? " (captured)" : "") + " -> " + programs + ": " + plan->reason);
+             std::string(api_name(ref.kind)) + ": opCount " + std::to_string(op_count) + " count " +
+                 std::to_string(ref.count) + " datatype " + std::string(ef::to_string(ref.dtype)) +
+                 " op " + std::string(ef::to_string(ref.op)) + " root " +
+                 std::to_string(shape.root) + " inplace " + (inplace ? "1" : "0") + " nranks " +
+                 std::to_string(ctx.nranks()) + (*capturing ? " (captured)" : "") + " -> " +
+                 programs + ": " + plan->reason);
   }
 
   std::vector<int32_t> all_ranks(static_cast<std::size_t>(ctx.nranks()));
@@ -129,9 +129,9 @@ ApiStatus run_collective(LaunchContext& ctx, const std::vector<Call>& set, Launc
     if (const int copy = copy_for(ctx, batch, *piece.program, key, all_ranks); copy > 0)
       std::snprintf(key, sizeof(key), "coll:%p#%d", static_cast<const void*>(piece.program), copy);
     device::DeviceExecutor* executor = nullptr;
-    if (ApiStatus s = ctx.executors->get(
-            *piece.program, key, all_ranks, *capturing, piece.count, ref.dtype,
-            ExchangeName::of_program(*piece.program), batch, &executor);
+    if (ApiStatus s =
+            ctx.executors->get(*piece.program, key, all_ranks, *capturing, piece.count, ref.dtype,
+                               ExchangeName::of_program(*piece.program), batch, &executor);
         !s)
       return s;
     Launch l;

@@ -4,10 +4,10 @@
 #include <cstdio>
 #include <set>
 
-#include "efccl/net/bootstrap.h"
 #include "efccl/common/hash.h"
 #include "efccl/common/log.h"
 #include "efccl/ef/json_io.h"
+#include "efccl/net/bootstrap.h"
 #include "launch/launch_batch.h"
 
 namespace efccl::runtime {
@@ -61,7 +61,8 @@ std::string ExecutorStore::cache_key(const std::string& key, const std::vector<i
     return full + all_ranks_suffix_;
   }
   for (int32_t r : ranks)
-    full += std::to_string(r) + ":" + std::to_string(rank_devices_[static_cast<std::size_t>(r)]) + ",";
+    full +=
+        std::to_string(r) + ":" + std::to_string(rank_devices_[static_cast<std::size_t>(r)]) + ",";
   return full;
 }
 
@@ -168,13 +169,13 @@ ApiStatus ExecutorStore::get(const ef::Program& program, const std::string& key,
     live_.erase(std::remove(live_.begin(), live_.end(), victim.get()), live_.end());
   }  // each victim waits for its launches as it goes
   if (!shared && cache_.size() >= cache_.capacity())
-    EFCCL_INFO(kLogAlloc, devices.front(),
-               "executor cache: " +
-                   std::string(capturing ? "no eviction during a CUDA graph capture"
-                                         : "all " + std::to_string(cache_.size()) +
-                                               " cached executors are pinned by captured CUDA graphs") +
-                   "; keeping one more (EFCCL_EXECUTOR_CACHE " +
-                   std::to_string(cache_.capacity()) + ")");
+    EFCCL_INFO(
+        kLogAlloc, devices.front(),
+        "executor cache: " +
+            std::string(capturing ? "no eviction during a CUDA graph capture"
+                                  : "all " + std::to_string(cache_.size()) +
+                                        " cached executors are pinned by captured CUDA graphs") +
+            "; keeping one more (EFCCL_EXECUTOR_CACHE " + std::to_string(cache_.capacity()) + ")");
 
   std::unique_ptr<device::PeerProcesses> peers;
   if (shared) {
@@ -187,16 +188,16 @@ ApiStatus ExecutorStore::get(const ef::Program& program, const std::string& key,
   auto created = device::DeviceExecutor::create(program, devices, config, peers.get());
   if (!created) {
     const bool remote_failure = peers != nullptr && peer_gone_ != nullptr && peer_gone_->load();
-    return ApiStatus(remote_failure ? ncclRemoteError : ncclInternalError,
-                     "preparing program '" + program.name + "' on the GPUs: " +
-                         created.status().message());
+    return ApiStatus(
+        remote_failure ? ncclRemoteError : ncclInternalError,
+        "preparing program '" + program.name + "' on the GPUs: " + created.status().message());
   }
-  EFCCL_INFO(kLogInit | kLogAlloc, (*created)->devices().front(),
-             "prepared program '" + program.name + "' (" + std::to_string(program.nranks) +
-                 " ranks) on " + std::to_string((*created)->devices().size()) + " device(s)" +
-                 (peers != nullptr
-                      ? " of this process, connected to other processes through CUDA IPC"
-                      : ""));
+  EFCCL_INFO(
+      kLogInit | kLogAlloc, (*created)->devices().front(),
+      "prepared program '" + program.name + "' (" + std::to_string(program.nranks) + " ranks) on " +
+          std::to_string((*created)->devices().size()) + " device(s)" +
+          (peers != nullptr ? " of this process, connected to other processes through CUDA IPC"
+                            : ""));
   if (!(*created)->protocol_note().empty())
     EFCCL_INFO(kLogInit, (*created)->devices().front(), (*created)->protocol_note());
   // Cached before anything else can fail: the other processes cached theirs (whose kernels
@@ -208,15 +209,14 @@ ApiStatus ExecutorStore::get(const ef::Program& program, const std::string& key,
   }
   // Scratch for this call now, so that a later capture of the same call needs no growth.
   if (Status s = executor->reserve(count, dtype); !s)
-    return ApiStatus::system("allocating scratch for program '" + program.name + "': " +
-                             s.message());
+    return ApiStatus::system("allocating scratch for program '" + program.name +
+                             "': " + s.message());
   *out = executor;
   return ApiStatus::ok();
 }
 
 ApiStatus ExecutorStore::ready_to_launch(const device::DeviceExecutor& executor,
-                                         const std::vector<cudaStream_t>& streams,
-                                         bool capturing) {
+                                         const std::vector<cudaStream_t>& streams, bool capturing) {
   if (Status s = executor.error_status(); !s)
     return ApiStatus(kernel_failure_code(s.message()),
                      "an earlier launch of this program failed: " + s.message());
@@ -244,12 +244,12 @@ ApiStatus ExecutorStore::pin_to_captures(const device::DeviceExecutor* executor,
     void* pin = cache_.pin(executor);
     if (pin == nullptr) return ApiStatus::internal("pinning an executor that is not cached");
     cudaUserObject_t object = nullptr;
-    cudaError_t e = cudaUserObjectCreate(&object, pin, release_executor_pin, 1,
-                                         cudaUserObjectNoDestructorSync);
+    cudaError_t e =
+        cudaUserObjectCreate(&object, pin, release_executor_pin, 1, cudaUserObjectNoDestructorSync);
     if (e != cudaSuccess) {
       ExecutorCache<device::DeviceExecutor>::release_pin(pin);
-      return cuda_status(e, "cudaUserObjectCreate (pinning program '" +
-                                executor->program().name + "' to the captured graph)");
+      return cuda_status(e, "cudaUserObjectCreate (pinning program '" + executor->program().name +
+                                "' to the captured graph)");
     }
     // The graph takes our reference; destroying the graph and its executables releases it.
     e = cudaGraphRetainUserObject(graph, object, 1, cudaGraphUserObjectMove);

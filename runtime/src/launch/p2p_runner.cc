@@ -48,7 +48,8 @@ ApiStatus match(const LaunchContext& ctx, const std::vector<Call>& calls,
     auto [it, fresh] = stream_of->emplace(c.rank, c.stream);
     if (!fresh && it->second != c.stream)
       return ApiStatus::invalid_usage(
-          "rank " + std::to_string(c.rank) + " uses different streams for its sends/receives "
+          "rank " + std::to_string(c.rank) +
+          " uses different streams for its sends/receives "
           "of one group; efccl needs one stream per rank and group for point-to-point calls");
     if (c.kind == CallKind::kSend)
       (*directions)[{c.rank, c.peer}].sends.push_back(&c);
@@ -59,12 +60,13 @@ ApiStatus match(const LaunchContext& ctx, const std::vector<Call>& calls,
     const auto [from, to] = dir;
     const bool both = ctx.is_local(from) && ctx.is_local(to);
     if (both && d.sends.size() != d.recvs.size())
-      return ApiStatus::invalid_usage(
-          "rank " + std::to_string(from) + " posts " + std::to_string(d.sends.size()) +
-          " ncclSend to rank " + std::to_string(to) + " but rank " + std::to_string(to) +
-          " posts " + std::to_string(d.recvs.size()) + " ncclRecv from rank " +
-          std::to_string(from) + " in this group (sends and receives between ranks of one "
-          "process are matched within one group)");
+      return ApiStatus::invalid_usage("rank " + std::to_string(from) + " posts " +
+                                      std::to_string(d.sends.size()) + " ncclSend to rank " +
+                                      std::to_string(to) + " but rank " + std::to_string(to) +
+                                      " posts " + std::to_string(d.recvs.size()) +
+                                      " ncclRecv from rank " + std::to_string(from) +
+                                      " in this group (sends and receives between ranks of one "
+                                      "process are matched within one group)");
     const auto& known = ctx.is_local(from) ? d.sends : d.recvs;
     std::vector<uint64_t>& sizes = (*bytes)[dir];
     for (std::size_t k = 0; k < known.size(); ++k) {
@@ -72,9 +74,9 @@ ApiStatus match(const LaunchContext& ctx, const std::vector<Call>& calls,
       if (both && call_bytes(*d.recvs[k]) != b)
         return ApiStatus::invalid_usage(
             "send #" + std::to_string(k) + " from rank " + std::to_string(from) + " to rank " +
-            std::to_string(to) + " has " + std::to_string(b) + " bytes (" +
-            describe(*d.sends[k]) + ") but the matching receive has " +
-            std::to_string(call_bytes(*d.recvs[k])) + " (" + describe(*d.recvs[k]) + ")");
+            std::to_string(to) + " has " + std::to_string(b) + " bytes (" + describe(*d.sends[k]) +
+            ") but the matching receive has " + std::to_string(call_bytes(*d.recvs[k])) + " (" +
+            describe(*d.recvs[k]) + ")");
       sizes.push_back(b);
     }
   }
@@ -90,10 +92,10 @@ ApiStatus copy_to_self(const LaunchContext& ctx, const std::map<DirectionKey, Di
       const uint64_t b = call_bytes(*d.sends[k]);
       if (b == 0) continue;
       cudaSetDevice(ctx.device(dir.first));
-      if (ApiStatus s = cuda_status(
-              cudaMemcpyAsync(d.recvs[k]->recvbuff, d.sends[k]->sendbuff, b,
-                              cudaMemcpyDeviceToDevice, stream_of.at(dir.first)),
-              "ncclSend/ncclRecv to self on rank " + std::to_string(dir.first));
+      if (ApiStatus s =
+              cuda_status(cudaMemcpyAsync(d.recvs[k]->recvbuff, d.sends[k]->sendbuff, b,
+                                          cudaMemcpyDeviceToDevice, stream_of.at(dir.first)),
+                          "ncclSend/ncclRecv to self on rank " + std::to_string(dir.first));
           !s)
         return s;
       ++*copies;
@@ -167,8 +169,7 @@ ApiStatus run_send_recv(LaunchContext& ctx, const std::vector<Call>& calls, Laun
         if (cached == ctx.pair_rounds.end()) {
           if (ctx.pair_rounds.size() >= kMaxCachedPairPlans) ctx.pair_rounds.clear();
           LaunchContext::PreparedPair prepared;
-          prepared.plan =
-              plan_pair_rounds(a, b, bytes_ab, bytes_ba, &p2p_channels, protocol_for);
+          prepared.plan = plan_pair_rounds(a, b, bytes_ab, bytes_ba, &p2p_channels, protocol_for);
           prepared.executors.assign(prepared.plan.rounds.size(), nullptr);
           cached = ctx.pair_rounds.emplace(key, std::move(prepared)).first;
         }

@@ -68,8 +68,8 @@ ApiStatus RankStreams::order_before(Launch& l) {
     if (ApiStatus s = cuda_status(cudaEventRecord(ready_[r], l.rank_streams[i]), "cudaEventRecord");
         !s)
       return s;
-    if (ApiStatus s = cuda_status(cudaStreamWaitEvent(launch_stream, ready_[r], 0),
-                                  "cudaStreamWaitEvent");
+    if (ApiStatus s =
+            cuda_status(cudaStreamWaitEvent(launch_stream, ready_[r], 0), "cudaStreamWaitEvent");
         !s)
       return s;
   }
@@ -87,8 +87,8 @@ ApiStatus RankStreams::join_after(const Launch& l) {
       const auto r0 = static_cast<std::size_t>(l.ranks[first]);
       cudaSetDevice(devices[di]);
       if (!recorded) {
-        if (ApiStatus s = cuda_status(cudaEventRecord(done_[r0], l.args.streams[di]),
-                                      "cudaEventRecord");
+        if (ApiStatus s =
+                cuda_status(cudaEventRecord(done_[r0], l.args.streams[di]), "cudaEventRecord");
             !s)
           return s;
         recorded = true;

@@ -94,8 +94,9 @@ struct RoundBuilder {
     round.outputs.assign(static_cast<std::size_t>(n), nullptr);
 
     if (protocol == ef::Protocol::kSimple)
-      round.slot_bytes = std::clamp<std::size_t>(std::bit_ceil(round.chunk_bytes), kMinSimpleSlotBytes,
-                                                 device::default_slot_bytes(protocol));
+      round.slot_bytes =
+          std::clamp<std::size_t>(std::bit_ceil(round.chunk_bytes), kMinSimpleSlotBytes,
+                                  device::default_slot_bytes(protocol));
     std::string& sig = round.signature;
     sig = "p2p:" + std::to_string(n) + ":" + std::to_string(channels) + ":" +
           std::string(ef::to_string(protocol));
@@ -110,9 +111,13 @@ struct RoundBuilder {
       round.placements.push_back({s, d, pt.src_chunk, pt.dst_chunk});
     }
     for (const auto& [rank, side] : send_sides)
-      if (side.used) round.inputs[static_cast<std::size_t>(index_of(rank))] = reinterpret_cast<const void*>(side.base);
+      if (side.used)
+        round.inputs[static_cast<std::size_t>(index_of(rank))] =
+            reinterpret_cast<const void*>(side.base);
     for (const auto& [rank, side] : recv_sides)
-      if (side.used) round.outputs[static_cast<std::size_t>(index_of(rank))] = reinterpret_cast<void*>(side.base);
+      if (side.used)
+        round.outputs[static_cast<std::size_t>(index_of(rank))] =
+            reinterpret_cast<void*>(side.base);
     return round;
   }
 };
@@ -152,8 +157,10 @@ void build_p2p_program(P2pRound& round) {
     const int32_t s = pt.sender, d = pt.receiver;
     ef::Rank& sr = p.ranks[static_cast<std::size_t>(s)];
     ef::Rank& dr = p.ranks[static_cast<std::size_t>(d)];
-    sr.input_chunks = std::max<int64_t>(sr.input_chunks, static_cast<int64_t>(pt.src_chunk) + channels);
-    dr.output_chunks = std::max<int64_t>(dr.output_chunks, static_cast<int64_t>(pt.dst_chunk) + channels);
+    sr.input_chunks =
+        std::max<int64_t>(sr.input_chunks, static_cast<int64_t>(pt.src_chunk) + channels);
+    dr.output_chunks =
+        std::max<int64_t>(dr.output_chunks, static_cast<int64_t>(pt.dst_chunk) + channels);
     for (int32_t c = 0; c < channels; ++c) {
       ef::Op send;
       send.code = ef::OpCode::kSend;

@@ -37,20 +37,21 @@ struct P2pPlacement {
 
 /// One launch: a program over the participating clique ranks.
 struct P2pRound {
-  ef::Program program;         ///< kCustom, int8, nchunksperloop 1: the call's count is chunk_bytes
-                               ///< (empty until build_p2p_program when planned without programs)
+  ef::Program program;  ///< kCustom, int8, nchunksperloop 1: the call's count is chunk_bytes
+                        ///< (empty until build_p2p_program when planned without programs)
   int32_t channels = 1;
   ef::Protocol protocol = ef::Protocol::kSimple;
   std::vector<P2pPlacement> placements;  ///< in transfer order
-  std::vector<int32_t> ranks;  ///< program rank -> clique rank
-  std::vector<const void*> inputs;  ///< per program rank: base of its send buffers (or null)
-  std::vector<void*> outputs;       ///< per program rank: base of its receive buffers (or null)
+  std::vector<int32_t> ranks;            ///< program rank -> clique rank
+  std::vector<const void*> inputs;       ///< per program rank: base of its send buffers (or null)
+  std::vector<void*> outputs;  ///< per program rank: base of its receive buffers (or null)
   uint64_t chunk_bytes = 0;
   /// Connection slot bytes for its executor (ExecutorConfig::slot_bytes; 0: the protocol's
   /// default): a Simple round's chunk rounded up to a power of two within [32 KiB, 512 KiB],
   /// so that many channels of small chunks do not each hold 8 slots of 512 KiB.
   std::size_t slot_bytes = 0;
-  std::string signature;  ///< equal signatures: equal programs and slot bytes (the executor cache key)
+  std::string
+      signature;  ///< equal signatures: equal programs and slot bytes (the executor cache key)
 };
 
 /// Splits the transfers (none with bytes 0) into rounds; `channels_for(bytes)` gives the

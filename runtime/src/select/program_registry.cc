@@ -35,10 +35,12 @@ std::string unusable_reason(const ef::Program& p, const CallShape& call, const P
   if (call.inplace && !p.inplace) return "the program is not valid in place";
   if (!call.inplace && !p.outofplace) return "the program is valid in place only";
   if (!ef::chunk_elements(p, call.count))
-    return "count " + std::to_string(call.count) + " is not a multiple of the program's granularity " +
+    return "count " + std::to_string(call.count) +
+           " is not a multiple of the program's granularity " +
            std::to_string(ef::count_granularity(p));
   if (!f.allows(p.protocol))
-    return "protocol " + std::string(ef::to_string(p.protocol)) + " is excluded by NCCL_PROTO=" + f.spec;
+    return "protocol " + std::string(ef::to_string(p.protocol)) +
+           " is excluded by NCCL_PROTO=" + f.spec;
   return {};
 }
 
@@ -46,13 +48,14 @@ std::string unusable_reason(const ef::Program& p, const CallShape& call, const P
 
 std::unique_ptr<ProgramRegistry> ProgramRegistry::from_environment() {
   return std::make_unique<ProgramRegistry>(load_user_programs(), ProtocolFilter::from_environment(),
-                                    builtins_from_environment());
+                                           builtins_from_environment());
 }
 
 ProgramRegistry::ProgramRegistry(std::vector<std::pair<ef::Program, std::string>> user_programs,
                                  ProtocolFilter filter, bool builtins)
     : filter_(std::move(filter)), use_builtins_(builtins) {
-  for (auto& [program, file] : user_programs) user_.push_back({std::move(program), std::move(file)});
+  for (auto& [program, file] : user_programs)
+    user_.push_back({std::move(program), std::move(file)});
   // Built-ins run in the protocol the tuning table prefers for their size (results never
   // depend on it); where NCCL_PROTO excludes that one, in the first allowed of these.
   for (ef::Protocol p : {ef::Protocol::kSimple, ef::Protocol::kLL128, ef::Protocol::kLL}) {
@@ -73,9 +76,9 @@ ef::Protocol ProgramRegistry::p2p_protocol(uint64_t bytes) const {
   return allowed_protocol(runtime::p2p_protocol(bytes));
 }
 
-StatusOr<const ef::Program*> ProgramRegistry::builtin(const std::string& algorithm, const CallShape& call,
-                                               int32_t instances, bool inplace_variant,
-                                               ef::Protocol protocol) {
+StatusOr<const ef::Program*> ProgramRegistry::builtin(const std::string& algorithm,
+                                                      const CallShape& call, int32_t instances,
+                                                      bool inplace_variant, ef::Protocol protocol) {
   const int32_t root = is_rooted(call.collective) ? call.root : 0;
   auto key = std::make_tuple(algorithm, call.nranks, root, instances, inplace_variant, protocol);
   if (auto it = builtins_.find(key); it != builtins_.end()) return it->second.get();
@@ -90,9 +93,9 @@ StatusOr<const ef::Program*> ProgramRegistry::builtin(const std::string& algorit
   params.min_bytes = 0;
   params.max_bytes = std::nullopt;
   StatusOr<ef::Program> generated = algorithms::generate_algorithm(algorithm, params);
-  if (!generated) return Status::error("generating built-in " + algorithm + " for " +
-                                       std::to_string(call.nranks) + " ranks: " +
-                                       generated.status().message());
+  if (!generated)
+    return Status::error("generating built-in " + algorithm + " for " +
+                         std::to_string(call.nranks) + " ranks: " + generated.status().message());
   auto program = std::make_unique<ef::Program>(std::move(generated.value()));
   const ef::Program* raw = program.get();
   builtins_.emplace(key, std::move(program));
@@ -102,7 +105,7 @@ StatusOr<const ef::Program*> ProgramRegistry::builtin(const std::string& algorit
 StatusOr<Plan> ProgramRegistry::select(const CallShape& call) {
   constexpr std::size_t kMaxCachedShapes = 4096;
   const ShapeKey key{static_cast<int>(call.collective), call.nranks, call.root, call.count,
-                     static_cast<int>(call.dtype), call.inplace};
+                     static_cast<int>(call.dtype),      call.inplace};
   {
     std::lock_guard<std::mutex> lock(cache_mu_);
     if (auto it = cache_.find(key); it != cache_.end()) {
@@ -123,7 +126,7 @@ StatusOr<Plan> ProgramRegistry::select(const CallShape& call) {
 }
 
 StatusOr<Plan> ProgramRegistry::select_uncached(const CallShape& call,
-                                         std::vector<SelectionRecord>* records) {
+                                                std::vector<SelectionRecord>* records) {
   const uint64_t api_bytes = call.count * ef::size_of(call.dtype);
   const std::string collective(ef::to_string(call.collective));
 
@@ -193,7 +196,7 @@ StatusOr<Plan> ProgramRegistry::select_uncached(const CallShape& call,
     const uint64_t body = call.count - call.count % granularity;
     const std::string tail_algorithm =
         call.collective == ef::Collective::kAllReduce && call.nranks > 1 ? "allpairs_allreduce"
-                                                                          : algorithm;
+                                                                         : algorithm;
     auto tail = get(tail_algorithm, 1);
     if (!tail) return tail.status();
     if (ef::count_granularity(**tail) != 1)
@@ -218,8 +221,8 @@ StatusOr<Plan> ProgramRegistry::select_uncached(const CallShape& call,
       plan.reason += "; " + std::to_string(instances) + " instance(s) so that count " +
                      std::to_string(call.count) + " divides";
   }
-  SelectionRecord record{collective, (*program)->name, "builtin", plan.reason, false, call.count,
-                         call.nranks};
+  SelectionRecord record{collective, (*program)->name, "builtin",  plan.reason,
+                         false,      call.count,       call.nranks};
   records->push_back(record);
   return plan;
 }

@@ -8,15 +8,15 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "efccl/common/status.h"
 #include "efccl/ef/datatype.h"
 #include "efccl/ef/program.h"
-#include "efccl/common/status.h"
 #include "efccl/runtime/observer.h"
 #include "select/protocol_filter.h"
 

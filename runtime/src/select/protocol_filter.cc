@@ -19,10 +19,14 @@ ProtocolFilter ProtocolFilter::from_environment() {
   bool listed[3] = {false, false, false};
   for (const std::string& name : split_name_list(spec)) {
     const std::string n = lowercase(name);
-    if (n == "simple") listed[0] = true;
-    else if (n == "ll") listed[1] = true;
-    else if (n == "ll128") listed[2] = true;
-    else EFCCL_WARN(-1, "NCCL_PROTO: unknown protocol '" + name + "' ignored");
+    if (n == "simple")
+      listed[0] = true;
+    else if (n == "ll")
+      listed[1] = true;
+    else if (n == "ll128")
+      listed[2] = true;
+    else
+      EFCCL_WARN(-1, "NCCL_PROTO: unknown protocol '" + name + "' ignored");
   }
   for (int i = 0; i < 3; ++i) f.allowed[i] = exclude ? !listed[i] : listed[i];
   return f;

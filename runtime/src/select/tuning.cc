@@ -146,8 +146,9 @@ std::pair<int32_t, int32_t> p2p_channel_bounds() {
   const int32_t lo = p2p_channel_bound("NCCL_MIN_P2P_NCHANNELS", 1);
   const int32_t hi = p2p_channel_bound("NCCL_MAX_P2P_NCHANNELS", kMaxP2pChannels);
   if (lo > hi) {
-    EFCCL_WARN(-1, "NCCL_MIN_P2P_NCHANNELS=" + std::to_string(lo) + " exceeds NCCL_MAX_P2P_NCHANNELS=" +
-                       std::to_string(hi) + "; using " + std::to_string(hi) + " for both");
+    EFCCL_WARN(-1, "NCCL_MIN_P2P_NCHANNELS=" + std::to_string(lo) +
+                       " exceeds NCCL_MAX_P2P_NCHANNELS=" + std::to_string(hi) + "; using " +
+                       std::to_string(hi) + " for both");
     return {hi, hi};
   }
   return {lo, hi};

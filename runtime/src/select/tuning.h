@@ -5,8 +5,8 @@
 
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <string_view>
+#include <utility>
 
 #include "efccl/ef/program.h"
 
@@ -14,7 +14,8 @@ namespace efccl::runtime {
 
 /// A built-in algorithm, its instance count and protocol for one call.
 struct BuiltinChoice {
-  std::string_view algorithm;  ///< a name of the algorithm library (efccl/algorithms/algorithm_library.h)
+  std::string_view
+      algorithm;  ///< a name of the algorithm library (efccl/algorithms/algorithm_library.h)
   int32_t instances = 1;
   /// The protocol measured fastest for the size (before NCCL_PROTO; ProgramRegistry applies it).
   ef::Protocol protocol = ef::Protocol::kSimple;

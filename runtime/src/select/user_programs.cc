@@ -46,7 +46,8 @@ std::vector<std::pair<ef::Program, std::string>> load_user_programs() {
     files = user_program_files();
   } catch (const std::exception& e) {
     EFCCL_WARN(-1, std::string("EFCCL_ALGO_DIR / EFCCL_ALGO_FILES: listing the user programs "
-                               "failed (") + e.what() + "); none is used");
+                               "failed (") +
+                       e.what() + "); none is used");
     return programs;
   }
   for (const std::string& file : files) {

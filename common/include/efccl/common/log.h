@@ -51,10 +51,10 @@ void set_log_sink(std::function<void(const std::string& line)> sink);
 
 }  // namespace efccl
 
-#define EFCCL_LOG(level, subsys, device, message)                                  \
-  do {                                                                             \
-    if (::efccl::log_enabled((level), (subsys)))                          \
-      ::efccl::log_line((level), (subsys), (device), (message));          \
+#define EFCCL_LOG(level, subsys, device, message)                \
+  do {                                                           \
+    if (::efccl::log_enabled((level), (subsys)))                 \
+      ::efccl::log_line((level), (subsys), (device), (message)); \
   } while (0)
 #define EFCCL_INFO(subsys, device, message) \
   EFCCL_LOG(::efccl::LogLevel::kInfo, (subsys), (device), (message))

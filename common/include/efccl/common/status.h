@@ -29,8 +29,8 @@ class Status {
 template <typename T>
 class StatusOr {
  public:
-  StatusOr(T value) : v_(std::move(value)) {}              // NOLINT(google-explicit-constructor)
-  StatusOr(Status status) : v_(std::move(status)) {}       // NOLINT(google-explicit-constructor)
+  StatusOr(T value) : v_(std::move(value)) {}         // NOLINT(google-explicit-constructor)
+  StatusOr(Status status) : v_(std::move(status)) {}  // NOLINT(google-explicit-constructor)
   bool is_ok() const { return std::holds_alternative<T>(v_); }
   explicit operator bool() const { return is_ok(); }
   const Status& status() const { return std::get<Status>(v_); }
