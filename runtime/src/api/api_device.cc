@@ -58,7 +58,7 @@ ncclResult_t ncclLLA2ACreateRequirement(int nBlocks, int nSlots, ncclLLA2AHandle
   extern "C" EFCCL_API result p##name(__VA_ARGS__) __attribute__((alias(#name)));
 
 using efccl::runtime::ApiStatus;
-using efccl::runtime::report;
+using efccl::runtime::run_entry_point;
 
 namespace {
 
@@ -72,13 +72,15 @@ ApiStatus no_device_communicators(const char* function) {
       "collectives (ncclAllReduce, ncclSend/ncclRecv, ...)");
 }
 
-/// The rank and size of `comm`, or false after reporting why it is not usable under `function`.
-bool comm_shape(const char* function, ncclComm_t comm, int* rank, int* nranks) {
-  if (ApiStatus s = efccl::runtime::check_comm(comm); !s) {
-    report(function, s);
-    return false;
-  }
-  return ncclCommUserRank(comm, rank) == ncclSuccess && ncclCommCount(comm, nranks) == ncclSuccess;
+/// The rank and size of `comm`, or false after reporting why it is not usable under `function`
+/// (also when reporting it ran out of memory: nothing throws out of these C functions).
+bool comm_shape(const char* function, ncclComm_t comm, int* rank, int* nranks) noexcept {
+  return run_entry_point(function, [&] {
+           if (ApiStatus s = efccl::runtime::check_comm(comm); !s) return s;
+           *rank = comm->rank;
+           *nranks = comm->clique->nranks();
+           return ApiStatus::ok();
+         }) == ncclSuccess;
 }
 
 ApiStatus check_requirement_args(int count, const char* count_name, const void* out_handle,
@@ -97,15 +99,17 @@ ApiStatus check_requirement_args(int count, const char* count_name, const void* 
 
 EFCCL_API ncclResult_t ncclDevCommCreate(ncclComm_t comm, ncclDevCommRequirements_t const* reqs,
                                          ncclDevComm_t* outDevComm) {
-  return report("ncclDevCommCreate", no_device_communicators("ncclDevCommCreate"));
+  return run_entry_point("ncclDevCommCreate",
+                         [] { return no_device_communicators("ncclDevCommCreate"); });
 }
 EFCCL_ALIAS(ncclDevCommCreate)
 
 EFCCL_API ncclResult_t ncclDevCommDestroy(ncclComm_t comm, ncclDevComm_t const* devComm) {
-  return report("ncclDevCommDestroy",
-                ApiStatus::invalid_usage("ncclDevCommDestroy: efccl never creates device "
-                                         "communicators (ncclDevCommCreate is not supported), so "
-                                         "there is none to destroy"));
+  return run_entry_point("ncclDevCommDestroy", [] {
+    return ApiStatus::invalid_usage(
+        "ncclDevCommDestroy: efccl never creates device communicators (ncclDevCommCreate is not "
+        "supported), so there is none to destroy");
+  });
 }
 EFCCL_ALIAS(ncclDevCommDestroy)
 
@@ -152,18 +156,19 @@ EFCCL_ALIAS_SIGNATURE(int, ncclTeamRankToLsa, ncclComm_t, ncclTeam_t, int)
 EFCCL_API ncclResult_t ncclLsaBarrierCreateRequirement(ncclTeam_t team, int nBarriers,
                                                        ncclLsaBarrierHandle_t* outHandle,
                                                        ncclDevResourceRequirements_t* outReq) {
-  const char* fn = "ncclLsaBarrierCreateRequirement";
-  if (ApiStatus s = check_requirement_args(nBarriers, "nBarriers", outHandle, outReq); !s)
-    return report(fn, s);
-  // As NCCL: per barrier 3 words of state and one inbox word per team rank.
-  std::memset(outReq, 0, sizeof(*outReq));
-  outHandle->nBarriers = nBarriers;
-  outReq->bufferSize = (3 * static_cast<size_t>(nBarriers) +
-                        static_cast<size_t>(nBarriers) * static_cast<size_t>(team.nRanks)) *
-                       sizeof(uint32_t);
-  outReq->bufferAlign = alignof(uint32_t);
-  outReq->outBufferHandle = &outHandle->bufHandle;
-  return ncclSuccess;
+  return run_entry_point("ncclLsaBarrierCreateRequirement", [&] {
+    if (ApiStatus s = check_requirement_args(nBarriers, "nBarriers", outHandle, outReq); !s)
+      return s;
+    // As NCCL: per barrier 3 words of state and one inbox word per team rank.
+    std::memset(outReq, 0, sizeof(*outReq));
+    outHandle->nBarriers = nBarriers;
+    outReq->bufferSize = (3 * static_cast<size_t>(nBarriers) +
+                          static_cast<size_t>(nBarriers) * static_cast<size_t>(team.nRanks)) *
+                         sizeof(uint32_t);
+    outReq->bufferAlign = alignof(uint32_t);
+    outReq->outBufferHandle = &outHandle->bufHandle;
+    return ApiStatus::ok();
+  });
 }
 EFCCL_ALIAS(ncclLsaBarrierCreateRequirement)
 
@@ -171,10 +176,11 @@ EFCCL_API ncclResult_t ncclGinBarrierCreateRequirement(ncclComm_t comm, ncclTeam
                                                        int nBarriers,
                                                        ncclGinBarrierHandle_t* outHandle,
                                                        ncclDevResourceRequirements_t* outReq) {
-  return report("ncclGinBarrierCreateRequirement",
-                ApiStatus::invalid_usage("ncclGinBarrierCreateRequirement: efccl communicators "
-                                         "have no GPU-initiated networking (GIN), and no device "
-                                         "communicator to use a GIN barrier in"));
+  return run_entry_point("ncclGinBarrierCreateRequirement", [] {
+    return ApiStatus::invalid_usage(
+        "ncclGinBarrierCreateRequirement: efccl communicators have no GPU-initiated networking "
+        "(GIN), and no device communicator to use a GIN barrier in");
+  });
 }
 EFCCL_ALIAS(ncclGinBarrierCreateRequirement)
 
@@ -188,18 +194,17 @@ EFCCL_ALIAS(ncclLLA2ACalcSlots)
 EFCCL_API ncclResult_t ncclLLA2ACreateRequirement(int nBlocks, int nSlots,
                                                   ncclLLA2AHandle_t* outHandle,
                                                   ncclDevResourceRequirements_t* outReq) {
-  const char* fn = "ncclLLA2ACreateRequirement";
-  if (ApiStatus s = check_requirement_args(nBlocks, "nBlocks", outHandle, outReq); !s)
-    return report(fn, s);
-  if (nSlots < 0)
-    return report(fn,
-                  ApiStatus::invalid_argument("nSlots " + std::to_string(nSlots) + " is negative"));
-  // As NCCL: per block one 16-byte header and two 16-byte lines per slot.
-  outHandle->nSlots = static_cast<uint32_t>(nSlots);
-  std::memset(outReq, 0, sizeof(*outReq));
-  outReq->bufferSize = static_cast<size_t>(nBlocks) * (1 + 2 * static_cast<size_t>(nSlots)) * 16;
-  outReq->bufferAlign = 16;
-  outReq->outBufferHandle = &outHandle->bufHandle;
-  return ncclSuccess;
+  return run_entry_point("ncclLLA2ACreateRequirement", [&] {
+    if (ApiStatus s = check_requirement_args(nBlocks, "nBlocks", outHandle, outReq); !s) return s;
+    if (nSlots < 0)
+      return ApiStatus::invalid_argument("nSlots " + std::to_string(nSlots) + " is negative");
+    // As NCCL: per block one 16-byte header and two 16-byte lines per slot.
+    outHandle->nSlots = static_cast<uint32_t>(nSlots);
+    std::memset(outReq, 0, sizeof(*outReq));
+    outReq->bufferSize = static_cast<size_t>(nBlocks) * (1 + 2 * static_cast<size_t>(nSlots)) * 16;
+    outReq->bufferAlign = 16;
+    outReq->outBufferHandle = &outHandle->bufHandle;
+    return ApiStatus::ok();
+  });
 }
 EFCCL_ALIAS(ncclLLA2ACreateRequirement)
