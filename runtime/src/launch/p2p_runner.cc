@@ -140,6 +140,9 @@ ApiStatus run_send_recv(LaunchContext& ctx, const std::vector<Call>& calls, Laun
     for (const P2pRound& round : local_rounds)
       ready.push_back({&round, round.inputs, round.outputs, ExchangeName{}, nullptr});
   } else {
+    // Plans are kept across calls; the table is emptied before a call, never during one (the
+    // rounds below point into it until they are launched).
+    if (ctx.pair_rounds.size() >= kMaxCachedPairPlans) ctx.pair_rounds.clear();
     // Pairs in one global order; each side of a message is known here from its local end.
     std::map<DirectionKey, std::size_t> messages;
     for (const auto& [dir, sizes] : bytes)
@@ -167,7 +170,6 @@ ApiStatus run_send_recv(LaunchContext& ctx, const std::vector<Call>& calls, Laun
         const auto key = std::make_tuple(a, b, bytes_ab, bytes_ba);
         auto cached = ctx.pair_rounds.find(key);
         if (cached == ctx.pair_rounds.end()) {
-          if (ctx.pair_rounds.size() >= kMaxCachedPairPlans) ctx.pair_rounds.clear();
           LaunchContext::PreparedPair prepared;
           prepared.plan = plan_pair_rounds(a, b, bytes_ab, bytes_ba, &p2p_channels, protocol_for);
           prepared.executors.assign(prepared.plan.rounds.size(), nullptr);
