@@ -42,11 +42,9 @@ std::string SocketAddress::host_string() const {
   if (family() == AF_INET6) {
     inet_ntop(AF_INET6, &v6.sin6_addr, buf, sizeof(buf));
     std::string host = buf;
-    char ifname[IF_NAMESIZE] = {};
-    if (v6.sin6_scope_id != 0)
-      host += "%" + (if_indextoname(v6.sin6_scope_id, ifname) != nullptr
-                         ? std::string(ifname)
-                         : std::to_string(v6.sin6_scope_id));
+    // The scope as a number: getaddrinfo takes an interface name only for link-local
+    // addresses, and what is written here must parse back (the mprun PEERS line).
+    if (v6.sin6_scope_id != 0) host += "%" + std::to_string(v6.sin6_scope_id);
     return host;
   }
   return "<address of family " + std::to_string(family()) + ">";

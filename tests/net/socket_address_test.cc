@@ -51,6 +51,21 @@ TEST(SocketAddress, NumericOnlyNeverResolvesNames) {
   EXPECT_FALSE(SocketAddress::parse("10.1.2.3:7", AF_INET6, numeric)) << "family respected";
 }
 
+TEST(SocketAddress, ScopedAddressesSurviveToStringAndParse) {
+  // A scope id on an address that is not link-local, as a fuzzer found in an mprun PEERS line:
+  // written by name ("lo") it would not parse back. Written as a number, it does, whatever the
+  // address.
+  const auto numeric = SocketAddress::Lookup::kNumericOnly;
+  for (const char* text : {"[::%1]:2", "[fe80::1%1]:3", "[fd00::2%7]:9"}) {
+    auto a = SocketAddress::parse(text, AF_UNSPEC, numeric);
+    ASSERT_TRUE(a) << text << ": " << a.status().message();
+    EXPECT_EQ(a->to_string(), text);
+    auto again = SocketAddress::parse(a->to_string(), AF_UNSPEC, numeric);
+    ASSERT_TRUE(again) << a->to_string() << ": " << again.status().message();
+    EXPECT_TRUE(*again == *a) << text;
+  }
+}
+
 TEST(SocketAddress, EqualAddressesHaveEqualBytes) {
   auto a = SocketAddress::parse("127.0.0.1:4242");
   auto b = SocketAddress::parse("127.0.0.1:4242");
