@@ -5,6 +5,7 @@ Top-level layers, lowest first; a file may include headers of its own layer and 
 listed as below it:
   common                      Status, logger, hash
   ef_format                   program model, JSON/XML, validation, compiler, algorithm library
+  topology                    the machine as a graph (no CUDA), presets, NCCL XML, detection
   interpreter/host            the reference executor and the timing model
   net                         sockets and the bootstrap (no CUDA)
   interpreter/device          the CUDA interpreter
@@ -22,10 +23,12 @@ import sys
 LAYERS = {  # layer -> layers it may include (besides itself)
     "common": set(),
     "ef_format": {"common"},
-    "interpreter/host": {"common", "ef_format"},
+    "topology": {"common", "ef_format"},
+    "interpreter/host": {"common", "ef_format", "topology"},
     "net": {"common"},
-    "interpreter/device": {"common", "ef_format", "interpreter/host"},
-    "runtime": {"common", "ef_format", "interpreter/host", "interpreter/device", "net"},
+    "interpreter/device": {"common", "ef_format", "topology", "interpreter/host"},
+    "runtime": {"common", "ef_format", "topology", "interpreter/host", "interpreter/device",
+                "net"},
 }
 RUNTIME_ORDER = ["api", "comm", "fallback", "enqueue", "launch", "select", "base"]
 # Public include prefixes and the layer that owns them.
@@ -34,6 +37,7 @@ PUBLIC = [
     ("efccl/ef/", "ef_format"),
     ("efccl/compiler/", "ef_format"),
     ("efccl/algorithms/", "ef_format"),
+    ("efccl/topology/", "topology"),
     ("efccl/host/", "interpreter/host"),
     ("efccl/device/", "interpreter/device"),
     ("efccl/net/", "net"),
@@ -69,7 +73,7 @@ def check_file(root, path, problems):
     sub = runtime_sublayer(path)
     with open(os.path.join(root, path), encoding="utf-8", errors="replace") as f:
         lines = f.readlines()
-    if layer in ("runtime", "net", "interpreter/host", "interpreter/device") and len(lines) > MAX_LINES:
+    if layer in ("runtime", "net", "topology", "interpreter/host", "interpreter/device") and len(lines) > MAX_LINES:
         problems.append(f"{path}: {len(lines)} lines, more than the {MAX_LINES} a source file may have")
     for number, line in enumerate(lines, 1):
         m = INCLUDE.match(line)
