@@ -38,6 +38,7 @@ PUBLIC = [
     ("efccl/compiler/", "ef_format"),
     ("efccl/algorithms/", "ef_format"),
     ("efccl/topology/", "topology"),
+    ("efccl/balance/", "topology"),
     ("efccl/host/", "interpreter/host"),
     ("efccl/device/", "interpreter/device"),
     ("efccl/net/", "net"),

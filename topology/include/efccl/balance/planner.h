@@ -1,0 +1,154 @@
+// The balancer's planner (docs/balancer.md): a demand matrix in, for every pair a split of its
+// bytes over candidate paths out, keeping the most loaded link as light as it can. CUDA-free,
+// deterministic: equal inputs give equal plans, bit for bit, on every rank and machine.
+//
+//   auto table = balance::PathTable::build(topology, rank_gpus);   // once per communicator
+//   balance::Planner planner(*table, balance::PlannerOptions{});
+//   balance::Plan plan = planner.plan(demand);                     // per call (cached by demand)
+//   for (const balance::PairPlan& p : plan.pairs)                  // p.paths: candidate, bytes
+//
+// Candidates of a pair (candidates[0] is the path used without balancing):
+//   same GPU       the GPU's memory (no link)
+//   same host      the default route, then through each other GPU of the host (one relay, as
+//                  NIMBLE), then through pinned host memory (Topology::gpu_walks)
+//   other hosts    src's rail NIC to the same rail's NIC on dst's host, then to dst (default);
+//                  then for every rail r: src -> (NVLink) the GPU owning rail r -> its NIC ->
+//                  rail r -> the NIC of rail r on dst's host -> the GPU owning it -> (NVLink) dst
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "efccl/common/status.h"
+#include "efccl/topology/topology.h"
+
+namespace efccl::balance {
+
+using topo::LinkIndex;
+using topo::NodeIndex;
+
+/// Bytes from every rank to every rank, row-major: bytes[src * nranks + dst].
+struct Demand {
+  int32_t nranks = 0;
+  std::vector<uint64_t> bytes;
+  uint64_t at(int32_t src, int32_t dst) const {
+    return bytes[static_cast<std::size_t>(src) * static_cast<std::size_t>(nranks) +
+                 static_cast<std::size_t>(dst)];
+  }
+  /// A hash of the matrix (the plan cache's key).
+  uint64_t hash() const;
+};
+/// {"ranks": N, "bytes": [[...], ...]} (N rows of N non-negative integers); errors name `where`.
+StatusOr<Demand> demand_from_json(std::string_view text, std::string_view where);
+
+/// One way from a rank's GPU to another's.
+struct Candidate {
+  std::vector<LinkIndex> links;
+  double gbps = 0;           ///< its bottleneck (0: no link, the same GPU)
+  std::string via;           ///< "direct", "relay h0.gpu2", "host memory", "rail 3", "local"
+};
+
+/// Every pair's candidates over one topology and placement of ranks. Built once; candidates
+/// are computed on first use (thread-safe) from per-host subgraphs and cached.
+class PathTable {
+ public:
+  /// `rank_gpu[r]`: rank r's GPU node in `topology` (several ranks may share one).
+  static StatusOr<std::shared_ptr<const PathTable>> build(const topo::Topology& topology,
+                                                          std::vector<NodeIndex> rank_gpu);
+  int32_t nranks() const { return static_cast<int32_t>(rank_gpu_.size()); }
+  const topo::Topology& topology() const { return topology_; }
+  NodeIndex rank_gpu(int32_t rank) const { return rank_gpu_[static_cast<std::size_t>(rank)]; }
+  /// The candidates of (src, dst); never empty on a connected graph (an error names the pair
+  /// otherwise). `only_default`: candidates[0] alone (all of them when already known).
+  StatusOr<std::shared_ptr<const std::vector<Candidate>>> candidates(
+      int32_t src, int32_t dst, bool only_default = false) const;
+
+ private:
+  PathTable() = default;
+  StatusOr<std::vector<Candidate>> compute(NodeIndex a, NodeIndex b, bool only_default) const;
+  /// Route inside one host (its subgraph), as links of the whole topology.
+  std::optional<topo::Path> host_route(NodeIndex a, NodeIndex b) const;
+
+  topo::Topology topology_;
+  std::vector<NodeIndex> rank_gpu_;
+  /// Per host: its subgraph and the maps between its node/link indices and the whole graph's.
+  struct HostGraph {
+    topo::Topology graph;
+    std::vector<LinkIndex> to_whole;       ///< local link -> whole link
+    std::vector<NodeIndex> to_whole_node;  ///< local node -> whole node
+  };
+  std::vector<HostGraph> hosts_;
+  std::vector<NodeIndex> local_of_;  ///< whole node -> its index in its host's subgraph
+  mutable std::mutex mu_;
+  mutable std::map<std::pair<NodeIndex, NodeIndex>, std::shared_ptr<const std::vector<Candidate>>>
+      cache_, default_cache_;
+};
+
+struct PlannerOptions {
+  /// Pairs with fewer bytes stay on candidates[0] (EFCCL_BALANCE_MIN_BYTES).
+  uint64_t min_split_bytes = 1u << 20;
+  /// A repeating demand keeps its plan unless a new one lowers the maximum link load by more
+  /// than this fraction (EFCCL_BALANCE_HYSTERESIS).
+  double hysteresis = 0.05;
+  /// Splits are whole multiples of this (a pair's last piece takes the remainder), so that
+  /// they map onto chunks.
+  uint64_t piece_bytes = 256u << 10;
+  /// At most this many pieces per pair (larger pairs use larger pieces, still multiples).
+  uint32_t max_pieces = 64;
+  /// Microseconds charged per link a path has beyond candidates[0]'s: small transfers stay
+  /// on short paths, large ones take extra hops when the load says so.
+  double hop_penalty_us = 1.0;
+  /// Sweeps over the pairs of the fractional optimisation (docs/balancer.md).
+  int iterations = 64;
+  /// EFCCL_BALANCE_MIN_BYTES and EFCCL_BALANCE_HYSTERESIS over the defaults; a bad value is
+  /// an error naming the variable.
+  static StatusOr<PlannerOptions> from_environment();
+};
+
+struct PathShare {
+  uint32_t candidate = 0;  ///< index into the pair's candidates
+  uint64_t bytes = 0;
+};
+
+struct PairPlan {
+  int32_t src = 0;
+  int32_t dst = 0;
+  uint64_t bytes = 0;
+  std::shared_ptr<const std::vector<Candidate>> candidates;
+  std::vector<PathShare> paths;  ///< bytes add up to `bytes`; candidate ascending
+};
+
+struct Plan {
+  std::vector<PairPlan> pairs;     ///< every pair with bytes, src-major then dst
+  std::vector<double> link_bytes;  ///< per link of the topology, background included
+  double max_load_us = 0;          ///< max over links of bytes / capacity
+  double direct_max_load_us = 0;   ///< the same with every pair on candidates[0]
+  uint64_t min_split_bytes = 0;    ///< the threshold in force
+};
+
+class Planner {
+ public:
+  Planner(std::shared_ptr<const PathTable> table, PlannerOptions options);
+  /// A plan for `demand` (nranks must match the table's). `background_bytes`: recent load per
+  /// link of the topology (empty: none). Repeating demands return their cached plan unless a
+  /// new one beats it by more than the hysteresis.
+  StatusOr<Plan> plan(const Demand& demand, std::span<const double> background_bytes = {});
+  const PlannerOptions& options() const { return options_; }
+
+ private:
+  StatusOr<Plan> compute(const Demand& demand, std::span<const double> background) const;
+  std::shared_ptr<const PathTable> table_;
+  PlannerOptions options_;
+  std::map<uint64_t, Plan> last_;  ///< by demand hash: the plan in force
+};
+
+/// Max over links of bytes / capacity, in microseconds.
+double max_load_us(const topo::Topology& t, std::span<const double> link_bytes);
+
+}  // namespace efccl::balance
