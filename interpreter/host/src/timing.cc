@@ -1,7 +1,7 @@
 // The link-cost model (docs/timing-model.md): the executor's walk (program_walk.h) with a cost
 // function that prices each unit instead of moving its data. Ports (a device's NVLink or PCIe
-// egress and ingress, its memory) serve units in the order they become ready, so concurrent
-// transfers share a port's bandwidth.
+// egress and ingress, or with a topology every link of the graph; a device's memory) serve
+// units in the order they become ready, so concurrent transfers share a port's bandwidth.
 #include "efccl/host/timing.h"
 
 #include <algorithm>
@@ -9,9 +9,13 @@
 #include <cstdint>
 #include <map>
 #include <new>
+#include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
+#include "efccl/host/topology_model.h"
+#include "efccl/topology/topology.h"
 #include "index_check.h"
 #include "program_walk.h"
 
@@ -54,50 +58,123 @@ struct Port {
 };
 
 /// The link-cost model as the walk's cost function: a unit keeps its threadblock, the device's
-/// memory and (when it sends) the connection's ports busy, and ends when the slowest is done.
+/// memory and (when it sends) every port of the connection's path busy, and ends when the
+/// slowest is done.
 class LinkCosts final : public UnitCost {
  public:
   LinkCosts(const LinkCostModel& model, const TileGeometry& tiles) : model_(model), tiles_(tiles) {}
 
-  /// Assigns each connection of the walk its transport's cost and ports.
-  void prepare(const ProgramWalk& walk);
+  /// Assigns each connection of the walk its path: ports, capacities, latency. Fails when a
+  /// topology has no route for a connection.
+  Status prepare(const ProgramWalk& walk);
   double run(const WalkUnit& unit) override;
   double latency(std::size_t connection) const override {
-    return connection_ports_[connection].cost->latency_us;
+    return connection_paths_[connection].latency_us;
   }
   /// Fills the traffic counters and the busiest port of `result`.
   void report(TimingResult& result) const;
 
  private:
-  struct ConnectionPorts {
-    const LinkCost* cost = nullptr;
-    Port* egress = nullptr;   ///< the sender's port for the transport
-    Port* ingress = nullptr;  ///< the receiver's port (the same port for kSameDevice)
+  /// A port a transfer occupies, at the capacity it has there.
+  struct Hop {
+    Port* port = nullptr;
+    double gbps = 1;
+  };
+  /// What one connection's transfers occupy.
+  struct ConnectionPath {
+    std::vector<Hop> forward;  ///< busy bytes / gbps each; a transfer starts when all are free
+    std::vector<Hop> reverse;  ///< take reverse_fraction of the bytes (responses)
+    double bottleneck_gbps = 1;
+    double reverse_fraction = 0;
+    double latency_us = 0;
   };
   Port& memory(int64_t device) { return memory_[device]; }
+  /// The per-device ports of `transport` (no topology): the sender's egress and the receiver's
+  /// ingress carry the data, the receiver's egress and the sender's ingress the responses.
+  ConnectionPath device_ports(int64_t sender, int64_t receiver, Transport transport);
+  StatusOr<ConnectionPath> topology_links(int64_t sender, int64_t receiver, Transport transport);
 
   const LinkCostModel& model_;
   TileGeometry tiles_;
-  std::vector<ConnectionPorts> connection_ports_;
+  std::vector<ConnectionPath> connection_paths_;
   std::map<std::tuple<int64_t, Transport, bool>, Port> link_ports_;  ///< (device, transport, in)
+  std::map<topo::LinkIndex, Port> topology_ports_;                   ///< per link of the graph
   std::map<int64_t, Port> memory_;                                   ///< per device
   uint64_t link_bytes_ = 0;
   uint64_t local_bytes_ = 0;
 };
 
-void LinkCosts::prepare(const ProgramWalk& walk) {
-  for (const WalkConnection& c : walk.connections()) {
-    ConnectionPorts ports;
-    const Transport transport = model_.transport(c.sender, c.receiver, c.channel);
-    ports.cost = &model_.cost(transport);
-    if (transport == Transport::kSameDevice) {
-      ports.egress = ports.ingress = &memory(model_.device_of(c.sender));
-    } else {
-      ports.egress = &link_ports_[{model_.device_of(c.sender), transport, false}];
-      ports.ingress = &link_ports_[{model_.device_of(c.receiver), transport, true}];
-    }
-    connection_ports_.push_back(ports);
+LinkCosts::ConnectionPath LinkCosts::device_ports(int64_t sender, int64_t receiver,
+                                                  Transport transport) {
+  const LinkCost& cost = model_.cost(transport);
+  ConnectionPath path;
+  path.bottleneck_gbps = cost.bandwidth_gbps;
+  path.latency_us = cost.latency_us;
+  path.reverse_fraction = cost.reverse_fraction;
+  path.forward = {{&link_ports_[{sender, transport, false}], cost.bandwidth_gbps},
+                  {&link_ports_[{receiver, transport, true}], cost.bandwidth_gbps}};
+  if (cost.reverse_fraction > 0)
+    path.reverse = {{&link_ports_[{receiver, transport, false}], cost.bandwidth_gbps},
+                    {&link_ports_[{sender, transport, true}], cost.bandwidth_gbps}};
+  return path;
+}
+
+StatusOr<LinkCosts::ConnectionPath> LinkCosts::topology_links(int64_t sender, int64_t receiver,
+                                                              Transport transport) {
+  const topo::Topology& t = *model_.topology;
+  for (const int64_t device : {sender, receiver})
+    if (device < 0 || static_cast<std::size_t>(device) >= t.nodes().size() ||
+        t.node(static_cast<topo::NodeIndex>(device)).kind != topo::NodeKind::kGpu)
+      return Status::error("rank device " + std::to_string(device) +
+                           " is not a GPU node of the model's topology");
+  StatusOr<topo::Path> route = transfer_route(t, static_cast<topo::NodeIndex>(sender),
+                                              static_cast<topo::NodeIndex>(receiver), transport);
+  if (!route) return route.status();
+  const LinkCost& cost = model_.cost(transport);
+  ConnectionPath path;
+  path.bottleneck_gbps = route->gbps;
+  path.latency_us = cost.latency_us + route->latency_us;
+  path.reverse_fraction = cost.reverse_fraction;
+  for (const topo::LinkIndex l : route->links) {
+    path.forward.push_back({&topology_ports_[l], t.link(l).gbps});
+    if (cost.reverse_fraction <= 0) continue;
+    if (const auto back = reverse_link(t, l))
+      path.reverse.push_back({&topology_ports_[*back], t.link(*back).gbps});
   }
+  return path;
+}
+
+Status LinkCosts::prepare(const ProgramWalk& walk) {
+  // Routes per (sender device, receiver device, transport): many connections share one.
+  std::map<std::tuple<int64_t, int64_t, Transport>, ConnectionPath> paths;
+  for (const WalkConnection& c : walk.connections()) {
+    const Transport transport = model_.transport(c.sender, c.receiver, c.channel);
+    const int64_t sender = model_.device_of(c.sender);
+    const int64_t receiver = model_.device_of(c.receiver);
+    if (transport == Transport::kSameDevice) {
+      // A copy through the device's memory, shared with its local work.
+      ConnectionPath path;
+      path.forward = {{&memory(sender), model_.same_device.bandwidth_gbps}};
+      path.bottleneck_gbps = model_.same_device.bandwidth_gbps;
+      path.latency_us = model_.same_device.latency_us;
+      connection_paths_.push_back(std::move(path));
+      continue;
+    }
+    auto it = paths.find({sender, receiver, transport});
+    if (it == paths.end()) {
+      ConnectionPath path;
+      if (model_.topology) {
+        StatusOr<ConnectionPath> links = topology_links(sender, receiver, transport);
+        if (!links) return links.status();
+        path = std::move(*links);
+      } else {
+        path = device_ports(sender, receiver, transport);
+      }
+      it = paths.emplace(std::make_tuple(sender, receiver, transport), std::move(path)).first;
+    }
+    connection_paths_.push_back(it->second);
+  }
+  return Status::ok();
 }
 
 double LinkCosts::run(const WalkUnit& unit) {
@@ -115,17 +192,24 @@ double LinkCosts::run(const WalkUnit& unit) {
     local_bytes_ += local;
   }
   if (ef::op_sends(unit.op.code)) {
-    const ConnectionPorts& out = connection_ports_[static_cast<std::size_t>(t.send_connection)];
-    const double start = std::max({ready, out.egress->free_at, out.ingress->free_at});
-    const double busy = transfer_us(bytes, out.cost->bandwidth_gbps);
-    out.egress->free_at = start + busy;
-    out.egress->busy_us += busy;
-    if (out.ingress != out.egress) {
-      out.ingress->free_at = start + busy;
-      out.ingress->busy_us += busy;
+    const ConnectionPath& path = connection_paths_[static_cast<std::size_t>(t.send_connection)];
+    double start = ready;
+    for (const Hop& hop : path.forward) start = std::max(start, hop.port->free_at);
+    for (const Hop& hop : path.forward) {
+      const double busy = transfer_us(bytes, hop.gbps);
+      hop.port->free_at = start + busy;
+      hop.port->busy_us += busy;
+    }
+    // Responses flow back while the data streams: they take their share of the opposite
+    // direction without holding the transfer up. Charged from `ready` (the walk's clock), not
+    // from a later `start`: a reservation in the future would leave the port idle before it.
+    for (const Hop& hop : path.reverse) {
+      const double busy = path.reverse_fraction * transfer_us(bytes, hop.gbps);
+      hop.port->free_at = std::max(hop.port->free_at, ready) + busy;
+      hop.port->busy_us += busy;
     }
     // The threadblock writes the tile while it runs; its last byte lands `latency` later.
-    end = std::max(end, start + busy);
+    end = std::max(end, start + transfer_us(bytes, path.bottleneck_gbps));
     link_bytes_ += bytes;
   }
   return end;
@@ -135,6 +219,8 @@ void LinkCosts::report(TimingResult& result) const {
   result.link_bytes = link_bytes_;
   result.local_bytes = local_bytes_;
   for (const auto& [key, port] : link_ports_)
+    result.busiest_port_us = std::max(result.busiest_port_us, port.busy_us);
+  for (const auto& [link, port] : topology_ports_)
     result.busiest_port_us = std::max(result.busiest_port_us, port.busy_us);
   for (const auto& [device, port] : memory_)
     result.busiest_port_us = std::max(result.busiest_port_us, port.busy_us);
@@ -147,6 +233,10 @@ Status check_link(const LinkCost& c, const char* name) {
   if (!std::isfinite(c.bandwidth_gbps) || c.bandwidth_gbps <= 0)
     return Status::error(std::string(name) + " bandwidth must be a finite number > 0 GB/s, got " +
                          std::to_string(c.bandwidth_gbps));
+  if (!std::isfinite(c.reverse_fraction) || c.reverse_fraction < 0)
+    return Status::error(std::string(name) +
+                         " reverse fraction must be a finite number >= 0, got " +
+                         std::to_string(c.reverse_fraction));
   return Status::ok();
 }
 
@@ -233,6 +323,8 @@ TimingResult predict_time(const ef::Program& program, const ExecOptions& options
     return fail(Status::error("connection_slots must be at least 1, got " +
                               std::to_string(options.connection_slots)));
   if (Status s = check_model(model); !s) return fail(std::move(s));
+  if (model.topology && model.rank_devices.empty())
+    return fail(Status::error("a model with a topology needs rank_devices (model_for_topology)"));
   if (!model.rank_devices.empty() &&
       model.rank_devices.size() != static_cast<std::size_t>(program.nranks))
     return fail(Status::error("the model places " + std::to_string(model.rank_devices.size()) +
@@ -246,7 +338,7 @@ TimingResult predict_time(const ef::Program& program, const ExecOptions& options
     ProgramWalk walk(program, tiles, options.connection_slots, /*timed=*/true);
     walk.prepare();
     LinkCosts costs(model, tiles);
-    costs.prepare(walk);
+    if (Status s = costs.prepare(walk); !s) return fail(std::move(s));
     result.blocked = walk.run(costs);
     if (!result.blocked.empty()) {
       result.deadlock = true;

@@ -5,7 +5,9 @@
 // connections. A unit keeps its threadblock busy for at least bytes / threadblock bandwidth,
 // a transfer costs bytes / bandwidth of the connection's transport (shared by every transfer
 // through the same port) plus its latency, and local work costs its memory traffic / the
-// device's memory bandwidth. docs/timing-model.md describes the model and its numbers.
+// device's memory bandwidth. With a topology (model_for_topology, topology_model.h) a transfer
+// occupies every link of its route instead. docs/timing-model.md describes the model and its
+// numbers.
 //
 //   host::LinkCostModel model;                      // H200 NVLink defaults
 //   host::ExecOptions call{.count = 1 << 28, .dtype = ef::DataType::kFloat32};
@@ -14,6 +16,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -23,6 +26,10 @@
 #include "efccl/ef/program.h"
 #include "efccl/common/status.h"
 #include "efccl/host/executor.h"
+
+namespace efccl::topo {
+class Topology;
+}  // namespace efccl::topo
 
 namespace efccl::host {
 
@@ -39,14 +46,20 @@ std::string_view to_string(Transport t);
 struct LinkCost {
   double latency_us = 0;
   double bandwidth_gbps = 1;
+  /// Link-level responses a transfer sends back the opposite way, as a fraction of its
+  /// payload: they take that share of the reverse direction's time, which data going the
+  /// other way then waits for (docs/timing-model.md, "Both directions").
+  double reverse_fraction = 0;
 };
 
 /// Costs of the machine a program runs on. The defaults describe H200s on NVSwitch: they are
 /// parameters, not constants, so that other machines (and what-ifs) are one struct away.
 struct LinkCostModel {
   /// NVLink copy bandwidth measured on H200 (395 GB/s per direction) and the per-hop latency
-  /// of a slot handoff (flag write, remote poll; about 2-3 us).
-  LinkCost nvlink{2.5, 395.0};
+  /// of a slot handoff (flag write, remote poll; about 2-3 us). Responses: 0.1 of the payload,
+  /// from 395 GB/s one way against the ~360 GB/s per direction measured with both directions
+  /// busy (send/recv at 1 GB, NCCL and efccl; docs/timing-model.md).
+  LinkCost nvlink{2.5, 395.0, 0.1};
   /// Host-staged PCIe path: 55 GB/s per direction; the latency (two PCIe crossings and a
   /// host-memory flag) is an estimate, not a measurement.
   LinkCost pcie_host_staged{5.0, 55.0};
@@ -70,8 +83,14 @@ struct LinkCostModel {
   /// ... and per connection (sender, receiver, channel), which wins over the pair's.
   std::map<std::tuple<int32_t, int32_t, int32_t>, Transport> connection_transport;
   /// Per program rank: its device. Ranks with equal entries share one GPU (its ports and
-  /// memory) and talk through kSameDevice. Empty: every rank has a GPU of its own.
+  /// memory) and talk through kSameDevice. Empty: every rank has a GPU of its own. With a
+  /// topology: the GPU node (topo::NodeIndex) of each rank, one entry per rank.
   std::vector<int64_t> rank_devices;
+  /// The machine as a graph, or null (the per-device ports above). With one, a transfer
+  /// occupies every link of its route, each at its own capacity, and its latency is the
+  /// transport's plus the route's; the transports' bandwidths are not used (kSameDevice's is).
+  /// Built by model_for_topology (efccl/host/topology_model.h).
+  std::shared_ptr<const topo::Topology> topology;
 
   /// The transport of connection (sender, receiver, channel).
   Transport transport(int32_t sender, int32_t receiver, int32_t channel) const;
