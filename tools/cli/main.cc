@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -31,6 +30,8 @@
 #include "efccl/ef/msccl_xml.h"
 #include "efccl/ef/validate.h"
 #include "efccl/host/executor.h"
+#include "args.h"
+#include "topo_command.h"
 
 extern char** environ;
 
@@ -39,6 +40,10 @@ namespace {
 using efccl::Diagnostics;
 namespace ef = efccl::ef;
 namespace host = efccl::host;
+using efccl::cli::Args;
+using efccl::cli::parse_i32;
+using efccl::cli::parse_u64;
+using efccl::cli::UsageError;
 
 constexpr int kExitOk = 0;
 constexpr int kExitFailed = 1;
@@ -71,17 +76,21 @@ constexpr std::string_view kUsage =
     "                              FILE: MSCCL XML when FILE ends in .xml, else EF JSON;\n"
     "                              the result is validated. The efccl package is looked up\n"
     "                              in $EFCCL_PYTHONPATH, else in <bin>/../python\n"
+    "  topo [--detect | --xml FILE | --preset NAME | --json-file FILE] [--nodes N]\n"
+    "       [--json] [--svg FILE]\n"
+    "                              the machine as a graph (docs/topology.md): detected (the\n"
+    "                              default; NCCL_TOPO_FILE is honoured), NCCL topology XML, a\n"
+    "                              preset (dgx-h100, hgx-h200, nimble-h100, h200-nv18-x2) or\n"
+    "                              efccl's topology JSON; --nodes N makes a cluster of N such\n"
+    "                              hosts joined by rail switches. Prints a summary, or the\n"
+    "                              JSON with --json; --svg FILE also draws it\n"
     "  help                        this text\n"
     "\n"
     "Exit codes: 0 success, 1 invalid input or failed run, 2 usage error (including an\n"
-    "unknown command, option, datatype, operator or algorithm name).\n"
+    "unknown command, option, datatype, operator, algorithm or preset name).\n"
     "\n"
     "Datatypes: int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 f8e4m3 f8e5m2\n"
     "Ops: sum prod min max avg premulsum\n";
-
-struct UsageError {
-  std::string message;
-};
 
 void print_diagnostics(const Diagnostics& diagnostics) {
   for (const auto& d : diagnostics) std::cerr << d.to_string() << '\n';
@@ -113,51 +122,6 @@ std::optional<ef::Program> load_valid(const std::string& path, std::string* why 
   }
   return std::move(loaded.program);
 }
-
-uint64_t parse_u64(std::string_view flag, std::string_view text) {
-  uint64_t v = 0;
-  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || ptr != text.data() + text.size() || text.empty())
-    throw UsageError{std::string(flag) + ": expected a non-negative integer, got '" +
-                     std::string(text) + "'"};
-  return v;
-}
-
-/// Minimal flag parser: positional arguments plus `--flag value` and boolean flags.
-class Args {
- public:
-  Args(const std::vector<std::string>& argv, std::set<std::string> value_flags,
-       std::set<std::string> bool_flags) {
-    for (std::size_t i = 0; i < argv.size(); ++i) {
-      const std::string& a = argv[i];
-      if (a.size() > 1 && a[0] == '-') {
-        if (value_flags.count(a)) {
-          if (i + 1 >= argv.size()) throw UsageError{a + " needs a value"};
-          if (values_.count(a)) throw UsageError{a + " given twice"};
-          values_[a] = argv[++i];
-        } else if (bool_flags.count(a)) {
-          bools_.insert(a);
-        } else {
-          throw UsageError{"unknown option '" + a + "'"};
-        }
-      } else {
-        positional_.push_back(a);
-      }
-    }
-  }
-  const std::vector<std::string>& positional() const { return positional_; }
-  std::optional<std::string> value(const std::string& flag) const {
-    auto it = values_.find(flag);
-    if (it == values_.end()) return std::nullopt;
-    return it->second;
-  }
-  bool has(const std::string& flag) const { return bools_.count(flag) > 0; }
-
- private:
-  std::vector<std::string> positional_;
-  std::map<std::string, std::string> values_;
-  std::set<std::string> bools_;
-};
 
 bool write_file(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -423,15 +387,6 @@ int cmd_list_algorithms(const std::vector<std::string>& argv) {
   return kExitOk;
 }
 
-/// An int32 flag value in [min, max].
-int32_t parse_i32(std::string_view flag, std::string_view text, int32_t min, int32_t max) {
-  const uint64_t v = parse_u64(flag, text);
-  if (v < static_cast<uint64_t>(min) || v > static_cast<uint64_t>(max))
-    throw UsageError{std::string(flag) + ": expected " + std::to_string(min) + ".." +
-                     std::to_string(max) + ", got " + std::string(text)};
-  return static_cast<int32_t>(v);
-}
-
 int cmd_generate(const std::vector<std::string>& argv) {
   Args args(argv,
             {"--ranks", "--nodes", "--gpus-per-node", "--instances", "--channels", "--protocol",
@@ -614,6 +569,7 @@ int main(int argc, char** argv) {
     if (command == "list-algorithms") return cmd_list_algorithms(args);
     if (command == "generate") return cmd_generate(args);
     if (command == "compile") return cmd_compile(args);
+    if (command == "topo") return efccl::cli::cmd_topo(args);
     if (command == "help" || command == "--help" || command == "-h") {
       std::cout << kUsage;
       return kExitOk;
