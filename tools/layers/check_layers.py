@@ -100,7 +100,7 @@ def main():
     root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
                            os.path.join(os.path.dirname(__file__), "..", ".."))
     problems = []
-    for top in ("common", "ef_format", "interpreter", "net", "runtime"):
+    for top in ("common", "ef_format", "topology", "interpreter", "net", "runtime"):
         for dirpath, dirnames, filenames in os.walk(os.path.join(root, top)):
             dirnames.sort()
             for name in sorted(filenames):

@@ -16,6 +16,7 @@
 #include "comm/comm_config.h"
 #include "comm/communicator.h"
 #include "comm/grouped_init.h"
+#include "comm/machine_graph.h"
 #include "comm/rendezvous.h"
 #include "efccl/common/log.h"
 #include "efccl/net/deadline.h"
@@ -57,8 +58,14 @@ ApiStatus init_all(ncclComm_t* comms, int ndev, const int* devlist) {
                                          std::to_string(visible) + " visible)");
   }
   log_version_once();
+  std::shared_ptr<const topo::ClusterGraph> graph;
+  if (ApiStatus s = local_machine_graph(devices, &graph); !s) return s;
   auto clique = Clique::create(devices, ProgramRegistry::from_environment());
   if (!clique) return ApiStatus::cuda(clique.status().message());
+  (*clique)->set_machine_graph(graph);
+  std::vector<int> ranks(static_cast<std::size_t>(ndev));
+  for (int r = 0; r < ndev; ++r) ranks[static_cast<std::size_t>(r)] = r;
+  log_machine_graph(*graph, ranks, devices);
   std::shared_ptr<NcclFallback> fallback;
   if (ApiStatus s = create_fallback(single_process_fallback_plan(devices), &fallback); !s) return s;
   (*clique)->set_fallback(std::move(fallback));

@@ -21,6 +21,7 @@
 #include "base/pointer_text.h"
 #include "base/settings.h"
 #include "comm/communicator.h"
+#include "comm/machine_graph.h"
 #include "efccl/common/log.h"
 #include "efccl/net/bootstrap.h"
 #include "efccl/net/host_hash.h"
@@ -276,10 +277,35 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
         status = ApiStatus::system("bootstrap: " + s.message());
     }
     const bool single_process = processes == nullptr;
+    // The machine graph: detected here, exchanged between processes (comm/machine_graph.h).
+    std::shared_ptr<const topo::ClusterGraph> graph;
+    if (status && single_process) {
+      status = local_machine_graph(all_devices, &graph);
+    } else if (status) {
+      std::vector<topo::RankPlacement> placements;
+      for (const std::string& entry : r.table) {
+        PeerInfo info;
+        decode_info(entry, &info);  // checked by learn_table_locked
+        placements.push_back({info.host_hash, info.bus_id});
+      }
+      const std::set<int> leaders(processes->leader.begin(), processes->leader.end());
+      status = exchanged_machine_graph(placements, *boots.front(),
+                                       std::vector<int>(leaders.begin(), leaders.end()),
+                                       net::Deadline::after(init_timeout()), &r.abort, &graph);
+    }
     StatusOr<std::shared_ptr<Clique>> created = Status::error("not created");
     if (status)
       created =
           Clique::create(all_devices, ProgramRegistry::from_environment(), std::move(processes));
+    if (status && created) {
+      (*created)->set_machine_graph(graph);
+      std::vector<int> local_ranks, local_devices;
+      for (const auto& [rank, m] : r.members) {
+        local_ranks.push_back(rank);
+        local_devices.push_back(m.device);
+      }
+      log_machine_graph(*graph, local_ranks, local_devices);
+    }
     if (status && created) {
       std::shared_ptr<NcclFallback> fallback;
       status = create_fallback(fallback_plan, &fallback);

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "base/api_status.h"
+#include "efccl/topology/cluster.h"
 #include "enqueue/call_queue.h"
 #include "launch/call.h"
 #include "launch/collective_fallback.h"
@@ -98,6 +99,12 @@ class Clique {
   /// Set once, before the clique's communicators are handed out; null: such calls fail.
   void set_fallback(std::shared_ptr<CollectiveFallback> fallback);
   CollectiveFallback* fallback() const { return fallback_.get(); }
+  /// The communicator's machine graph (comm/machine_graph.h), set once before the clique is
+  /// used; every rank's GPU node in it.
+  void set_machine_graph(std::shared_ptr<const topo::ClusterGraph> graph) {
+    machine_graph_ = std::move(graph);
+  }
+  const topo::ClusterGraph* machine_graph() const { return machine_graph_.get(); }
   /// How long a call may wait without progress (EFCCL_TIMEOUT_MS).
   std::chrono::nanoseconds timeout() const { return launch_.timeout; }
   /// For tests: executors cached, and how many of them a CUDA graph pins.
@@ -121,6 +128,7 @@ class Clique {
   std::unique_ptr<LaunchBatch> batch_;  ///< the submission's launches (started per submission)
   LaunchContext launch_;
   std::shared_ptr<CollectiveFallback> fallback_;
+  std::shared_ptr<const topo::ClusterGraph> machine_graph_;
 
   /// Guards async_error_ and peer_failure_, never held across a blocking call, so that abort()
   /// and async_error() return at once even while another thread launches.
