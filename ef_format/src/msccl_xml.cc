@@ -13,7 +13,7 @@
 #include <span>
 
 #include "efccl/ef/datatype.h"
-#include "xml_reader.h"
+#include "efccl/ef/xml_reader.h"
 
 namespace efccl::ef {
 namespace {

@@ -1,4 +1,4 @@
-#include "xml_reader.h"
+#include "efccl/ef/xml_reader.h"
 
 #include <gtest/gtest.h>
 

@@ -4,22 +4,10 @@
 
 #include <string>
 
+#include "link_estimates.h"
+
 namespace efccl::topo {
 namespace {
-
-// Latencies per link, one way. Estimates (docs/topology.md): they order routes and add to the
-// timing model's per-transfer latency; capacities are what the numbers below are about.
-constexpr double kNvlinkLatencyUs = 0.5;
-constexpr double kPcieLatencyUs = 0.6;
-constexpr double kHostLatencyUs = 0.1;
-constexpr double kSmpLatencyUs = 0.3;
-
-// Sapphire Rapids (Xeon 8480C in DGX H100): 8 DDR5-4800 channels x 8 bytes = 307.2 GB/s per
-// socket; UPI between the sockets, an estimate (docs/topology.md).
-constexpr double kSprMemoryGbps = 307.2;
-constexpr double kSprUpiGbps = 62.0;
-// NDR400 InfiniBand: 400 Gb/s = 50 GB/s per direction.
-constexpr double kNdr400Gbps = 50.0;
 
 Node make(NodeKind kind, std::string id, int index, int numa) {
   Node n;

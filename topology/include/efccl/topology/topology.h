@@ -18,6 +18,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "efccl/common/status.h"
@@ -101,6 +102,7 @@ class Topology {
                     int32_t lanes = 1);
 
   const Node& node(NodeIndex i) const { return nodes_[i]; }
+  /// The node to fill in after adding it; its id must stay as added (find() indexes ids).
   Node& mutable_node(NodeIndex i) { return nodes_[i]; }
   const Link& link(LinkIndex i) const { return links_[i]; }
   std::span<const Node> nodes() const { return nodes_; }
@@ -160,6 +162,7 @@ class Topology {
   std::vector<Node> nodes_;
   std::vector<Link> links_;
   std::vector<std::vector<LinkIndex>> out_;
+  std::unordered_map<std::string, NodeIndex> by_id_;  ///< find() in constant time
 };
 
 /// The graph in the JSON shape `efccl topo --json` prints and other tools read:

@@ -1,4 +1,5 @@
-// A small XML reader for the subset MSCCL algorithm files use, safe on hostile input.
+// A small XML reader for the subset MSCCL algorithm files and NCCL topology files use, safe on
+// hostile input.
 //
 // Accepted: an optional UTF-8 byte-order mark, an optional leading XML declaration
 // (`<?xml ...?>`), comments, one root element, nested elements with single- or double-quoted
