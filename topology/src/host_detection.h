@@ -6,21 +6,22 @@
 #include <vector>
 
 #include "efccl/topology/detect.h"
+#include "link_estimates.h"
 #include "nvlink_source.h"
 
 namespace efccl::topo {
 
 // Estimates used where nothing is measured (docs/topology-detect.md). Latencies are the
-// presets' (presets.cc); capacities of host memory and between sockets are not readable from
-// sysfs, so they are typical values, not this machine's.
-inline constexpr double kDetectNvlinkLatencyUs = 0.5;
-inline constexpr double kDetectPcieLatencyUs = 0.6;
-inline constexpr double kDetectHostLatencyUs = 0.1;
-inline constexpr double kDetectSmpLatencyUs = 0.3;
+// shared ones (link_estimates.h); capacities of host memory and between sockets are not
+// readable from sysfs, so they are typical values, not this machine's.
+inline constexpr double kDetectNvlinkLatencyUs = kNvlinkLatencyUs;
+inline constexpr double kDetectPcieLatencyUs = kPcieLatencyUs;
+inline constexpr double kDetectHostLatencyUs = kHostLatencyUs;
+inline constexpr double kDetectSmpLatencyUs = kSmpLatencyUs;
 /// One NUMA node's DRAM: 8 channels of DDR4-3200 (8 x 25.6 GB/s).
 inline constexpr double kDetectMemoryGbps = 204.8;
-/// Between two CPUs (UPI / xGMI), per direction: the dgx-h100 preset's UPI estimate.
-inline constexpr double kDetectSmpGbps = 62.0;
+/// Between two CPUs (UPI / xGMI), per direction: the presets' UPI estimate.
+inline constexpr double kDetectSmpGbps = kSprUpiGbps;
 /// A PCIe link that cannot be read: Gen4 x16.
 inline constexpr double kAssumedPcieGts = 16.0;
 inline constexpr int kAssumedPcieWidth = 16;

@@ -175,9 +175,6 @@ StatusOr<Topology> preset(std::string_view name, int nodes) {
     return Status::error("unknown preset '" + std::string(name) + "' (known: " + known + ")");
   }
   if (!host) return host.status();
-  if (nodes > 1 && host->nics().empty())
-    return Status::error("preset '" + std::string(name) +
-                         "' has no NICs (none were measured): it cannot make a cluster");
   std::vector<Topology> hosts(static_cast<std::size_t>(nodes), *host);
   return merge_hosts(hosts);
 }
