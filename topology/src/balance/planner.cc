@@ -217,14 +217,18 @@ StatusOr<Plan> Planner::compute(const Demand& demand, std::span<const double> ba
   // 3. Block-coordinate descent on a smoothed maximum (softmax of the link loads, sharpened
   //    over the sweeps): pair by pair, the share on its costliest used candidate moves towards
   //    its cheapest (costs: the smoothed maximum's gradient), by the amount that minimises the
-  //    smoothed maximum over the links the move touches (convex: ternary search).
+  //    smoothed maximum over the links the move touches (convex: a few Newton steps).
   if (!big.empty()) {
     std::vector<LinkIndex> minus, plus;
     const int sweeps = options_.iterations;
+    double previous = std::numeric_limits<double>::infinity();
     for (int sweep = 0; sweep < sweeps; ++sweep) {
       double umax = 0;
       for (LinkIndex l = 0; l < nlinks; ++l) umax = std::max(umax, us(load[l], t.link(l).gbps));
       if (umax <= 0) break;
+      // Stop once a sweep (at the sharpest smoothing reached) no longer lowers the maximum.
+      if (sweep >= 4 && umax > previous * (1 - 1e-4)) break;
+      previous = umax;
       const double beta = 8.0 * std::pow(64.0, static_cast<double>(sweep) / sweeps);
       const auto term = [&](LinkIndex l, double bytes) {
         return std::exp(beta * (us(bytes, t.link(l).gbps) / umax - 1));
@@ -253,23 +257,46 @@ StatusOr<Plan> Planner::compute(const Demand& demand, std::span<const double> ba
           if (std::find(to.begin(), to.end(), l) == to.end()) minus.push_back(l);
         for (LinkIndex l : to)
           if (std::find(from.begin(), from.end(), l) == from.end()) plus.push_back(l);
-        const auto at = [&](double moved) {
-          double sum = 0;
-          for (LinkIndex l : minus) sum += term(l, load[l] - moved);
-          for (LinkIndex l : plus) sum += term(l, load[l] + moved);
-          return sum;
+        // f(d) = sum over touched links of exp(beta * u(d) / umax); Newton from d = 0 within
+        // [0, share] (f is convex), a few steps.
+        const double share = b.on[worst_c];
+        const auto f_and_derivatives = [&](double d, double* f1, double* f2) {
+          double f = 0, d1 = 0, d2 = 0;
+          for (LinkIndex l : minus) {
+            const double k = beta / (umax * t.link(l).gbps * 1e3);
+            const double e = term(l, load[l] - d);
+            f += e;
+            d1 -= k * e;
+            d2 += k * k * e;
+          }
+          for (LinkIndex l : plus) {
+            const double k = beta / (umax * t.link(l).gbps * 1e3);
+            const double e = term(l, load[l] + d);
+            f += e;
+            d1 += k * e;
+            d2 += k * k * e;
+          }
+          *f1 = d1;
+          *f2 = d2;
+          return f;
         };
-        double lo = 0, hi = b.on[worst_c];
-        for (int k = 0; k < 40; ++k) {
-          const double m1 = lo + (hi - lo) / 3, m2 = hi - (hi - lo) / 3;
-          if (at(m1) <= at(m2))
-            hi = m2;
-          else
-            lo = m1;
+        double d1 = 0, d2 = 0;
+        const double f0 = f_and_derivatives(0, &d1, &d2);
+        if (!(d1 < 0)) continue;  // moving does not lower the smoothed maximum
+        double moved = 0;
+        for (int k = 0; k < 6; ++k) {
+          double g1 = 0, g2 = 0;
+          f_and_derivatives(moved, &g1, &g2);
+          if (!(g2 > 0)) break;
+          const double next = std::clamp(moved - g1 / g2, 0.0, share);
+          if (std::fabs(next - moved) <= share * 1e-6) {
+            moved = next;
+            break;
+          }
+          moved = next;
         }
-        double moved = (lo + hi) / 2;
-        if (at(b.on[worst_c]) <= at(moved)) moved = b.on[worst_c];
-        if (!(at(moved) < at(0))) continue;
+        double g1 = 0, g2 = 0;
+        if (!(moved > 0) || !(f_and_derivatives(moved, &g1, &g2) < f0)) continue;
         b.on[worst_c] -= moved;
         b.on[best_c] += moved;
         for (LinkIndex l : minus) load[l] -= moved;
