@@ -31,6 +31,7 @@
 #include "efccl/ef/validate.h"
 #include "efccl/host/executor.h"
 #include "args.h"
+#include "plan_command.h"
 #include "topo_command.h"
 
 extern char** environ;
@@ -84,6 +85,12 @@ constexpr std::string_view kUsage =
     "                              efccl's topology JSON; --nodes N makes a cluster of N such\n"
     "                              hosts joined by rail switches. Prints a summary, or the\n"
     "                              JSON with --json; --svg FILE also draws it\n"
+    "  plan --topology PRESET|FILE [--nodes N] --demand D.json [--json]\n"
+    "       [--min-split-bytes B]\n"
+    "                              the balancer's plan (docs/balancer.md) for the demand\n"
+    "                              {\"ranks\": N, \"bytes\": [[...], ...]}, rank r on the r-th\n"
+    "                              GPU of the topology (a preset, NCCL XML or topology JSON):\n"
+    "                              each pair's bytes per path, the busiest link's load\n"
     "  help                        this text\n"
     "\n"
     "Exit codes: 0 success, 1 invalid input or failed run, 2 usage error (including an\n"
@@ -570,6 +577,7 @@ int main(int argc, char** argv) {
     if (command == "generate") return cmd_generate(args);
     if (command == "compile") return cmd_compile(args);
     if (command == "topo") return efccl::cli::cmd_topo(args);
+    if (command == "plan") return efccl::cli::cmd_plan(args);
     if (command == "help" || command == "--help" || command == "-h") {
       std::cout << kUsage;
       return kExitOk;
