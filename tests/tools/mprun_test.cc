@@ -10,6 +10,7 @@
 #include <fstream>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -190,3 +191,61 @@ TEST(Mprun, InterruptedLauncherStopsTheRanks) {
 }
 
 }  // namespace
+
+namespace {
+
+/// A stand-in for the driver's nvidia-cuda-mps-control in `dir` (this machine has no driver):
+/// `-d` creates the control pipe's file, `quit` on stdin removes it; every call is logged.
+void write_fake_mps_control(const std::filesystem::path& dir, const std::filesystem::path& log) {
+  const auto path = dir / "nvidia-cuda-mps-control";
+  std::ofstream(path) << "#!/bin/sh\n"
+                         "echo \"call $* pipe=$CUDA_MPS_PIPE_DIRECTORY log=$CUDA_MPS_LOG_DIRECTORY\" >> "
+                      << log.string()
+                      << "\n"
+                         "if [ \"$1\" = -d ]; then touch \"$CUDA_MPS_PIPE_DIRECTORY/control\"; exit 0; fi\n"
+                         "read cmd\n"
+                         "echo \"command $cmd\" >> "
+                      << log.string()
+                      << "\n"
+                         "[ \"$cmd\" = quit ] && rm -f \"$CUDA_MPS_PIPE_DIRECTORY/control\"\n"
+                         "exit 0\n";
+  std::filesystem::permissions(path, std::filesystem::perms::owner_all);
+}
+
+}  // namespace
+
+TEST(Mprun, MpsStartsAPrivateDaemonForTheJobAndStopsIt) {
+  TempDir dir;
+  const auto log = dir.path() / "calls.log";
+  write_fake_mps_control(dir.path(), log);
+  const auto r = run_command("PATH=" + dir.path().string() + ":$PATH " + kMprun +
+                             " -n 2 --timeout 30 --mps -- sh -c " +
+                             shell_quote("echo \"pipe $CUDA_MPS_PIPE_DIRECTORY\"; "
+                                         "[ -e \"$CUDA_MPS_PIPE_DIRECTORY/control\" ] && echo up"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::regex pipe_line(R"(\[(\d)\] pipe (\S+)\n)");
+  std::set<std::string> pipes;
+  for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), pipe_line);
+       it != std::sregex_iterator(); ++it)
+    pipes.insert((*it)[2]);
+  ASSERT_EQ(pipes.size(), 1u) << "both ranks reach the same daemon: " << r.output;
+  EXPECT_NE(r.output.find("[0] up"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[1] up"), std::string::npos) << r.output;
+  std::ifstream in(log);
+  std::stringstream calls;
+  calls << in.rdbuf();
+  EXPECT_NE(calls.str().find("call -d pipe=" + *pipes.begin()), std::string::npos) << calls.str();
+  EXPECT_NE(calls.str().find("command quit"), std::string::npos) << calls.str();
+  EXPECT_FALSE(std::filesystem::exists(*pipes.begin())) << "the job's folder is removed";
+}
+
+TEST(Mprun, MpsWithoutTheDaemonProgramSaysSoAndStartsNothing) {
+  TempDir empty;
+  const auto r = run_command("PATH=" + empty.path().string() + " " + kMprun +
+                             " -n 2 --timeout 30 --mps -- /bin/sh -c " +
+                             shell_quote("echo started"));
+  EXPECT_EQ(r.exit_code, 125) << r.output;
+  EXPECT_NE(r.output.find("nvidia-cuda-mps-control is not in PATH"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("started"), std::string::npos) << r.output;
+}

@@ -22,6 +22,7 @@
 #include "base/settings.h"
 #include "comm/communicator.h"
 #include "comm/machine_graph.h"
+#include "comm/shared_gpu_check.h"
 #include "efccl/common/log.h"
 #include "efccl/net/bootstrap.h"
 #include "efccl/net/host_hash.h"
@@ -220,10 +221,11 @@ FallbackPlan fallback_plan_locked(const Rendezvous& r, const std::vector<int>& a
 /// Builds the clique of a complete rendezvous (`lock` holds `r.mu`; released while CUDA works).
 void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
   r.state = Rendezvous::State::kBuilding;
-  std::vector<int> devices;
+  std::vector<int> devices, member_ranks;  // this process's ranks, ascending, and their GPUs
   ApiStatus status;
   for (const auto& [rank, m] : r.members) {
     devices.push_back(m.device);
+    member_ranks.push_back(rank);
     if (m.device < 0 && status)
       status = ApiStatus::cuda("rank " + std::to_string(rank) +
                                " had no current CUDA device when it called ncclCommInitRank (" +
@@ -283,11 +285,15 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
       status = local_machine_graph(all_devices, &graph);
     } else if (status) {
       std::vector<topo::RankPlacement> placements;
+      std::vector<RankLocation> locations;
       for (const std::string& entry : r.table) {
         PeerInfo info;
         decode_info(entry, &info);  // checked by learn_table_locked
         placements.push_back({info.host_hash, info.bus_id});
+        locations.push_back({info.host_hash, info.process_nonce, info.pid,
+                             topo::normal_bus_id(info.bus_id)});
       }
+      check_shared_gpus(locations, member_ranks, devices);
       const std::set<int> leaders(processes->leader.begin(), processes->leader.end());
       status = exchanged_machine_graph(placements, *boots.front(),
                                        std::vector<int>(leaders.begin(), leaders.end()),
@@ -299,12 +305,7 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
           Clique::create(all_devices, ProgramRegistry::from_environment(), std::move(processes));
     if (status && created) {
       (*created)->set_machine_graph(graph);
-      std::vector<int> local_ranks, local_devices;
-      for (const auto& [rank, m] : r.members) {
-        local_ranks.push_back(rank);
-        local_devices.push_back(m.device);
-      }
-      log_machine_graph(*graph, local_ranks, local_devices);
+      log_machine_graph(*graph, member_ranks, devices);
     }
     if (status && created) {
       std::shared_ptr<NcclFallback> fallback;

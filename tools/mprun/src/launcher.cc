@@ -19,6 +19,7 @@
 #include "efccl/mprun/rendezvous.h"
 #include "efccl/net/fd.h"
 #include "efccl/net/socket.h"
+#include "mps_daemon.h"
 #include "rendezvous_server.h"
 
 extern char** environ;
@@ -258,7 +259,7 @@ int run_job(const LaunchOptions& o) {
   // Where rank 0 publishes an ncclUniqueId.
   std::filesystem::path temp_dir;
   std::string id_file = o.id_file;
-  if (id_file.empty()) {
+  if (id_file.empty() || o.mps) {
     const char* tmp = std::getenv("TMPDIR");
     std::string pattern =
         std::string(tmp != nullptr && tmp[0] != '\0' ? tmp : "/tmp") + "/efccl-mprun.XXXXXX";
@@ -267,8 +268,9 @@ int run_job(const LaunchOptions& o) {
       return kExitLaunchError;
     }
     temp_dir = pattern;
-    id_file = (temp_dir / "unique_id").string();
-  } else {
+    if (id_file.empty()) id_file = (temp_dir / "unique_id").string();
+  }
+  if (!o.id_file.empty()) {
     std::error_code ec;
     std::filesystem::remove(id_file, ec);  // a stale id from an earlier job would mislead ranks
   }
@@ -279,6 +281,16 @@ int run_job(const LaunchOptions& o) {
       if (!dir.empty()) std::filesystem::remove_all(dir, ec);
     }
   } cleanup{temp_dir};
+  // --mps: a private MPS control daemon, stopped before the folder it lives in is removed.
+  std::optional<MpsDaemon> mps;
+  if (o.mps) {
+    auto started = MpsDaemon::start(temp_dir);
+    if (!started) {
+      say(started.status().message());
+      return kExitLaunchError;
+    }
+    mps.emplace(std::move(*started));
+  }
 
   const std::string job = random_job_key();
   auto server = RendezvousServer::start(n, job);
@@ -319,17 +331,21 @@ int run_job(const LaunchOptions& o) {
   for (Rank& r : ranks) {
     r.index = static_cast<int>(&r - ranks.data());
     const std::string rank = std::to_string(r.index), size = std::to_string(n);
-    const auto env = rank_environment({{kEnvRank, rank},
-                                       {kEnvSize, size},
-                                       {kEnvAddr, server->address().to_string()},
-                                       {kEnvJob, job},
-                                       {kEnvIdFile, id_file},
-                                       {"RANK", rank},
-                                       {"WORLD_SIZE", size},
-                                       {"LOCAL_RANK", rank},
-                                       {"LOCAL_WORLD_SIZE", size},
-                                       {"MASTER_ADDR", "127.0.0.1"},
-                                       {"MASTER_PORT", std::to_string(*master_port)}});
+    std::vector<std::pair<std::string, std::string>> vars = {
+        {kEnvRank, rank},
+        {kEnvSize, size},
+        {kEnvAddr, server->address().to_string()},
+        {kEnvJob, job},
+        {kEnvIdFile, id_file},
+        {"RANK", rank},
+        {"WORLD_SIZE", size},
+        {"LOCAL_RANK", rank},
+        {"LOCAL_WORLD_SIZE", size},
+        {"MASTER_ADDR", "127.0.0.1"},
+        {"MASTER_PORT", std::to_string(*master_port)}};
+    if (mps)
+      for (auto& kv : mps->environment()) vars.push_back(std::move(kv));
+    const auto env = rank_environment(vars);
     r.out_lines.emplace("[" + rank + "] ", STDOUT_FILENO);
     r.err_lines.emplace("[" + rank + "] ", STDERR_FILENO);
     if (Status s = spawn(r, o.command, env); !s) {
@@ -446,6 +462,8 @@ int run_job(const LaunchOptions& o) {
 
   server->finish(&events);
   for (const auto& e : events) say(e.text);
+  if (mps)
+    if (Status s = mps->stop(); !s) say(s.message());
   if (exit_code != 0) {
     say("job failed: " + failure);
     for (const Rank& r : ranks) {

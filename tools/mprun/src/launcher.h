@@ -13,6 +13,7 @@ struct LaunchOptions {
   double timeout_s = 0;  ///< whole-job limit; 0: none
   double grace_s = 5;    ///< SIGTERM to SIGKILL
   std::string id_file;   ///< EFCCL_MPRUN_ID_FILE; empty: a file in a fresh temporary folder
+  bool mps = false;      ///< a private MPS control daemon for the job (mps_daemon.h)
   std::vector<std::string> command;
 };
 

@@ -12,8 +12,8 @@
 namespace {
 
 constexpr const char* kUsage =
-    "usage: efccl-mprun -n N [--timeout SECONDS] [--grace SECONDS] [--id-file PATH] [--]\n"
-    "                   PROGRAM [ARGS...]\n"
+    "usage: efccl-mprun -n N [--timeout SECONDS] [--grace SECONDS] [--id-file PATH] [--mps]\n"
+    "                   [--] PROGRAM [ARGS...]\n"
     "\n"
     "Starts N ranks of PROGRAM on this machine. Each rank gets EFCCL_MPRUN_RANK, "
     "EFCCL_MPRUN_SIZE,\n"
@@ -29,7 +29,10 @@ constexpr const char* kUsage =
     "  --timeout SECONDS  stop the job after this long (default: no limit)\n"
     "  --grace SECONDS    SIGTERM to SIGKILL (default 5)\n"
     "  --id-file PATH     EFCCL_MPRUN_ID_FILE (default: a file in a fresh temporary folder,\n"
-    "                     removed at the end); a file already there is removed first\n";
+    "                     removed at the end); a file already there is removed first\n"
+    "  --mps              start a private MPS control daemon (nvidia-cuda-mps-control -d, its\n"
+    "                     pipe and log folders in the job's temporary folder) so that ranks\n"
+    "                     sharing a GPU run side by side; it is told to quit at the end\n";
 
 int usage_error(const std::string& why) {
   std::fprintf(stderr, "efccl-mprun: %s\n%s", why.c_str(), kUsage);
@@ -78,6 +81,8 @@ int main(int argc, char** argv) {
       const char* v = value();
       if (v == nullptr || v[0] == '\0') return usage_error("--id-file needs a path");
       options.id_file = v;
+    } else if (arg == "--mps") {
+      options.mps = true;
     } else if (!arg.empty() && arg[0] == '-') {
       return usage_error("unknown option " + std::string(arg));
     } else {

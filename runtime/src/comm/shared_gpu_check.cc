@@ -1,0 +1,50 @@
+#include "comm/shared_gpu_check.h"
+
+#include <cuda_runtime_api.h>
+
+#include <mutex>
+
+#include "efccl/common/log.h"
+
+namespace efccl::runtime {
+
+int check_shared_gpus(const std::vector<RankLocation>& table, const std::vector<int>& local_ranks,
+                      const std::vector<int>& devices) {
+  int shared = 0;
+  for (std::size_t i = 0; i < local_ranks.size() && i < devices.size(); ++i) {
+    const auto rank = static_cast<std::size_t>(local_ranks[i]);
+    if (rank >= table.size() || table[rank].bus_id.empty()) continue;
+    const RankLocation& mine = table[rank];
+    std::size_t other = table.size();
+    for (std::size_t k = 0; k < table.size() && other == table.size(); ++k)
+      if (table[k].host == mine.host && table[k].process != mine.process &&
+          table[k].bus_id == mine.bus_id)
+        other = k;
+    if (other == table.size()) continue;
+    ++shared;
+    int mps = 0;
+    if (cudaDeviceGetAttribute(&mps, cudaDevAttrMpsEnabled, devices[i]) != cudaSuccess) {
+      (void)cudaGetLastError();
+      mps = 0;
+    }
+    if (mps != 0) {
+      EFCCL_INFO(kLogInit, devices[i],
+                 "GPU " + mine.bus_id + " is shared with other processes and served by MPS");
+      continue;
+    }
+    static std::once_flag warned;
+    std::call_once(warned, [&] {
+      EFCCL_WARN(devices[i],
+                 "ranks " + std::to_string(rank) + " (this process) and " +
+                     std::to_string(other) + " (pid " + std::to_string(table[other].pid) +
+                     ") share GPU " + mine.bus_id +
+                     " without MPS: kernels of different processes time-slice on it "
+                     "(milliseconds per call). Start an MPS control daemon for the job: "
+                     "efccl-mprun --mps, or nvidia-cuda-mps-control -d with "
+                     "CUDA_MPS_PIPE_DIRECTORY set for every process");
+    });
+  }
+  return shared;
+}
+
+}  // namespace efccl::runtime

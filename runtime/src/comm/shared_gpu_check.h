@@ -1,0 +1,28 @@
+// Ranks of different processes on one GPU (docs/runtime.md, "Several processes on one GPU"):
+// without an MPS daemon the kernels of different processes time-slice on the GPU, and the
+// interpreter's threadblocks spin for peers that are not scheduled: correct, but milliseconds
+// per call. Communicator init checks whether CUDA says MPS serves the device and warns once
+// per process, with the fix, when it does not.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace efccl::runtime {
+
+/// Where a rank runs, as the bootstrap's table says.
+struct RankLocation {
+  uint64_t host = 0;     ///< host hash
+  uint64_t process = 0;  ///< per-process nonce
+  int32_t pid = 0;
+  std::string bus_id;    ///< its GPU ("" unknown)
+};
+
+/// For each local rank (`local_ranks[i]` on CUDA device `devices[i]`) whose GPU another
+/// process's rank also uses: warns once per process unless MPS serves that device. Returns the
+/// number of such local ranks (for tests).
+int check_shared_gpus(const std::vector<RankLocation>& table, const std::vector<int>& local_ranks,
+                      const std::vector<int>& devices);
+
+}  // namespace efccl::runtime
