@@ -235,6 +235,29 @@ TEST(DetectSysfs, TwoSocketsTwoSwitchesTwoNics) {
   EXPECT_TRUE(crosses);
 }
 
+TEST(DetectSysfs, WholeHostListsEveryGpuInBusOrderWhateverThisProcessSees) {
+  FakeSysfs s;
+  two_socket_machine(s);
+  DetectOptions o = options_for(s);
+  o.gpus = {{"0000:83:00.0", 90, "H100"}};  // CUDA_VISIBLE_DEVICES shows one GPU
+  o.whole_host = true;
+  const Detection d = detect_host(o);
+  const Topology& t = d.topology;
+  ASSERT_TRUE(t.check()) << t.check().message();
+  ASSERT_EQ(t.gpus().size(), 2u) << joined(d.notes);
+  EXPECT_EQ(t.node(t.gpus()[0]).pci, "0000:03:00.0");  // bus order
+  EXPECT_EQ(t.node(t.gpus()[0]).sm, 0) << "not visible here: unknown";
+  EXPECT_EQ(t.node(t.gpus()[1]).pci, "0000:83:00.0");
+  EXPECT_EQ(t.node(t.gpus()[1]).sm, 90);
+  EXPECT_EQ(t.node(t.gpus()[1]).name, "H100");
+  // Another process seeing the other GPU describes the host alike, but for what it knows.
+  o.gpus = {{"0000:03:00.0", 90, "H100"}};
+  const Detection other = detect_host(o);
+  ASSERT_EQ(other.topology.gpus().size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i)
+    EXPECT_EQ(other.topology.node(other.topology.gpus()[i]).id, t.node(t.gpus()[i]).id);
+}
+
 TEST(DetectSysfs, DirectNvlinksFromADriverThatCannotNameTheRemote) {
   FakeSysfs s;
   two_socket_machine(s);

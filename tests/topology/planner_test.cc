@@ -250,6 +250,17 @@ TEST(Planner, BadInputsAreErrors) {
   balance::Planner planner(table, {});
   EXPECT_FALSE(planner.plan(zeros(3)));
   EXPECT_FALSE(planner.plan(zeros(4), std::vector<double>(3, 0.0)));
+  Demand huge = zeros(4);
+  set(huge, 0, 1, ~uint64_t{0} - 10);  // built directly, not through demand_from_json
+  auto refused = planner.plan(huge);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.status().message(), "the demand of ranks 0 -> 1 is more than 2^50 bytes");
+  set(huge, 0, 1, uint64_t{1} << 50);
+  auto largest = planner.plan(huge);
+  ASSERT_TRUE(largest) << largest.status().message();
+  uint64_t sum = 0;
+  for (const auto& s : largest->pairs[0].paths) sum += s.bytes;
+  EXPECT_EQ(sum, uint64_t{1} << 50);
   auto bad = balance::demand_from_json(R"({"ranks": 2, "bytes": [[0, 1], [2]]})", "d.json");
   ASSERT_FALSE(bad);
   EXPECT_EQ(bad.status().message(), "d.json: bytes[1] must have 2 entries");

@@ -158,13 +158,31 @@ TEST(Json, BadInputIsNamed) {
             std::string::npos);
   EXPECT_NE(error(base + R"({"id": "s", "host": 0, "kind": "cpu"}], "links": [{"from": "g",)"
                          R"( "to": "s", "kind": "pcie", "gbps": -1}]})")
-                .find("capacity must be a finite number > 0"),
+                .find("\"gbps\" is not 0 or a number from 1e-6 to 1e7"),
             std::string::npos);
   EXPECT_NE(error(base + R"(], "links": []})").find("GPU 'g' has no link"), std::string::npos);
   EXPECT_NE(error(R"({"gpus": [{"id": "g", "host": 99999999}], "nics": [], "nodes": [], "links": []})")
                 .find("out of range"),
             std::string::npos);
   EXPECT_NE(error(std::string(17u << 20, ' ')).find("more than"), std::string::npos);
+  EXPECT_NE(error(R"({"gpus": [{"id": "g\u0001", "host": 0}], "nics": [], "nodes": [], "links": []})")
+                .find("has a byte that is not printable ASCII"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"gpus": [{"id": "g", "host": 18446744073709551615}], "nics": [], "nodes": [], "links": []})")
+                .find("out of range"),
+            std::string::npos);
+  EXPECT_NE(error(base + R"({"id": "s", "host": 0, "kind": "cpu"}], "links": [{"from": "g",)"
+                         R"( "to": "s", "kind": "pcie", "gbps": 1e300}]})")
+                .find("is not 0 or a number from 1e-6 to 1e7"),
+            std::string::npos);
+}
+
+TEST(Json, NamesThatAreNotUtf8NeverMakeItThrow) {
+  Topology t = must(preset("h200-nv18-x2"));
+  t.mutable_node(t.gpus()[0]).name = "H\xff\xfe";
+  const std::string text = to_json(t);  // replaced, not thrown
+  EXPECT_NE(text.find("\"name\": \"H"), std::string::npos);
+  EXPECT_NE(t.hash(), 0u);
 }
 
 TEST(Merge, DuplicateIdsAndHostsAreRefused) {

@@ -112,6 +112,14 @@ std::optional<topo::Topology> cluster_of(const topo::Topology& host, int32_t nod
               << " hosts; --nodes repeats a one-host graph\n";
     return std::nullopt;
   }
+  if (static_cast<uint64_t>(nodes) * host.nodes().size() > topo::kMaxNodes ||
+      static_cast<uint64_t>(nodes) * host.links().size() > topo::kMaxLinks) {
+    std::cerr << "efccl topo: --nodes " << nodes << " copies of " << what << " ("
+              << host.nodes().size() << " nodes, " << host.links().size()
+              << " links) exceed the " << topo::kMaxNodes << " nodes or " << topo::kMaxLinks
+              << " links a graph may have\n";
+    return std::nullopt;
+  }
   std::vector<topo::Topology> hosts(static_cast<std::size_t>(nodes), host);
   auto merged = topo::merge_hosts(hosts);
   if (!merged) {

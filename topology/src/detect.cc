@@ -187,10 +187,22 @@ Node gpu_node(std::size_t ordinal, const GpuEntry& g) {
 std::vector<GpuEntry> visible_gpus(const DetectOptions& options, const sysfs::SysfsTree& tree,
                                    std::vector<std::string>& notes) {
   std::vector<GpuEntry> gpus;
-  if (options.gpus.empty()) {
+  if (options.gpus.empty() || options.whole_host) {
     for (const std::string& pci : tree.nvidia_gpus()) {
       if (gpus.size() >= kMaxDetectedGpus) break;
       gpus.push_back({pci, true, 0, ""});
+    }
+    if (options.gpus.empty()) return gpus;
+    for (const DetectedGpu& g : options.gpus) {
+      const auto id = sysfs::normalize_bus_id(g.pci);
+      auto it = std::find_if(gpus.begin(), gpus.end(),
+                             [&](const GpuEntry& e) { return id && e.pci == *id; });
+      if (it != gpus.end()) {
+        it->sm = g.sm;
+        it->name = g.name;
+      } else if (gpus.size() < kMaxDetectedGpus) {
+        gpus.push_back({id ? *id : g.pci, id.has_value(), g.sm, g.name});
+      }
     }
     return gpus;
   }

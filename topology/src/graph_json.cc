@@ -65,16 +65,24 @@ Status read(const json& o, const char* key, T& out, const std::string& what, boo
   }
   if constexpr (std::is_same_v<T, std::string>) {
     if (!it->is_string()) return Status::error(what + ": \"" + key + "\" is not a string");
-    if (it->get_ref<const std::string&>().size() > 256)
+    const std::string& text = it->get_ref<const std::string&>();
+    if (text.size() > 256)
       return Status::error(what + ": \"" + key + "\" is longer than 256 bytes");
-    out = it->get<std::string>();
+    for (char c : text)
+      if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f)
+        return Status::error(what + ": \"" + key + "\" has a byte that is not printable ASCII");
+    out = text;
   } else if constexpr (std::is_same_v<T, double>) {
     if (!it->is_number()) return Status::error(what + ": \"" + key + "\" is not a number");
     out = it->get<double>();
-    if (!std::isfinite(out)) return Status::error(what + ": \"" + key + "\" is not finite");
+    // Capacities, latencies and speeds: 1e-6 ... 1e7 (GB/s or us), or 0.
+    if (!std::isfinite(out) || out < 0 || out > 1e7 || (out > 0 && out < 1e-6))
+      return Status::error(what + ": \"" + key + "\" is not 0 or a number from 1e-6 to 1e7");
   } else {
     if (!it->is_number_integer())
       return Status::error(what + ": \"" + key + "\" is not an integer");
+    if (it->is_number_unsigned() && it->get<uint64_t>() > uint64_t{1} << 24)
+      return Status::error(what + ": \"" + key + "\" is out of range");
     const auto v = it->get<int64_t>();
     if (v < -1 || v > (1 << 24)) return Status::error(what + ": \"" + key + "\" is out of range");
     out = static_cast<T>(v);
@@ -103,7 +111,8 @@ std::string to_json(const Topology& t, int indent) {
                           {"gbps", rounded(l.gbps)},
                           {"latency_us", rounded(l.latency_us)},
                           {"lanes", l.lanes}});
-  return j.dump(indent);
+  // Strings that are not UTF-8 (a graph built through the API) are replaced, never thrown on.
+  return j.dump(indent, ' ', false, json::error_handler_t::replace);
 }
 
 StatusOr<Topology> from_json(std::string_view text, std::string_view where) {

@@ -8,6 +8,19 @@ namespace fs = std::filesystem;
 
 namespace {
 
+/// A device or interface name as the graph keeps it: printable ASCII (Linux allows any byte
+/// but '/' and NUL in an interface name), other bytes as '?', at most 64 bytes.
+std::string printable_name(const std::string& name) {
+  std::string out;
+  for (char c : name) {
+    if (out.size() >= 64) break;
+    const auto u = static_cast<unsigned char>(c);
+    out += u >= 0x20 && u < 0x7f ? c : '?';
+  }
+  return out;
+}
+
+
 std::string gbits_text(double gbits) {
   std::string s = std::to_string(gbits);
   s.erase(s.find_last_not_of('0') + 1);
@@ -45,7 +58,7 @@ void add_infiniband(const SysfsTree& tree, std::vector<DetectedNic>& nics,
       }
     }
     DetectedNic nic;
-    nic.name = dev;
+    nic.name = printable_name(dev);
     std::optional<double> gbits;
     if (port)
       if (auto rate = read_attribute(ports / *port / "rate")) gbits = parse_ib_rate(*rate);
@@ -84,7 +97,7 @@ void add_ethernet(const SysfsTree& tree, std::vector<DetectedNic>& nics,
       continue;
     }
     DetectedNic nic;
-    nic.name = name;
+    nic.name = printable_name(name);
     std::optional<long> mbits;
     if (auto speed = read_attribute(dir / "speed")) mbits = parse_integer(*speed);
     if (mbits && *mbits > 0 && *mbits <= 100'000'000) {

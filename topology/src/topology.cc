@@ -7,6 +7,7 @@
 #include <limits>
 #include <queue>
 #include <tuple>
+#include <unordered_map>
 
 #include "efccl/common/hash.h"
 
@@ -148,11 +149,11 @@ std::vector<NodeIndex> Topology::nics() const {
 }
 
 namespace {
-/// Hops from `start` over PCIe, C2C and inter-CPU links, through switches and CPUs only.
-std::vector<int> pcie_hops(const Topology& t, NodeIndex start) {
-  std::vector<int> hops(t.nodes().size(), -1);
+/// Hops from `start` over PCIe, C2C and inter-CPU links, through switches and CPUs only: the
+/// nodes reached (a walk stays inside its host), with their hop counts.
+std::unordered_map<NodeIndex, int> pcie_hops(const Topology& t, NodeIndex start) {
+  std::unordered_map<NodeIndex, int> hops{{start, 0}};
   std::deque<NodeIndex> queue{start};
-  hops[start] = 0;
   while (!queue.empty()) {
     const NodeIndex n = queue.front();
     queue.pop_front();
@@ -163,37 +164,50 @@ std::vector<int> pcie_hops(const Topology& t, NodeIndex start) {
       if (link.kind != LinkKind::kPcie && link.kind != LinkKind::kC2c &&
           link.kind != LinkKind::kSmp)
         continue;
-      if (hops[link.to] >= 0) continue;
-      hops[link.to] = hops[n] + 1;
+      if (hops.count(link.to) != 0) continue;
+      hops.emplace(link.to, hops.at(n) + 1);
       queue.push_back(link.to);
     }
   }
   return hops;
 }
+
+/// The NIC of `host` with the lowest (host, index): rail_nic's answer when none is reachable.
+std::optional<NodeIndex> first_nic_of_host(const Topology& t, int32_t host) {
+  std::optional<NodeIndex> best;
+  for (NodeIndex n = 0; n < t.nodes().size(); ++n)
+    if (t.node(n).kind == NodeKind::kNic && t.node(n).host == host &&
+        (!best || t.node(n).index < t.node(*best).index))
+      best = n;
+  return best;
+}
 }  // namespace
 
 std::optional<NodeIndex> Topology::rail_nic(NodeIndex gpu) const {
-  const std::vector<int> hops = pcie_hops(*this, gpu);
+  // The nearest NIC over PCIe (fewest hops, then the lowest index); else the host's first.
   std::optional<NodeIndex> best;
-  for (NodeIndex n : nics()) {
-    if (nodes_[n].host != nodes_[gpu].host) continue;
-    if (!best) {
+  int best_hops = 0;
+  for (const auto& [n, h] : pcie_hops(*this, gpu)) {
+    if (nodes_[n].kind != NodeKind::kNic || nodes_[n].host != nodes_[gpu].host) continue;
+    if (!best || h < best_hops || (h == best_hops && nodes_[n].index < nodes_[*best].index) ||
+        (h == best_hops && nodes_[n].index == nodes_[*best].index && n < *best)) {
       best = n;
-      continue;
+      best_hops = h;
     }
-    const int h = hops[n] < 0 ? std::numeric_limits<int>::max() : hops[n];
-    const int hb = hops[*best] < 0 ? std::numeric_limits<int>::max() : hops[*best];
-    if (h < hb) best = n;  // equal hops: the lower index (nics() is in index order)
   }
-  return best;
+  if (best) return best;
+  return first_nic_of_host(*this, nodes_[gpu].host);
 }
 
 std::optional<NodeIndex> Topology::local_cpu(NodeIndex device) const {
   if (nodes_[device].kind == NodeKind::kCpu) return device;
-  const std::vector<int> hops = pcie_hops(*this, device);
   std::optional<NodeIndex> best;
-  for (NodeIndex c : nodes_of(NodeKind::kCpu))
-    if (hops[c] >= 0 && (!best || hops[c] < hops[*best])) best = c;
+  int best_hops = 0;
+  for (const auto& [n, h] : pcie_hops(*this, device))
+    if (nodes_[n].kind == NodeKind::kCpu && (!best || h < best_hops || (h == best_hops && n < *best))) {
+      best = n;
+      best_hops = h;
+    }
   return best;
 }
 
@@ -380,6 +394,17 @@ Status Topology::check() const {
   for (NodeIndex i = 0; i < nodes_.size(); ++i)
     if (nodes_[i].kind == NodeKind::kGpu && out_[i].empty())
       return Status::error("GPU '" + nodes_[i].id + "' has no link");
+  // Per host, so that per-GPU walks (rail NICs, routes) stay cheap on any accepted graph.
+  std::unordered_map<int32_t, std::pair<std::size_t, std::size_t>> per_host;  // GPUs, NICs
+  for (const Node& n : nodes_) {
+    auto& [gpus, nics] = per_host[n.host];
+    if (n.kind == NodeKind::kGpu && ++gpus > kMaxGpusPerHost)
+      return Status::error("host " + std::to_string(n.host) + " has more than " +
+                           std::to_string(kMaxGpusPerHost) + " GPUs");
+    if (n.kind == NodeKind::kNic && ++nics > kMaxNicsPerHost)
+      return Status::error("host " + std::to_string(n.host) + " has more than " +
+                           std::to_string(kMaxNicsPerHost) + " NICs");
+  }
   for (const Link& l : links_)
     if (l.from >= nodes_.size() || l.to >= nodes_.size() || !(l.gbps > 0))
       return Status::error("a link with bad endpoints or capacity");

@@ -46,6 +46,9 @@ topo::Detection detect_now() {
     gpu.sm = major * 10 + minor;
     options.gpus.push_back(std::move(gpu));
   }
+  // Every GPU of the host, also those this process does not see: processes of one host with
+  // different CUDA_VISIBLE_DEVICES then describe it alike.
+  options.whole_host = true;
   if (const char* file = std::getenv("NCCL_TOPO_FILE"); file != nullptr && *file != '\0')
     options.nccl_topo_file = file;
   try {

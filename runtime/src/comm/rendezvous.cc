@@ -273,31 +273,39 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
     const FallbackPlan fallback_plan = fallback_plan_locked(r, all_devices, processes.get(), boots);
     lock.unlock();
     // The members' bootstraps have received the table (one did; the root sent it to all).
+    // One budget for the waits of the build (the bootstrap, the machine graph's exchange).
+    const auto build_deadline = std::chrono::steady_clock::now() + init_timeout();
     for (const auto& b : boots) {
       if (!status) break;
-      if (Status s = b->wait_ready(std::chrono::steady_clock::now() + init_timeout(), &r.abort); !s)
+      if (Status s = b->wait_ready(build_deadline, &r.abort); !s)
         status = ApiStatus::system("bootstrap: " + s.message());
     }
     const bool single_process = processes == nullptr;
     // The machine graph: detected here, exchanged between processes (comm/machine_graph.h).
     std::shared_ptr<const topo::ClusterGraph> graph;
-    if (status && single_process) {
-      status = local_machine_graph(all_devices, &graph);
-    } else if (status) {
-      std::vector<topo::RankPlacement> placements;
-      std::vector<RankLocation> locations;
-      for (const std::string& entry : r.table) {
-        PeerInfo info;
-        decode_info(entry, &info);  // checked by learn_table_locked
-        placements.push_back({info.host_hash, info.bus_id});
-        locations.push_back({info.host_hash, info.process_nonce, info.pid,
-                             topo::normal_bus_id(info.bus_id)});
+    if (status) {
+      try {
+        if (single_process) {
+          status = local_machine_graph(all_devices, &graph);
+        } else {
+          std::vector<topo::RankPlacement> placements;
+          std::vector<RankLocation> locations;
+          for (const std::string& entry : r.table) {
+            PeerInfo info;
+            decode_info(entry, &info);  // checked by learn_table_locked
+            placements.push_back({info.host_hash, info.bus_id});
+            locations.push_back({info.host_hash, info.process_nonce, info.pid,
+                                 topo::normal_bus_id(info.bus_id)});
+          }
+          check_shared_gpus(locations, member_ranks, devices);
+          const std::set<int> leaders(processes->leader.begin(), processes->leader.end());
+          status = exchanged_machine_graph(placements, *boots.front(),
+                                           std::vector<int>(leaders.begin(), leaders.end()),
+                                           net::Deadline(build_deadline), &r.abort, &graph);
+        }
+      } catch (const std::exception& e) {
+        status = ApiStatus::internal(std::string("the machine graph: ") + e.what());
       }
-      check_shared_gpus(locations, member_ranks, devices);
-      const std::set<int> leaders(processes->leader.begin(), processes->leader.end());
-      status = exchanged_machine_graph(placements, *boots.front(),
-                                       std::vector<int>(leaders.begin(), leaders.end()),
-                                       net::Deadline::after(init_timeout()), &r.abort, &graph);
     }
     StatusOr<std::shared_ptr<Clique>> created = Status::error("not created");
     if (status)
@@ -411,7 +419,8 @@ ApiStatus complete_rendezvous(const std::shared_ptr<Rendezvous>& r,
       case Rendezvous::State::kFailed:
         return r->failure;
       case Rendezvous::State::kBuilding:
-        // The builder only creates CUDA events; it waits on nobody, so this ends.
+        // The builder's waits (bootstrap, machine graph exchange, NCCL fallback init) have
+        // deadlines and give up on abort, and a failed build fails the rendezvous: this ends.
         r->cv.wait(lock);
         continue;
       case Rendezvous::State::kCollecting:
@@ -439,7 +448,13 @@ ApiStatus complete_rendezvous(const std::shared_ptr<Rendezvous>& r,
       continue;
     }
     if (r->complete()) {
-      build_locked(*r, lock);
+      try {
+        build_locked(*r, lock);
+      } catch (const std::exception& e) {
+        // The other ranks wait for the build without a deadline: it must end, also so.
+        if (!lock.owns_lock()) lock.lock();
+        fail_locked(*r, ApiStatus::internal(std::string("building the clique: ") + e.what()));
+      }
       lock.unlock();
       stop_pending(r);  // formed or failed: the id may be reused
       lock.lock();

@@ -7,6 +7,8 @@ namespace efccl::balance {
 namespace {
 
 constexpr NodeIndex kAbsent = static_cast<NodeIndex>(topo::kMaxNodes);
+/// Relay candidates per pair on hosts with more GPUs than this + 2 (docs/balancer.md).
+constexpr std::size_t kMaxRelays = 16;
 
 }  // namespace
 
@@ -79,10 +81,32 @@ StatusOr<std::vector<Candidate>> PathTable::compute(NodeIndex a, NodeIndex b,
   if (ha == hb) {
     const HostGraph& g = hosts_[static_cast<std::size_t>(ha)];
     std::vector<topo::Path> walks;
+    const NodeIndex la = local_of_[a], lb = local_of_[b];
     if (only_default) {
-      if (auto p = g.graph.route(local_of_[a], local_of_[b])) walks.push_back(std::move(*p));
+      if (auto p = g.graph.route(la, lb)) walks.push_back(std::move(*p));
+    } else if (g.graph.gpus_of_host(0).size() <= kMaxRelays + 2) {
+      walks = g.graph.gpu_walks(la, lb);
     } else {
-      walks = g.graph.gpu_walks(local_of_[a], local_of_[b]);
+      // A large host: relays only through GPUs joined to both ends by a direct NVLink (where
+      // a relay can add bandwidth), the first kMaxRelays in index order.
+      if (auto p = g.graph.route(la, lb)) walks.push_back(std::move(*p));
+      const auto direct_nvlink = [&](NodeIndex x, NodeIndex y) -> std::optional<LinkIndex> {
+        for (LinkIndex l : g.graph.out_links(x))
+          if (g.graph.link(l).to == y && g.graph.link(l).kind == topo::LinkKind::kNvlink) return l;
+        return std::nullopt;
+      };
+      std::size_t relays = 0;
+      for (NodeIndex r : g.graph.gpus_of_host(0)) {
+        if (r == la || r == lb || relays >= kMaxRelays) continue;
+        auto first = direct_nvlink(la, r);
+        auto second = direct_nvlink(r, lb);
+        if (!first || !second) continue;
+        topo::Path p = g.graph.path_of({*first, *second});
+        p.relay = r;
+        walks.push_back(std::move(p));
+        ++relays;
+      }
+      if (auto h = g.graph.host_route(la, lb)) walks.push_back(std::move(*h));
     }
     for (topo::Path& p : walks) {
       for (LinkIndex& l : p.links) l = g.to_whole[l];

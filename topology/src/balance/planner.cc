@@ -26,6 +26,7 @@ namespace efccl::balance {
 namespace {
 
 constexpr std::size_t kMaxCachedPlans = 256;
+constexpr uint64_t kMaxPairBytes = uint64_t{1} << 50;
 
 /// Microseconds to carry `bytes` at `gbps`.
 double us(double bytes, double gbps) { return bytes / (gbps * 1e3); }
@@ -117,8 +118,10 @@ StatusOr<PlannerOptions> PlannerOptions::from_environment() {
 
 Planner::Planner(std::shared_ptr<const PathTable> table, PlannerOptions options)
     : table_(std::move(table)), options_(options) {
-  if (options_.piece_bytes == 0) options_.piece_bytes = 1;
-  if (options_.max_pieces == 0) options_.max_pieces = 1;
+  // Pieces of 1 byte ... 2^40 bytes, 1 ... 4096 a pair: the placement's loop stays bounded.
+  options_.piece_bytes = std::clamp<uint64_t>(options_.piece_bytes, 1, uint64_t{1} << 40);
+  options_.max_pieces = std::clamp<uint32_t>(options_.max_pieces, 1, 4096);
+  options_.iterations = std::clamp(options_.iterations, 0, 4096);
 }
 
 StatusOr<Plan> Planner::compute(const Demand& demand, std::span<const double> background) const {
@@ -129,6 +132,10 @@ StatusOr<Plan> Planner::compute(const Demand& demand, std::span<const double> ba
                          " ranks; the plan's placement has " + std::to_string(table_->nranks()));
   if (demand.bytes.size() != static_cast<std::size_t>(demand.nranks) * demand.nranks)
     return Status::error("the demand matrix is not nranks x nranks");
+  for (std::size_t i = 0; i < demand.bytes.size(); ++i)
+    if (demand.bytes[i] > kMaxPairBytes)
+      return Status::error("the demand of ranks " + std::to_string(i / demand.nranks) + " -> " +
+                           std::to_string(i % demand.nranks) + " is more than 2^50 bytes");
   if (!background.empty() && background.size() != nlinks)
     return Status::error("the background load has " + std::to_string(background.size()) +
                          " links; the topology has " + std::to_string(nlinks));
@@ -416,9 +423,13 @@ StatusOr<Plan> Planner::plan(const Demand& demand, std::span<const double> backg
   if (!fresh) return fresh;
   const uint64_t key = demand.hash();
   auto it = last_.find(key);
+  if (it != last_.end() && it->second.first.bytes != demand.bytes) {
+    last_.erase(it);  // another demand with the same hash: not this one's plan
+    it = last_.end();
+  }
   if (it != last_.end()) {
     // The plan in force, under today's background.
-    Plan kept = it->second;
+    Plan kept = it->second.second;
     std::fill(kept.link_bytes.begin(), kept.link_bytes.end(), 0.0);
     for (std::size_t l = 0; l < background.size(); ++l)
       kept.link_bytes[l] = std::isfinite(background[l]) && background[l] > 0 ? background[l] : 0.0;
@@ -429,12 +440,12 @@ StatusOr<Plan> Planner::plan(const Demand& demand, std::span<const double> backg
     kept.max_load_us = max_load_us(table_->topology(), kept.link_bytes);
     kept.direct_max_load_us = fresh->direct_max_load_us;
     if (!(fresh->max_load_us < kept.max_load_us * (1 - options_.hysteresis))) {
-      it->second = kept;
+      it->second.second = kept;
       return kept;
     }
   }
   if (last_.size() >= kMaxCachedPlans && it == last_.end()) last_.clear();
-  last_[key] = *fresh;
+  last_[key] = {demand, *fresh};
   return fresh;
 }
 

@@ -145,7 +145,7 @@ class Planner {
   StatusOr<Plan> compute(const Demand& demand, std::span<const double> background) const;
   std::shared_ptr<const PathTable> table_;
   PlannerOptions options_;
-  std::map<uint64_t, Plan> last_;  ///< by demand hash: the plan in force
+  std::map<uint64_t, std::pair<Demand, Plan>> last_;  ///< by demand hash: the plan in force
 };
 
 /// Max over links of bytes / capacity, in microseconds.

@@ -30,6 +30,11 @@ struct DetectOptions {
   /// The visible CUDA devices in CUDA's order (device ordinal = position). Empty: every GPU
   /// sysfs lists (class 0x0302xx / 0x0300xx of vendor 0x10de), in bus id order.
   std::vector<DetectedGpu> gpus;
+  /// Every GPU of the host, whatever this process sees: the GPUs sysfs lists in bus id order
+  /// (what `gpus` says of one, matched by bus id, completes it; GPUs of `gpus` sysfs does not
+  /// list come after them), so that processes with different CUDA_VISIBLE_DEVICES describe
+  /// their host alike. `device` is then the position in bus id order, not a CUDA ordinal.
+  bool whole_host = false;
   /// The sysfs root ("/sys"); tests point it at a tree of their own.
   std::string sysfs_root = "/sys";
   /// Whether to open NVML (tests turn it off).

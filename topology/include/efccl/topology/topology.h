@@ -90,6 +90,8 @@ struct Path {
 inline constexpr std::size_t kMaxNodes = 1u << 16;
 inline constexpr std::size_t kMaxLinks = 1u << 20;
 inline constexpr int32_t kMaxHosts = 1 << 14;
+inline constexpr std::size_t kMaxGpusPerHost = 1024;
+inline constexpr std::size_t kMaxNicsPerHost = 1024;
 
 class Topology {
  public:
@@ -152,7 +154,8 @@ class Topology {
   Path path_of(std::vector<LinkIndex> links) const;
 
   /// Structural checks: endpoints exist, capacities positive, every GPU has a link, rail
-  /// switches have host -1 and every other node a host >= 0, and sizes within the limits.
+  /// switches have host -1 and every other node a host >= 0, and sizes within the limits
+  /// (nodes, links, GPUs and NICs per host).
   Status check() const;
   /// The graph's canonical JSON (to_json) hashed: equal graphs give equal hashes on every
   /// machine.
