@@ -10,51 +10,18 @@
 #include <sstream>
 #include <string>
 
+#include "cli_fixture.h"
 #include "msccl_corpus.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Outcome {
-  int exit_code = -1;  ///< -1 when the process did not exit normally (a crash)
-  std::string out, err;
-};
+using Outcome = CliOutcome;
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-class CliTest : public ::testing::Test {
+class CliTest : public CliFixture {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("efccl_cli_test_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  Outcome run(const std::string& args) {
-    const auto out = dir_ / "stdout", err = dir_ / "stderr";
-    const std::string cmd = std::string(EFCCL_CLI_PATH) + " " + args + " >" + out.string() +
-                            " 2>" + err.string() + " </dev/null";
-    const int status = std::system(cmd.c_str());
-    Outcome o;
-    o.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    o.out = read_file(out);
-    o.err = read_file(err);
-    return o;
-  }
-
-  fs::path write(const std::string& name, const std::string& text) {
-    const auto p = dir_ / name;
-    std::ofstream(p, std::ios::binary) << text;
-    return p;
-  }
+  Outcome run(const std::string& args) { return run_cli(args); }
 
   static std::string example(const std::string& name) {
     return std::string(EFCCL_SOURCE_DIR) + "/examples/ef/" + name;
@@ -62,8 +29,6 @@ class CliTest : public ::testing::Test {
   static std::string corpus(const std::string& name) {
     return efccl::test_support::msccl_corpus_file(name);
   }
-
-  fs::path dir_;
 };
 
 TEST_F(CliTest, UsageErrorsExitTwo) {
@@ -196,7 +161,7 @@ TEST_F(CliTest, ImportExportRoundTrip) {
   ASSERT_EQ(o.exit_code, 0) << o.err;
   o = run("import-msccl " + xml.string() + " -o " + json2.string());
   ASSERT_EQ(o.exit_code, 0) << o.err;
-  EXPECT_EQ(read_file(json), read_file(json2));
+  EXPECT_EQ(read_text_file(json), read_text_file(json2));
   o = run("run-host " + xml.string());
   EXPECT_EQ(o.exit_code, 0) << o.out << o.err;
   // Wrong input format for the command.
@@ -236,7 +201,7 @@ TEST_F(CliTest, ListsAndGeneratesLibraryAlgorithms) {
   ASSERT_EQ(o.exit_code, 0) << o.err;
   o = run("generate ring_allreduce --ranks 5 --instances 2 --protocol LL -o " + xml.string());
   ASSERT_EQ(o.exit_code, 0) << o.err;
-  EXPECT_NE(read_file(xml).find("proto=\"LL\""), std::string::npos);
+  EXPECT_NE(read_text_file(xml).find("proto=\"LL\""), std::string::npos);
   for (const auto& f : {json, xml}) {
     o = run("run-host " + f.string() + " --dtype int32 --op prod");
     EXPECT_EQ(o.exit_code, 0) << o.out << o.err;
@@ -263,8 +228,8 @@ TEST_F(CliTest, GenerateTakesNodesTimesGpusWithoutRanks) {
   o = run("generate hierarchical_allreduce --ranks 6 --nodes 2 --gpus-per-node 3 -o " +
           explicit_ranks.string());
   ASSERT_EQ(o.exit_code, 0) << o.err;
-  EXPECT_EQ(read_file(split), read_file(explicit_ranks));
-  EXPECT_NE(read_file(split).find("\"nranks\": 6,"), std::string::npos);
+  EXPECT_EQ(read_text_file(split), read_text_file(explicit_ranks));
+  EXPECT_NE(read_text_file(split).find("\"nranks\": 6,"), std::string::npos);
   o = run("run-host " + split.string());
   EXPECT_EQ(o.exit_code, 0) << o.out << o.err;
   o = run("generate ring_allreduce --nodes 64 --gpus-per-node 65 -o " + split.string());
@@ -310,12 +275,12 @@ TEST_F(CliTest, CompileWritesJsonAndXmlThatRun) {
   const auto json = dir_ / "ring.json", xml = dir_ / "ring.xml";
   auto o = run("compile " + script + " -o " + json.string() + " -- 4 --channels 2");
   ASSERT_EQ(o.exit_code, 0) << o.out << o.err;
-  EXPECT_NE(read_file(json).find("\"efccl-ef\""), std::string::npos);
+  EXPECT_NE(read_text_file(json).find("\"efccl-ef\""), std::string::npos);
   EXPECT_EQ(o.out, "");  // saved, not also printed
   o = run("compile " + script + " -o " + xml.string() + " -- 4");
   ASSERT_EQ(o.exit_code, 0) << o.out << o.err;
   EXPECT_EQ(o.out, "");
-  EXPECT_NE(read_file(xml).find("<algo"), std::string::npos);
+  EXPECT_NE(read_text_file(xml).find("<algo"), std::string::npos);
   for (const auto& f : {json, xml}) {
     o = run("run-host " + f.string());
     EXPECT_EQ(o.exit_code, 0) << o.out << o.err;

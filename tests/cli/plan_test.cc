@@ -10,48 +10,16 @@
 #include <sstream>
 #include <string>
 
+#include "cli_fixture.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-struct Outcome {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-class PlanCliTest : public ::testing::Test {
+class PlanCliTest : public CliFixture {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("efccl_plan_cli_test_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path write(const std::string& name, const std::string& text) {
-    std::ofstream(dir_ / name) << text;
-    return dir_ / name;
-  }
-  Outcome plan(const std::string& args) {
-    const auto out = dir_ / "stdout", err = dir_ / "stderr";
-    const std::string cmd = std::string(EFCCL_CLI_PATH) + " plan " + args + " >" + out.string() +
-                            " 2>" + err.string() + " </dev/null";
-    const int status = std::system(cmd.c_str());
-    Outcome o;
-    o.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    o.out = read_file(out);
-    o.err = read_file(err);
-    return o;
-  }
-  fs::path dir_;
+  CliOutcome plan(const std::string& args) { return run_cli("plan " + args); }
 };
 
 TEST_F(PlanCliTest, ALonePairSplitsOverEveryPathOfTheNimbleNode) {

@@ -12,48 +12,21 @@
 #include <sstream>
 #include <string>
 
+#include "cli_fixture.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-struct Outcome {
-  int exit_code = -1;  ///< -1 when the process did not exit normally (a crash)
-  std::string out, err;
-};
+using Outcome = CliOutcome;
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-class TopoCliTest : public ::testing::Test {
+class TopoCliTest : public CliFixture {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("efccl_topo_cli_test_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   /// Runs `efccl topo ARGS` with `env` ("NAME=value ..." or "") in front.
   Outcome topo(const std::string& args, const std::string& env = "") {
-    const auto out = dir_ / "stdout", err = dir_ / "stderr";
-    const std::string cmd = env + (env.empty() ? "" : " ") + std::string(EFCCL_CLI_PATH) +
-                            " topo " + args + " >" + out.string() + " 2>" + err.string() +
-                            " </dev/null";
-    const int status = std::system(cmd.c_str());
-    Outcome o;
-    o.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    o.out = read_file(out);
-    o.err = read_file(err);
-    return o;
+    return run_cli("topo " + args, env);
   }
-
-  fs::path dir_;
 };
 
 TEST_F(TopoCliTest, PresetAsJsonHasEightGpusEachWithItsRailNic) {
@@ -89,7 +62,7 @@ TEST_F(TopoCliTest, NodesMakesACluster) {
   // The same JSON read back and repeated: --json-file with --nodes.
   const auto file = dir_ / "one.json";
   ASSERT_EQ(topo("--preset nimble-h100 --json").exit_code, 0);
-  std::ofstream(file) << read_file(dir_ / "stdout");
+  std::ofstream(file) << read_text_file(dir_ / "stdout");
   o = topo("--json-file " + file.string() + " --nodes 3 --json");
   ASSERT_EQ(o.exit_code, 0) << o.err;
   EXPECT_EQ(json::parse(o.out)["gpus"].size(), 12u);
@@ -108,7 +81,7 @@ TEST_F(TopoCliTest, SvgWritesAPicture) {
   const auto svg = dir_ / "dgx.svg";
   auto o = topo("--preset dgx-h100 --nodes 2 --svg " + svg.string());
   ASSERT_EQ(o.exit_code, 0) << o.err;
-  const std::string text = read_file(svg);
+  const std::string text = read_text_file(svg);
   EXPECT_EQ(text.rfind("<?xml", 0), 0u);
   EXPECT_NE(text.find("</svg>"), std::string::npos);
   EXPECT_NE(text.find(">h1.gpu7<"), std::string::npos);
@@ -161,7 +134,7 @@ TEST_F(TopoCliTest, MissingOrBadFilesAreNamed) {
   // A two-host graph cannot be repeated.
   const auto two = dir_ / "two.json";
   ASSERT_EQ(topo("--preset h200-nv18-x2 --nodes 2 --json").exit_code, 0);
-  std::ofstream(two) << read_file(dir_ / "stdout");
+  std::ofstream(two) << read_text_file(dir_ / "stdout");
   o = topo("--json-file " + two.string() + " --nodes 2");
   EXPECT_EQ(o.exit_code, 1);
   EXPECT_NE(o.err.find("already has 2 hosts"), std::string::npos) << o.err;

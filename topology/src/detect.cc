@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "efccl/topology/presets.h"
+#include "graph_builder.h"
 #include "host_detection.h"
 #include "sysfs_nics.h"
 #include "sysfs_pci.h"
@@ -52,7 +53,7 @@ const std::string kAssumedText = "PCIe Gen4 x16 assumed";
 
 /// The host graph under construction: CPUs with their memory, PCIe switches met on the way to
 /// devices, devices, NVLinks. The first error sticks; finish() reports it.
-class Assembly {
+class Assembly : public GraphBuilder {
  public:
   explicit Assembly(const std::vector<int>& numas) {
     for (std::size_t k = 0; k < numas.size(); ++k) {
@@ -143,29 +144,9 @@ class Assembly {
     return *nvswitch_;
   }
 
-  void duplex(NodeIndex a, NodeIndex b, LinkKind kind, double gbps, double latency, int lanes) {
-    if (status_) status_ = t_.add_duplex(a, b, kind, gbps, latency, lanes);
-  }
-  Topology& topology() { return t_; }
-
-  StatusOr<Topology> finish() {
-    if (!status_) return status_;
-    if (Status s = t_.check(); !s) return s;
-    return std::move(t_);
-  }
+  StatusOr<Topology> finish() { return GraphBuilder::finish(/*check=*/true); }
 
  private:
-  NodeIndex add(Node n) {
-    auto i = t_.add_node(std::move(n));
-    if (!i) {
-      if (status_) status_ = i.status();
-      return 0;
-    }
-    return *i;
-  }
-
-  Topology t_;
-  Status status_ = Status::ok();
   std::vector<NodeIndex> cpus_;
   std::map<std::string, NodeIndex> switches_;  // by the switch's upstream port
   std::optional<NodeIndex> nvswitch_;

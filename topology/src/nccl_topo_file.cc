@@ -8,6 +8,7 @@
 
 #include "efccl/topology/nccl_xml.h"
 #include "efccl/topology/presets.h"
+#include "graph_builder.h"
 #include "host_detection.h"
 #include "sysfs_pci.h"
 
@@ -15,23 +16,8 @@ namespace efccl::topo {
 namespace {
 
 /// Builds the overlaid graph; the first error sticks.
-class Overlay {
+class Overlay : public GraphBuilder {
  public:
-  NodeIndex add(Node n) {
-    auto i = t_.add_node(std::move(n));
-    if (!i) {
-      if (status_) status_ = i.status();
-      return 0;
-    }
-    return *i;
-  }
-  void link(Link l) {
-    if (status_)
-      if (auto r = t_.add_link(l); !r) status_ = r.status();
-  }
-  void duplex(NodeIndex a, NodeIndex b, LinkKind kind, double gbps, double latency, int lanes) {
-    if (status_) status_ = t_.add_duplex(a, b, kind, gbps, latency, lanes);
-  }
   /// The CPU of NUMA node `numa`, else the first CPU, else a new CPU with its memory.
   NodeIndex cpu_for(int numa) {
     std::optional<NodeIndex> first;
@@ -56,12 +42,6 @@ class Overlay {
     for (int k = 0;; ++k)
       if (!t_.find(prefix + std::to_string(k))) return prefix + std::to_string(k);
   }
-  Topology& topology() { return t_; }
-  const Status& status() const { return status_; }
-
- private:
-  Topology t_;
-  Status status_ = Status::ok();
 };
 
 /// The PCIe link a detected device has toward its parent: capacity and lanes; Gen4 x16 when

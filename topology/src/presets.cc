@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "graph_builder.h"
 #include "link_estimates.h"
 
 namespace efccl::topo {
@@ -19,7 +20,7 @@ Node make(NodeKind kind, std::string id, int index, int numa) {
 }
 
 /// Builds one host (host 0) node by node; the first error sticks and finish() returns it.
-class HostBuilder {
+class HostBuilder : public GraphBuilder {
  public:
   NodeIndex cpu(int numa) {
     const NodeIndex c = add(make(NodeKind::kCpu, "h0.cpu" + std::to_string(numa), numa, numa));
@@ -61,26 +62,9 @@ class HostBuilder {
   NodeIndex nvswitch() {
     return add(make(NodeKind::kNvSwitch, "h0.nvs0", 0, -1));
   }
-  void duplex(NodeIndex a, NodeIndex b, LinkKind kind, double gbps, double latency, int lanes) {
-    if (status_) status_ = t_.add_duplex(a, b, kind, gbps, latency, lanes);
-  }
   void set_memory_gbps(double gbps) { memory_gbps_ = gbps; }
-  StatusOr<Topology> finish() {
-    if (!status_) return status_;
-    return std::move(t_);
-  }
 
  private:
-  NodeIndex add(Node n) {
-    auto i = t_.add_node(std::move(n));
-    if (!i) {
-      if (status_) status_ = i.status();
-      return 0;
-    }
-    return *i;
-  }
-  Topology t_;
-  Status status_ = Status::ok();
   double memory_gbps_ = kSprMemoryGbps;
   int switches_ = 0, gpus_ = 0, nics_ = 0;
 };
