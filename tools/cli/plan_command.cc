@@ -17,31 +17,13 @@
 #include <string>
 
 #include "args.h"
+#include "input_file.h"
 #include "efccl/balance/planner.h"
 #include "efccl/topology/nccl_xml.h"
 #include "efccl/topology/presets.h"
 
 namespace efccl::cli {
 namespace {
-
-constexpr std::uintmax_t kMaxInputBytes = 64u << 20;
-
-std::optional<std::string> read_input(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) {
-    std::cerr << "efccl plan: " << path << ": no such file\n";
-    return std::nullopt;
-  }
-  if (fs::file_size(path, ec) > kMaxInputBytes) {
-    std::cerr << "efccl plan: " << path << ": larger than " << kMaxInputBytes << " bytes\n";
-    return std::nullopt;
-  }
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 /// A preset name, or a file: NCCL topology XML (".xml") or efccl's topology JSON.
 std::optional<topo::Topology> load_topology(const std::string& what, int32_t nodes) {
@@ -61,7 +43,7 @@ std::optional<topo::Topology> load_topology(const std::string& what, int32_t nod
   if (what.size() > 4 && what.compare(what.size() - 4, 4, ".xml") == 0) {
     host = topo::load_nccl_xml(what);
   } else {
-    auto text = read_input(what);
+    auto text = read_input_file(what, "efccl plan");
     if (!text) return std::nullopt;
     host = topo::from_json(*text, what);
   }
@@ -70,23 +52,9 @@ std::optional<topo::Topology> load_topology(const std::string& what, int32_t nod
     return std::nullopt;
   }
   if (nodes == 1) return std::move(*host);
-  if (host->hosts() > 1) {
-    std::cerr << "efccl plan: --nodes " << nodes << ": " << what << " already has "
-              << host->hosts() << " hosts\n";
-    return std::nullopt;
-  }
-  if (static_cast<uint64_t>(nodes) * host->nodes().size() > topo::kMaxNodes ||
-      static_cast<uint64_t>(nodes) * host->links().size() > topo::kMaxLinks) {
-    std::cerr << "efccl plan: --nodes " << nodes << " copies of " << what << " ("
-              << host->nodes().size() << " nodes, " << host->links().size()
-              << " links) exceed the " << topo::kMaxNodes << " nodes or " << topo::kMaxLinks
-              << " links a graph may have\n";
-    return std::nullopt;
-  }
-  std::vector<topo::Topology> hosts(static_cast<std::size_t>(nodes), *host);
-  auto merged = topo::merge_hosts(hosts);
+  auto merged = topo::repeat_host(*host, nodes, what);
   if (!merged) {
-    std::cerr << "efccl plan: " << merged.status().message() << '\n';
+    std::cerr << "efccl plan: --nodes " << nodes << ": " << merged.status().message() << '\n';
     return std::nullopt;
   }
   return std::move(*merged);
@@ -113,7 +81,7 @@ int cmd_plan(const std::vector<std::string>& argv) {
 
   auto t = load_topology(*topology_arg, nodes);
   if (!t) return 1;
-  auto demand_text = read_input(*demand_arg);
+  auto demand_text = read_input_file(*demand_arg, "efccl plan");
   if (!demand_text) return 1;
   auto demand = balance::demand_from_json(*demand_text, *demand_arg);
   if (!demand) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "args.h"
+#include "input_file.h"
 #include "efccl/topology/detect.h"
 #include "efccl/topology/nccl_xml.h"
 #include "efccl/topology/presets.h"
@@ -32,8 +33,6 @@ constexpr int kExitOk = 0;
 constexpr int kExitFailed = 1;
 /// The summary lists hosts one by one up to this many; --json lists every node.
 constexpr int32_t kMaxListedHosts = 8;
-/// The most bytes --json-file reads (from_json refuses what is larger than its own limit).
-constexpr std::uintmax_t kMaxJsonFileBytes = 64u << 20;
 
 /// A graph and what its source had to say about it.
 struct Loaded {
@@ -75,55 +74,13 @@ void print_table(const std::vector<std::vector<std::string>>& rows, const std::s
   }
 }
 
-/// Reads a whole file for --json-file; nullopt (and a message on stderr) when it cannot.
-std::optional<std::string> read_text(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!fs::exists(path, ec)) {
-    std::cerr << path << ": no such file\n";
-    return std::nullopt;
-  }
-  const auto size = fs::file_size(path, ec);
-  if (ec || !fs::is_regular_file(path, ec)) {
-    std::cerr << path << ": cannot be read (not a regular file)\n";
-    return std::nullopt;
-  }
-  if (size > kMaxJsonFileBytes) {
-    std::cerr << path << ": " << size << " bytes, more than the " << kMaxJsonFileBytes
-              << " a topology file may have\n";
-    return std::nullopt;
-  }
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in && !in.eof()) {
-    std::cerr << path << ": cannot be read\n";
-    return std::nullopt;
-  }
-  return text.str();
-}
-
 /// The graph of one host repeated `nodes` times (hosts joined by rail switches).
 std::optional<topo::Topology> cluster_of(const topo::Topology& host, int32_t nodes,
                                          const std::string& what) {
   if (nodes == 1 && host.hosts() <= 1) return host;
-  if (host.hosts() > 1) {
-    std::cerr << "efccl topo: --nodes " << nodes << ": " << what << " already has " << host.hosts()
-              << " hosts; --nodes repeats a one-host graph\n";
-    return std::nullopt;
-  }
-  if (static_cast<uint64_t>(nodes) * host.nodes().size() > topo::kMaxNodes ||
-      static_cast<uint64_t>(nodes) * host.links().size() > topo::kMaxLinks) {
-    std::cerr << "efccl topo: --nodes " << nodes << " copies of " << what << " ("
-              << host.nodes().size() << " nodes, " << host.links().size()
-              << " links) exceed the " << topo::kMaxNodes << " nodes or " << topo::kMaxLinks
-              << " links a graph may have\n";
-    return std::nullopt;
-  }
-  std::vector<topo::Topology> hosts(static_cast<std::size_t>(nodes), host);
-  auto merged = topo::merge_hosts(hosts);
+  auto merged = topo::repeat_host(host, nodes, what);
   if (!merged) {
-    std::cerr << "efccl topo: " << merged.status().message() << '\n';
+    std::cerr << "efccl topo: --nodes " << nodes << ": " << merged.status().message() << '\n';
     return std::nullopt;
   }
   return std::move(*merged);
@@ -290,7 +247,7 @@ int cmd_topo(const std::vector<std::string>& argv) {
       host = std::move(*t);
       loaded.source = *path + " (NCCL topology XML)";
     } else if (auto path = args.value("--json-file")) {
-      auto text = read_text(*path);
+      auto text = read_input_file(*path, "efccl topo");
       if (!text) return kExitFailed;
       auto t = topo::from_json(*text, *path);
       if (!t) {

@@ -1,23 +1,14 @@
 // A communicator's machine graph from its ranks' reports (efccl/topology/cluster.h).
 #include "efccl/topology/cluster.h"
 
-#include <algorithm>
-#include <cctype>
+#include <map>
+
+#include "sysfs_pci.h"
 
 namespace efccl::topo {
 
 std::string normal_bus_id(std::string_view text) {
-  std::string s;
-  for (char c : text) s += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  // "00000000:1b:00.0" (NVML's 8-digit domain) -> "0000:1b:00.0"; "1b:00.0" -> "0000:1b:00.0".
-  const std::size_t colons = static_cast<std::size_t>(std::count(s.begin(), s.end(), ':'));
-  if (colons == 1) return "0000:" + s;
-  if (colons == 2) {
-    const std::size_t first = s.find(':');
-    if (first > 4 && s.compare(0, first - 4, std::string(first - 4, '0')) == 0)
-      return s.substr(first - 4);
-  }
-  return s;
+  return sysfs::normalize_bus_id(text).value_or(std::string(text));
 }
 
 StatusOr<ClusterGraph> assemble_cluster(const std::vector<RankPlacement>& ranks,

@@ -256,4 +256,23 @@ StatusOr<Topology> merge_hosts(std::span<const Topology> hosts) {
   return out;
 }
 
+StatusOr<Topology> repeat_host(const Topology& host, int nodes, std::string_view what) {
+  const std::string w(what);
+  if (nodes < 1 || nodes > kMaxHosts)
+    return Status::error("--nodes " + std::to_string(nodes) + ": a cluster has 1 ... " +
+                         std::to_string(kMaxHosts) + " hosts");
+  if (host.hosts() > 1)
+    return Status::error(w + " already has " + std::to_string(host.hosts()) +
+                         " hosts; --nodes repeats a one-host graph");
+  if (static_cast<uint64_t>(nodes) * host.nodes().size() > kMaxNodes ||
+      static_cast<uint64_t>(nodes) * host.links().size() > kMaxLinks)
+    return Status::error("--nodes " + std::to_string(nodes) + " copies of " + w + " (" +
+                         std::to_string(host.nodes().size()) + " nodes, " +
+                         std::to_string(host.links().size()) + " links) exceed the " +
+                         std::to_string(kMaxNodes) + " nodes or " + std::to_string(kMaxLinks) +
+                         " links a graph may have");
+  std::vector<Topology> hosts(static_cast<std::size_t>(nodes), host);
+  return merge_hosts(hosts);
+}
+
 }  // namespace efccl::topo

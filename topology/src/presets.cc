@@ -141,9 +141,6 @@ std::vector<std::string_view> preset_names() {
 }
 
 StatusOr<Topology> preset(std::string_view name, int nodes) {
-  if (nodes < 1 || nodes > kMaxHosts)
-    return Status::error("--nodes " + std::to_string(nodes) + ": a cluster has 1 ... " +
-                         std::to_string(kMaxHosts) + " hosts");
   StatusOr<Topology> host = Status::error("");
   if (name == "nimble-h100")
     host = nimble_h100();
@@ -159,13 +156,7 @@ StatusOr<Topology> preset(std::string_view name, int nodes) {
     return Status::error("unknown preset '" + std::string(name) + "' (known: " + known + ")");
   }
   if (!host) return host.status();
-  if (static_cast<uint64_t>(nodes) * host->nodes().size() > kMaxNodes ||
-      static_cast<uint64_t>(nodes) * host->links().size() > kMaxLinks)
-    return Status::error("--nodes " + std::to_string(nodes) + " hosts of '" + std::string(name) +
-                         "' exceed the " + std::to_string(kMaxNodes) + " nodes or " +
-                         std::to_string(kMaxLinks) + " links a graph may have");
-  std::vector<Topology> hosts(static_cast<std::size_t>(nodes), *host);
-  return merge_hosts(hosts);
+  return repeat_host(*host, nodes, "preset '" + std::string(name) + "'");
 }
 
 }  // namespace efccl::topo

@@ -19,10 +19,9 @@
 #include "efccl/mprun/rendezvous.h"
 #include "efccl/net/fd.h"
 #include "efccl/net/socket.h"
+#include "environment.h"
 #include "mps_daemon.h"
 #include "rendezvous_server.h"
-
-extern char** environ;
 
 namespace efccl::mprun {
 namespace {
@@ -162,20 +161,6 @@ std::string random_job_key() {
   char text[40];
   std::snprintf(text, sizeof(text), "%016llx%016llx", dist(device), dist(device));
   return text;
-}
-
-/// The parent's environment without the variables efccl-mprun sets, then those.
-std::vector<std::string> rank_environment(
-    const std::vector<std::pair<std::string, std::string>>& set) {
-  std::set<std::string> keys;
-  for (const auto& kv : set) keys.insert(kv.first);
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string entry(*e);
-    if (keys.count(entry.substr(0, entry.find('='))) == 0) env.push_back(entry);
-  }
-  for (const auto& [key, value] : set) env.push_back(key + "=" + value);
-  return env;
 }
 
 Status make_pipe(Fd* read_end, Fd* write_end) {
@@ -345,7 +330,7 @@ int run_job(const LaunchOptions& o) {
         {"MASTER_PORT", std::to_string(*master_port)}};
     if (mps)
       for (auto& kv : mps->environment()) vars.push_back(std::move(kv));
-    const auto env = rank_environment(vars);
+    const auto env = environment_with(vars);
     r.out_lines.emplace("[" + rank + "] ", STDOUT_FILENO);
     r.err_lines.emplace("[" + rank + "] ", STDERR_FILENO);
     if (Status s = spawn(r, o.command, env); !s) {

@@ -1,5 +1,7 @@
 #include "mps_daemon.h"
 
+#include "environment.h"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -10,8 +12,6 @@
 #include <cstring>
 #include <functional>
 #include <thread>
-
-extern char** environ;
 
 namespace efccl::mprun {
 namespace {
@@ -25,15 +25,7 @@ StatusOr<int> run_control(const std::vector<std::string>& args,
                           const std::vector<std::pair<std::string, std::string>>& vars,
                           const std::string& input, const std::filesystem::path& log,
                           double timeout_s) {
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string entry(*e);
-    const std::string key = entry.substr(0, entry.find('='));
-    bool replaced = false;
-    for (const auto& kv : vars) replaced = replaced || kv.first == key;
-    if (!replaced) env.push_back(entry);
-  }
-  for (const auto& [k, v] : vars) env.push_back(k + "=" + v);
+  const std::vector<std::string> env = environment_with(vars);
   std::vector<char*> argv{const_cast<char*>(kControl)}, envp;
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);

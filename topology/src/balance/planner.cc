@@ -31,17 +31,31 @@ constexpr uint64_t kMaxPairBytes = uint64_t{1} << 50;
 /// Microseconds to carry `bytes` at `gbps`.
 double us(double bytes, double gbps) { return bytes / (gbps * 1e3); }
 
-struct Share {
-  uint32_t candidate;
-  double bytes;
-};
-
 struct BigPair {
   std::size_t plan_index;  ///< into Plan::pairs
   const std::vector<Candidate>* candidates;
   std::vector<double> on;  ///< bytes per candidate
   uint64_t piece = 0;
 };
+
+/// The background load per link: finite, non-negative values of `background`, 0 elsewhere.
+std::vector<double> base_load(std::span<const double> background, std::size_t nlinks) {
+  std::vector<double> load(nlinks, 0.0);
+  for (std::size_t l = 0; l < background.size() && l < nlinks; ++l)
+    load[l] = std::isfinite(background[l]) && background[l] > 0 ? background[l] : 0.0;
+  return load;
+}
+
+/// `background` plus every share of `pairs` on its links.
+std::vector<double> plan_load(const std::vector<PairPlan>& pairs,
+                              std::span<const double> background, std::size_t nlinks) {
+  std::vector<double> load = base_load(background, nlinks);
+  for (const PairPlan& p : pairs)
+    for (const PathShare& s : p.paths)
+      for (LinkIndex l : (*p.candidates)[s.candidate].links)
+        load[l] += static_cast<double>(s.bytes);
+  return load;
+}
 
 }  // namespace
 
@@ -141,9 +155,7 @@ StatusOr<Plan> Planner::compute(const Demand& demand, std::span<const double> ba
                          " links; the topology has " + std::to_string(nlinks));
   Plan plan;
   plan.min_split_bytes = options_.min_split_bytes;
-  plan.link_bytes.assign(nlinks, 0.0);
-  for (std::size_t l = 0; l < background.size(); ++l)
-    plan.link_bytes[l] = std::isfinite(background[l]) && background[l] > 0 ? background[l] : 0.0;
+  plan.link_bytes = base_load(background, nlinks);
   std::vector<double> direct = plan.link_bytes;
   std::vector<double>& load = plan.link_bytes;
   std::vector<BigPair> big;
@@ -312,9 +324,7 @@ StatusOr<Plan> Planner::compute(const Demand& demand, std::span<const double> ba
     }
     // Back to whole pieces: each share rounded down to a multiple of the piece size, the rest of
     // the pair's bytes to its largest share.
-    std::fill(load.begin(), load.end(), 0.0);
-    for (std::size_t l = 0; l < background.size(); ++l)
-      load[l] = std::isfinite(background[l]) && background[l] > 0 ? background[l] : 0.0;
+    load = base_load(background, nlinks);
     for (const PairPlan& p : plan.pairs)
       if (p.bytes < options_.min_split_bytes || p.candidates->size() == 1)
         for (LinkIndex l : p.candidates->front().links) load[l] += static_cast<double>(p.bytes);
@@ -358,11 +368,10 @@ StatusOr<Plan> Planner::compute(const Demand& demand, std::span<const double> ba
           if (step > b.on[c]) continue;
           double cost = 0;
           const uint32_t to = best(b, step, c, &cost);
-          const double to_worst = cost - hop_penalty(b, to);
-          const bool shares_hot = std::find((*b.candidates)[to].links.begin(),
-                                            (*b.candidates)[to].links.end(),
-                                            hot) != (*b.candidates)[to].links.end();
-          if (shares_hot || !(to_worst + hop_penalty(b, to) < hot_us * (1 - 1e-9))) continue;
+          // The new home must avoid the hot link and stay below its load, penalty included.
+          const auto& to_links = (*b.candidates)[to].links;
+          const bool shares_hot = std::find(to_links.begin(), to_links.end(), hot) != to_links.end();
+          if (shares_hot || !(cost < hot_us * (1 - 1e-9))) continue;
           b.on[c] -= step;
           b.on[to] += step;
           for (LinkIndex l : links) load[l] -= step;
@@ -398,13 +407,7 @@ StatusOr<Plan> Planner::compute(const Demand& demand, std::span<const double> ba
               [](const PathShare& x, const PathShare& y) { return x.candidate < y.candidate; });
   }
   // The loads of the final, integral plan.
-  std::fill(load.begin(), load.end(), 0.0);
-  for (std::size_t l = 0; l < background.size(); ++l)
-    load[l] = std::isfinite(background[l]) && background[l] > 0 ? background[l] : 0.0;
-  for (const PairPlan& p : plan.pairs)
-    for (const PathShare& s : p.paths)
-      for (LinkIndex l : (*p.candidates)[s.candidate].links)
-        load[l] += static_cast<double>(s.bytes);
+  load = plan_load(plan.pairs, background, nlinks);
   plan.max_load_us = max_load_us(t, load);
   if (plan.max_load_us >= plan.direct_max_load_us) {
     // Balancing did not help (uniform traffic, rounding): every pair on its default path.
@@ -430,13 +433,7 @@ StatusOr<Plan> Planner::plan(const Demand& demand, std::span<const double> backg
   if (it != last_.end()) {
     // The plan in force, under today's background.
     Plan kept = it->second.second;
-    std::fill(kept.link_bytes.begin(), kept.link_bytes.end(), 0.0);
-    for (std::size_t l = 0; l < background.size(); ++l)
-      kept.link_bytes[l] = std::isfinite(background[l]) && background[l] > 0 ? background[l] : 0.0;
-    for (const PairPlan& p : kept.pairs)
-      for (const PathShare& s : p.paths)
-        for (LinkIndex l : (*p.candidates)[s.candidate].links)
-          kept.link_bytes[l] += static_cast<double>(s.bytes);
+    kept.link_bytes = plan_load(kept.pairs, background, kept.link_bytes.size());
     kept.max_load_us = max_load_us(table_->topology(), kept.link_bytes);
     kept.direct_max_load_us = fresh->direct_max_load_us;
     if (!(fresh->max_load_us < kept.max_load_us * (1 - options_.hysteresis))) {

@@ -37,8 +37,8 @@ struct ClusterGraph {
 StatusOr<ClusterGraph> assemble_cluster(const std::vector<RankPlacement>& ranks,
                                         const std::map<uint64_t, std::string>& host_graphs);
 
-/// A bus id in NCCL's normal form: lower case, with the 4-digit domain ("0000:1b:00.0");
-/// `text` as it was when it does not look like a bus id.
+/// A bus id in NCCL's normal form: lower case, with the 4-digit domain ("0000:1b:00.0"), as
+/// detection writes it; `text` as it was when it is not a bus id.
 std::string normal_bus_id(std::string_view text);
 
 }  // namespace efccl::topo

@@ -184,5 +184,9 @@ StatusOr<Topology> from_json(std::string_view text, std::string_view where);
 /// "h0.<name>"), and one rail switch per NIC index joins the NICs of that index over links
 /// of kind net at each NIC's speed. Each input must be a one-host graph (host 0).
 StatusOr<Topology> merge_hosts(std::span<const Topology> hosts);
+/// `nodes` copies of the one-host graph `host` joined by merge_hosts (`--nodes N`). `what`
+/// names the graph in errors: one that already spans hosts, or copies beyond the size limits
+/// (checked before anything is copied).
+StatusOr<Topology> repeat_host(const Topology& host, int nodes, std::string_view what);
 
 }  // namespace efccl::topo
