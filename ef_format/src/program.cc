@@ -30,7 +30,19 @@ bool Program::operator==(const Program& o) const {
          nranks == o.nranks && nchunksperloop == o.nchunksperloop && nchannels == o.nchannels &&
          root == o.root && inplace == o.inplace && outofplace == o.outofplace &&
          min_bytes == o.min_bytes && max_bytes == o.max_bytes && ranks == o.ranks &&
-         postconditions == o.postconditions;
+         postconditions == o.postconditions && slot_devices == o.slot_devices &&
+         placements == o.placements;
+}
+
+ConnectionPlacement placement_of(const Program& p, int32_t sender, int32_t receiver,
+                                 int32_t channel) {
+  for (const ConnectionPlacement& c : p.placements)
+    if (c.sender == sender && c.receiver == receiver && c.channel == channel) return c;
+  ConnectionPlacement c;
+  c.sender = sender;
+  c.receiver = receiver;
+  c.channel = channel;
+  return c;
 }
 
 std::string_view to_string(Collective c) { return kCollectiveNames.at(static_cast<int>(c)); }

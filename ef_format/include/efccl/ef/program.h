@@ -104,6 +104,29 @@ struct Postcondition {
   bool operator==(const Postcondition&) const = default;
 };
 
+/// Where a connection's slots (and its tail counter) live. The receiver's GPU is the default
+/// (NCCL's P2P transport); the others are the balancer's extra paths (docs/ef-format.md §3,
+/// "Connection placement"): pinned host memory (written by the sender over PCIe, read by the
+/// receiver over PCIe), or the memory of a GPU that runs no part of this connection (a relay
+/// GPU that runs no kernel for it: written over sender -> relay, read over relay -> receiver).
+/// The placement never changes results; it changes which links carry the bytes.
+enum class SlotLocation : uint8_t {
+  kReceiver,  ///< the receiver's GPU (default)
+  kHost,      ///< pinned host memory
+  kDevice,    ///< external slot device `device` (bound to a real GPU by the engine at run time)
+};
+
+/// The placement of one connection (sender, receiver, channel). Connections not listed in
+/// Program::placements use kReceiver.
+struct ConnectionPlacement {
+  int32_t sender = 0;
+  int32_t receiver = 0;
+  int32_t channel = 0;
+  SlotLocation location = SlotLocation::kReceiver;
+  int32_t device = 0;  ///< kDevice only: 0 .. Program::slot_devices - 1
+  bool operator==(const ConnectionPlacement&) const = default;
+};
+
 /// Where a program came from, so that diagnostics can point into the original file.
 struct SourceMap {
   enum class Format : uint8_t { kMemory, kJson, kMscclXml };
@@ -132,10 +155,21 @@ struct Program {
   std::optional<uint64_t> max_bytes;  ///< inclusive; nullopt = unbounded
   std::vector<Rank> ranks;
   std::vector<Postcondition> postconditions;  ///< kCustom only
+  /// External slot devices the program names (SlotLocation::kDevice); the engine maps each to
+  /// a GPU when it prepares the program (0: none).
+  int32_t slot_devices = 0;
+  /// Connections whose slots do not live at the receiver, ordered by (sender, receiver,
+  /// channel), at most one entry per connection.
+  std::vector<ConnectionPlacement> placements;
   SourceMap source;  ///< not part of the program's value; ignored by operator==
 
   bool operator==(const Program& o) const;
 };
+
+/// The placement of connection (sender, receiver, channel): its entry in p.placements, or a
+/// kReceiver placement when it has none.
+ConnectionPlacement placement_of(const Program& p, int32_t sender, int32_t receiver,
+                                 int32_t channel);
 
 // ---- Names (the spelling used in EF JSON, CLI flags and messages) ----
 std::string_view to_string(Collective c);
