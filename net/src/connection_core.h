@@ -69,8 +69,6 @@ class ConnectionCore {
   std::string who() const;
 
   // ---- data path (proxy threads) ----
-  /// Sending end: slots the receiver's GPU has consumed (its head, relayed as credit).
-  std::atomic<uint64_t> credit{0};
   /// Sending end: slots whose stripes have all left (publishes region.head). Receiving end:
   /// slots whose stripes have all arrived (publishes region.tail).
   SlotCompletion completion;

@@ -1,8 +1,8 @@
 // One proxy thread: polls its sockets (and, for the first thread, the listener) and steps their
 // tasks. It never blocks: with bytes moving it polls without waiting; with tasks waiting for a
-// counter (the GPU's tail or head, a credit) it sleeps 10 us doubling up to 1 ms, except for
-// 200 us after the latest progress and while kicked; with nothing but sockets to wait for it
-// sleeps in poll until one is ready, its waker rings, or 100 ms pass.
+// counter of the GPU (a slot posted or freed) it sleeps 5 us doubling up to 50 us while bytes
+// moved within the last 10 ms, up to 1 ms after that, and not at all while kicked; with nothing
+// but sockets to wait for it sleeps in poll until one is ready, its waker rings, or 100 ms pass.
 #pragma once
 
 #include <atomic>

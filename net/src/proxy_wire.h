@@ -6,9 +6,10 @@
 //   hello    sender -> receiver, the first 40 bytes of every socket: "EFNT", version,
 //            connection id, token, socket index, sockets
 //   reply    receiver -> sender, 8 bytes: "EFNA", code (kAccepted or why not)
-//   stripes  then, both ways, 24-byte headers: kData (sender -> receiver: `length` bytes of slot
-//            `seq` at `offset`, the slot holding `total`), kCredit (receiver -> sender on
-//            socket 0: its GPU has consumed `seq` slots), kGoodbye (this socket's last bytes)
+//   stripes  then 24-byte headers: kData (sender -> receiver: `length` bytes of slot `seq` at
+//            `offset`, the slot holding `total`) and, both ways, kGoodbye (this socket's last
+//            bytes). The receiver's consumption needs no message: its proxy reads a stripe only
+//            into a freed slot, so TCP's flow control holds the sender back.
 //
 // A slot of `total` bytes travels in stripes of at least kMinStripe bytes, stripe i over socket
 // i, so that one slot keeps several sockets busy while small slots use socket 0 only.
@@ -76,12 +77,12 @@ enum class ReplyCode : uint32_t {
 inline constexpr std::size_t kReplyBytes = 8;
 std::string reply_text(ReplyCode code);
 
-enum class StripeType : uint32_t { kData = 1, kCredit = 2, kGoodbye = 3 };
+enum class StripeType : uint32_t { kData = 1, kGoodbye = 3 };
 
 struct StripeHeader {
   uint32_t type = 0;
   uint32_t length = 0;  ///< kData: payload bytes that follow
-  uint64_t seq = 0;     ///< kData: the slot's number; kCredit: slots consumed
+  uint64_t seq = 0;     ///< kData: the slot's number
   uint32_t total = 0;   ///< kData: bytes of the whole slot
   uint32_t offset = 0;  ///< kData: where this stripe starts in the slot
 };

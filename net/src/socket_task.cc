@@ -36,6 +36,8 @@ SocketTask::~SocketTask() {
   core_->task_detached();
 }
 
+int SocketTask::poll_fd() const { return in_waits_for_slot_ ? -1 : fd_.get(); }
+
 short SocketTask::events() const { return static_cast<short>(POLLIN | (want_write_ ? POLLOUT : 0)); }
 
 bool SocketTask::lingered() const {
@@ -59,7 +61,7 @@ SocketTask::Step SocketTask::step(short revents) {
     step.finished = true;
     return step;
   }
-  if ((revents & (POLLIN | POLLERR | POLLHUP)) != 0 && !read_some(step)) {
+  if (((revents & (POLLIN | POLLERR | POLLHUP)) != 0 || in_waits_for_slot_) && !read_some(step)) {
     step.finished = true;
     return step;
   }
@@ -81,6 +83,14 @@ bool SocketTask::read_some(Step& step) {
       to = scratch;
       want = sizeof(scratch);
     } else if (in_to_ != nullptr) {
+      if (!in_slot_ready_) {
+        if (!claim_slot(step)) return false;
+        if (!in_slot_ready_) return true;  // waits for the GPU to free the slot
+        if (in_left_ == 0) {
+          finish_in_stripe();
+          continue;
+        }
+      }
       to = in_to_;
       want = static_cast<std::size_t>(std::min<uint64_t>(in_left_, budget));
     } else {
@@ -125,18 +135,6 @@ bool SocketTask::on_header(Step& step) {
       peer_goodbye_ = true;
       core_->goodbye_from_peer();
       return false;  // nothing follows on this socket
-    case StripeType::kCredit: {
-      // The receiver cannot have consumed more than this side's GPU posted.
-      const uint64_t posted = region_.load_tail();
-      if (!is_send() || index_ != 0 || h.seq < core_->credit.load() || h.seq > posted) {
-        fail(true, "the peer sent a credit of " + std::to_string(h.seq) + " slots" + where +
-                       " (" + std::to_string(posted) + " posted)");
-        return false;
-      }
-      core_->credit.store(h.seq, std::memory_order_release);
-      step.progressed = true;
-      return true;
-    }
     case StripeType::kData:
       break;
     default:
@@ -150,10 +148,6 @@ bool SocketTask::on_header(Step& step) {
     bad = "data sent to the sending end";
   else if (h.seq < in_next_seq_)
     bad = "slot " + std::to_string(h.seq) + " after slot " + std::to_string(in_next_seq_ - 1);
-  else if (h.seq >= region_.load_head() + layout.nslots)
-    bad = "slot " + std::to_string(h.seq) + " while the GPU has freed only " +
-          std::to_string(region_.load_head()) + " of " + std::to_string(layout.nslots) +
-          " slots (credit exceeded)";
   else if (h.total > layout.slot_bytes)
     bad = "a slot of " + std::to_string(h.total) + " bytes (slots hold " +
           std::to_string(layout.slot_bytes) + ")";
@@ -161,15 +155,6 @@ bool SocketTask::on_header(Step& step) {
            h.length != plan.length(index_, h.total))
     bad = "stripe [" + std::to_string(h.offset) + ", +" + std::to_string(h.length) + ") of a " +
           std::to_string(h.total) + "-byte slot, not this socket's";
-  if (bad.empty()) {
-    // Every stripe of a slot must announce the same total.
-    std::atomic<uint64_t>& total = core_->slot_total[h.seq % layout.nslots];
-    uint64_t expected = 0;
-    if (!total.compare_exchange_strong(expected, uint64_t{h.total} + 1) &&
-        expected != uint64_t{h.total} + 1)
-      bad = "stripes of slot " + std::to_string(h.seq) + " that disagree on its size (" +
-            std::to_string(expected - 1) + " and " + std::to_string(h.total) + " bytes)";
-  }
   if (!bad.empty()) {
     fail(true, "the peer sent " + bad + where);
     return false;
@@ -181,13 +166,45 @@ bool SocketTask::on_header(Step& step) {
   in_total_ = h.total;
   in_left_ = h.length;
   in_to_ = region_.slot(h.seq) + h.offset;
+  in_slot_ready_ = false;
   step.progressed = true;
-  if (in_left_ == 0) finish_in_stripe();
+  return true;
+}
+
+bool SocketTask::claim_slot(Step& step) {
+  // Flow control: a stripe is taken only into a slot the GPU has freed (nothing of the slot,
+  // its size or its stripe count is touched before); until then its bytes wait in the socket,
+  // and TCP stops the sender once the buffers are full.
+  const SlotLayout& layout = region_.layout;
+  const uint64_t head = region_.load_head();
+  const uint64_t arrived = core_->completion.published();
+  if (head > arrived) {
+    fail(false, "this side's GPU freed " + std::to_string(head) + " slots while only " +
+                    std::to_string(arrived) + " had arrived (head beyond tail)");
+    return false;
+  }
+  in_waits_for_slot_ = in_seq_ >= head + layout.nslots;
+  if (in_waits_for_slot_) {
+    step.counter_wait = true;
+    return true;
+  }
+  // Every stripe of a slot must announce the same total.
+  std::atomic<uint64_t>& total = core_->slot_total[in_seq_ % layout.nslots];
+  uint64_t expected = 0;
+  if (!total.compare_exchange_strong(expected, uint64_t{in_total_} + 1) &&
+      expected != uint64_t{in_total_} + 1) {
+    fail(true, "the peer sent stripes of slot " + std::to_string(in_seq_) +
+                   " that disagree on its size (" + std::to_string(expected - 1) + " and " +
+                   std::to_string(in_total_) + " bytes) on socket " + std::to_string(index_));
+    return false;
+  }
+  in_slot_ready_ = true;
   return true;
 }
 
 void SocketTask::finish_in_stripe() {
   in_to_ = nullptr;
+  in_slot_ready_ = false;
   core_->bytes.fetch_add(in_length_, std::memory_order_relaxed);
   const uint32_t slot = static_cast<uint32_t>(in_seq_ % region_.layout.nslots);
   const uint32_t total = in_total_;
@@ -249,12 +266,12 @@ bool SocketTask::write_some(Step& step) {
 bool SocketTask::next_out(Step& step) {
   if (goodbye_sent_) return false;
   const bool closing = core_->closing.load(std::memory_order_acquire);
-  if (!closing || is_send()) {
-    if (is_send() ? next_data_stripe(step) : index_ == 0 && next_credit(step)) return true;
+  if (is_send()) {
+    if (next_data_stripe(step)) return true;
     if (core_->ended.load(std::memory_order_acquire)) return false;
   }
   if (!closing) return false;
-  // A closing sender first sends what its GPU posted, while the receiver has room (until the
+  // A closing sender first sends what its GPU posted, while the receiver takes it (until the
   // linger passes).
   if (is_send() && send_next_ < region_.load_tail()) return false;
   out_header_ = StripeHeader{};
@@ -280,10 +297,6 @@ bool SocketTask::next_data_stripe(Step& step) {
       fail(false, "this side's GPU posted " + std::to_string(tail) + " slots while only " +
                       std::to_string(freed) + " of " + std::to_string(layout.nslots) +
                       " had been sent (tail beyond the free slots)");
-      return false;
-    }
-    if (k >= core_->credit.load(std::memory_order_acquire) + layout.nslots) {
-      step.counter_wait = true;
       return false;
     }
     const uint64_t total =
@@ -319,36 +332,11 @@ bool SocketTask::next_data_stripe(Step& step) {
   }
 }
 
-bool SocketTask::next_credit(Step& step) {
-  const uint64_t head = region_.load_head();
-  if (head <= credit_sent_) {
-    step.counter_wait = true;
-    return false;
-  }
-  const uint64_t arrived = core_->completion.published();
-  if (head > arrived) {
-    fail(false, "this side's GPU freed " + std::to_string(head) + " slots while only " +
-                    std::to_string(arrived) + " had arrived (head beyond tail)");
-    return false;
-  }
-  out_header_ = StripeHeader{};
-  out_header_.type = static_cast<uint32_t>(StripeType::kCredit);
-  out_header_.seq = head;
-  out_payload_ = nullptr;
-  out_length_ = sizeof(out_header_);
-  out_done_ = 0;
-  out_ = Out::kCredit;
-  return true;
-}
-
 void SocketTask::finish_out() {
   switch (out_) {
     case Out::kData:
       core_->bytes.fetch_add(out_header_.length, std::memory_order_relaxed);
       core_->completion.stripe_done(out_header_.seq, core_->nsocks, region_.head, [] {});
-      break;
-    case Out::kCredit:
-      credit_sent_ = out_header_.seq;
       break;
     case Out::kGoodbye:
     case Out::kNone:

@@ -1,15 +1,16 @@
 // One socket of a network connection, as the proxy thread that serves it drives it: each step
 // moves what can move without blocking.
 //
-// Sending end, socket i: for slot k = 0, 1, ... in order, once the GPU posted it (tail > k) and
-// the receiver has room (credit + nslots > k), sends stripe i of the slot if the slot has one;
-// the slot's head is published once every socket is done with it (its stripe left, or it had
-// none: SlotCompletion), so that no socket reads a slot's size after the GPU reused the slot. Socket 0 also reads
-// the receiver's credits. Receiving end, socket i: reads stripe headers and their bytes straight
-// into the slots, checking every header against the layout, the stripe plan and the room the
-// GPU has freed; a slot's tail is published once all its stripes arrived. Socket 0 also sends
-// the GPU's head back as credit. Every socket ends with a goodbye header; an end of stream
-// without one, a reset or a timeout is the peer's failure.
+// Sending end, socket i: for slot k = 0, 1, ... in order, once the GPU posted it (tail > k),
+// writes stripe i of the slot if the slot has one, as far as the socket takes it; the slot's
+// head is published once every socket is done with it (its stripe left, or it had none:
+// SlotCompletion), so that no socket reads a slot's size after the GPU reused the slot.
+// Receiving end, socket i: reads stripe headers, checks each against the layout and the stripe
+// plan, and reads the stripe's bytes straight into the slot once the GPU has freed it (head >
+// k - nslots); until then the bytes wait in the socket and TCP's flow control stops the sender
+// when the buffers are full, so the receiver's head needs no message of its own. A slot's tail
+// is published once all its stripes arrived. Every socket ends with a goodbye header; an end of
+// stream without one, a reset or a timeout is the peer's failure.
 #pragma once
 
 #include <chrono>
@@ -41,7 +42,9 @@ class SocketTask {
   SocketTask(const SocketTask&) = delete;
   SocketTask& operator=(const SocketTask&) = delete;
 
-  int fd() const { return fd_.get(); }
+  /// The descriptor to poll: -1 (none) while a stripe waits for its slot, whose bytes would
+  /// keep the socket readable.
+  int poll_fd() const;
   /// poll(2) events to wait for.
   short events() const;
   /// Moves what can move; `revents`: what the latest poll reported for fd().
@@ -51,17 +54,19 @@ class SocketTask {
 
  private:
   static constexpr std::size_t kStepBudget = std::size_t{4} << 20;  ///< bytes per direction
-  enum class Out : uint8_t { kNone, kData, kCredit, kGoodbye };
+  enum class Out : uint8_t { kNone, kData, kGoodbye };
 
   bool is_send() const { return core_->role == NetConnection::Role::kSend; }
   bool read_some(Step& step);
   bool on_header(Step& step);
+  /// Receiving: whether the current stripe's slot is free (in_slot_ready_); false when the
+  /// connection failed.
+  bool claim_slot(Step& step);
   void finish_in_stripe();
   bool write_some(Step& step);
   /// Sets up the next outgoing header (and payload); false when there is none now.
   bool next_out(Step& step);
   bool next_data_stripe(Step& step);
-  bool next_credit(Step& step);
   void finish_out();
   /// Fails the connection (`remote`: kRemote, else kSystem) unless this side is closing.
   void fail(bool remote, const std::string& why);
@@ -84,6 +89,8 @@ class SocketTask {
   uint32_t in_length_ = 0;
   uint32_t in_total_ = 0;
   bool peer_goodbye_ = false;
+  bool in_waits_for_slot_ = false;  ///< a stripe's header arrived; its slot is not free yet
+  bool in_slot_ready_ = false;      ///< the current stripe's slot is free and claimed
 
   // Outgoing.
   Out out_ = Out::kNone;
@@ -92,7 +99,6 @@ class SocketTask {
   uint64_t out_length_ = 0;  ///< header + payload
   uint64_t out_done_ = 0;
   uint64_t send_next_ = 0;    ///< sending: the next slot this socket considers
-  uint64_t credit_sent_ = 0;  ///< receiving, socket 0: the head last sent as credit
   bool want_write_ = false;   ///< a write would block: wait for POLLOUT
   bool goodbye_sent_ = false;
 };

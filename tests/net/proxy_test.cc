@@ -396,6 +396,7 @@ TEST(Proxy, AReceivingGpuFreeingUnarrivedSlotsFailsItsOwnEnd) {
   Pair p = connect_pair(*a, *b, layout(2, 4096));
   ASSERT_TRUE(p.send && p.recv);
   p.recv->region().store_head(3);
+  ASSERT_TRUE(produce(*p.send, 0, 1, in(seconds(10))));  // found when the next slot arrives
   const Status s = p.recv->wait_for(NetConnection::Counter::kTail, 1, in(seconds(10)));
   EXPECT_FALSE(s);
   EXPECT_TRUE(contains(s.message(), "head beyond tail")) << s.message();
