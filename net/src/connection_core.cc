@@ -113,8 +113,7 @@ void ConnectionCore::fail(Failure failure, const std::string& why) {
   std::unique_lock<std::mutex> lock(mu_);
   if (failure_ != Failure::kNone || state_ == State::kClosed) return;
   failure_ = failure;
-  why_ = "network connection " + name + (peer_.empty() ? "" : " (peer " + peer_ + ")") + ": " +
-         why;
+  why_ = "network connection " + name + (peer_.empty() ? "" : " (peer " + peer_ + ")") + ": " + why;
   state_ = failure == Failure::kPeerClosed ? State::kClosed : State::kFailed;
   ended.store(true, std::memory_order_release);
   cv_.notify_all();
@@ -166,11 +165,10 @@ bool ConnectionCore::reserve_task() {
 
 void ConnectionCore::begin_close(std::chrono::milliseconds linger) {
   std::lock_guard<std::mutex> lock(mu_);
-  linger_until_ns.store(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(
-          (Clock::now() + linger).time_since_epoch())
-          .count(),
-      std::memory_order_release);
+  linger_until_ns.store(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            (Clock::now() + linger).time_since_epoch())
+                            .count(),
+                        std::memory_order_release);
   closing.store(true, std::memory_order_release);
 }
 
@@ -196,9 +194,8 @@ Status ConnectionCore::wait_open(Deadline deadline, const std::atomic<bool>* abo
     if (failure_ != Failure::kNone) return Status::error(why_);
     if (state_ == State::kClosed)
       return Status::error("network connection " + name + " was closed before it opened");
-    const std::string waiting = "network connection " + name + ": " +
-                                std::to_string(taken_count_) + " of " + std::to_string(nsocks) +
-                                " sockets of the sender arrived";
+    const std::string waiting = "network connection " + name + ": " + std::to_string(taken_count_) +
+                                " of " + std::to_string(nsocks) + " sockets of the sender arrived";
     if (aborted(abort)) return Status::error("aborted: " + waiting);
     if (deadline.expired())
       return Status::error(waiting + " within " + std::to_string(deadline.budget().count()) +
@@ -227,8 +224,8 @@ Status ConnectionCore::wait_for(NetConnection::Counter counter, uint64_t value, 
     if (deadline.expired())
       return Status::error("timed out after " + std::to_string(deadline.budget().count()) +
                            " ms waiting for " + (tail ? "tail" : "head") + " " +
-                           std::to_string(value) + " of network connection " + who() +
-                           " (at " + std::to_string(now_at()) + ")");
+                           std::to_string(value) + " of network connection " + who() + " (at " +
+                           std::to_string(now_at()) + ")");
     if (++idle < 64)
       std::this_thread::yield();
     else

@@ -58,8 +58,8 @@ class ConnectionCore {
   const Role role;
   const SlotRegion region;
   const uint32_t nsocks;
-  const uint64_t id;     ///< receiving end: its number at this proxy
-  const Token token;     ///< receiving end: what the sender's hellos must carry
+  const uint64_t id;  ///< receiving end: its number at this proxy
+  const Token token;  ///< receiving end: what the sender's hellos must carry
 
   /// The caller's name for this end, e.g. "send to rank 3".
   const std::string name;

@@ -34,8 +34,8 @@ Status wait_socket(int fd, short events, Deadline deadline, const std::atomic<bo
   for (;;) {
     if (aborted(abort)) return Status::error("aborted " + what);
     if (deadline.expired())
-      return Status::error("timed out after " + std::to_string(deadline.budget().count()) +
-                           " ms " + what);
+      return Status::error("timed out after " + std::to_string(deadline.budget().count()) + " ms " +
+                           what);
     pollfd p{fd, events, 0};
     const int n = ::poll(&p, 1, deadline.poll_ms(10));
     if (n > 0) return Status::ok();
@@ -90,8 +90,8 @@ StatusOr<std::shared_ptr<Proxy>> Proxy::start(const ProxySettings& settings) {
   auto proxy = std::make_shared<Proxy>(Private{}, settings);
   if (Status s = proxy->open(); !s) return Status::error("network proxy: " + s.message());
   EFCCL_INFO(kLogNet | kLogInit, -1,
-             "network proxy listening at " + proxy->listen_address() + ", " +
-                 settings.describe() + " per connection");
+             "network proxy listening at " + proxy->listen_address() + ", " + settings.describe() +
+                 " per connection");
   return proxy;
 }
 
@@ -150,8 +150,8 @@ StatusOr<std::unique_ptr<NetConnection>> Proxy::expect(const SlotRegion& region,
   h.token = random_token();
   h.nsocks = static_cast<uint32_t>(settings_.sockets_per_connection());
   h.layout = region.layout;
-  auto core = std::make_shared<ConnectionCore>(NetConnection::Role::kRecv, region,
-                                               std::move(name), h.nsocks, h.id, h.token);
+  auto core = std::make_shared<ConnectionCore>(NetConnection::Role::kRecv, region, std::move(name),
+                                               h.nsocks, h.id, h.token);
   {
     std::lock_guard<std::mutex> lock(mu_);
     expecting_[h.id] = core;
@@ -160,10 +160,8 @@ StatusOr<std::unique_ptr<NetConnection>> Proxy::expect(const SlotRegion& region,
   return std::make_unique<NetConnection>(shared_from_this(), core);
 }
 
-StatusOr<std::unique_ptr<NetConnection>> Proxy::connect(const SlotRegion& region,
-                                                        std::string name,
-                                                        std::string_view handle,
-                                                        Deadline deadline,
+StatusOr<std::unique_ptr<NetConnection>> Proxy::connect(const SlotRegion& region, std::string name,
+                                                        std::string_view handle, Deadline deadline,
                                                         const std::atomic<bool>* abort) {
   const std::string what = "network connection " + name;
   if (!region.valid()) return Status::error(what + ": no slot memory");
@@ -172,25 +170,23 @@ StatusOr<std::unique_ptr<NetConnection>> Proxy::connect(const SlotRegion& region
   const ConnectionHandle& h = *decoded;
   const SlotLayout& mine = region.layout;
   if (!(h.layout == mine))
-    return Status::error(what + ": the two ends disagree on the slots (here " +
-                         std::to_string(mine.nslots) + " x " + std::to_string(mine.slot_bytes) +
-                         (mine.sized ? " sized" : "") + ", at the receiver " +
-                         std::to_string(h.layout.nslots) + " x " +
-                         std::to_string(h.layout.slot_bytes) + (h.layout.sized ? " sized" : "") +
-                         ")");
+    return Status::error(
+        what + ": the two ends disagree on the slots (here " + std::to_string(mine.nslots) + " x " +
+        std::to_string(mine.slot_bytes) + (mine.sized ? " sized" : "") + ", at the receiver " +
+        std::to_string(h.layout.nslots) + " x " + std::to_string(h.layout.slot_bytes) +
+        (h.layout.sized ? " sized" : "") + ")");
   if (h.nsocks != static_cast<uint32_t>(settings_.sockets_per_connection()))
     EFCCL_INFO(kLogNet, -1,
-               what + ": the receiver asks for " + std::to_string(h.nsocks) +
-                   " sockets (here " + std::to_string(settings_.sockets_per_connection()) +
-                   "); using the receiver's");
+               what + ": the receiver asks for " + std::to_string(h.nsocks) + " sockets (here " +
+                   std::to_string(settings_.sockets_per_connection()) + "); using the receiver's");
   auto core = std::make_shared<ConnectionCore>(NetConnection::Role::kSend, region, std::move(name),
                                                h.nsocks, h.id, h.token);
   const std::string peer = h.address.to_string();
   core->set_peer(peer);
   std::vector<Fd> sockets;
   for (uint32_t i = 0; i < h.nsocks; ++i) {
-    const std::string step = "connecting socket " + std::to_string(i) + " of " + what + " to " +
-                             peer;
+    const std::string step =
+        "connecting socket " + std::to_string(i) + " of " + what + " to " + peer;
     auto fd = connect_to(h.address, deadline, abort);
     if (!fd) return Status::error(step + ": " + fd.status().message());
     tune(fd->get());
@@ -209,8 +205,8 @@ StatusOr<std::unique_ptr<NetConnection>> Proxy::connect(const SlotRegion& region
     if (magic != kReplyMagic)
       return Status::error(step + ": the receiver's reply is not the network transport's");
     if (code != static_cast<uint32_t>(ReplyCode::kAccepted))
-      return Status::error(step + ": refused by the receiver: " +
-                           reply_text(static_cast<ReplyCode>(code)));
+      return Status::error(
+          step + ": refused by the receiver: " + reply_text(static_cast<ReplyCode>(code)));
     sockets.push_back(std::move(*fd));
   }
   core->open();
@@ -246,9 +242,9 @@ void Proxy::attach(const std::shared_ptr<ConnectionCore>& core, uint32_t index, 
 }
 
 void Proxy::kick() {
-  const int64_t until =
-      std::chrono::duration_cast<std::chrono::nanoseconds>((Clock::now() + kKick).time_since_epoch())
-          .count();
+  const int64_t until = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            (Clock::now() + kKick).time_since_epoch())
+                            .count();
   for (auto& t : threads_) t->kick(until);
 }
 
@@ -258,7 +254,8 @@ void Proxy::wake_all() {
 
 bool Proxy::on_proxy_thread() const {
   const auto me = std::this_thread::get_id();
-  return std::any_of(threads_.begin(), threads_.end(), [&](const auto& t) { return t->id() == me; });
+  return std::any_of(threads_.begin(), threads_.end(),
+                     [&](const auto& t) { return t->id() == me; });
 }
 
 }  // namespace efccl::net

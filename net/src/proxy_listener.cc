@@ -91,8 +91,9 @@ bool ProxyListener::read_hello(Pending& p) {
       return true;
     }
     if (p.got >= 8 && get_u32(got, 4) != kProxyWireVersion) {
-      refuse(p, "network transport version " + std::to_string(get_u32(got, 4)) + ", this one " +
-                    std::to_string(kProxyWireVersion),
+      refuse(p,
+             "network transport version " + std::to_string(get_u32(got, 4)) + ", this one " +
+                 std::to_string(kProxyWireVersion),
              true, ReplyCode::kBadVersion);
       return true;
     }
@@ -116,9 +117,10 @@ void ProxyListener::authenticate(Pending& p) {
     return;
   }
   if (h.nsocks != core->nsocks || !core->take_socket(h.index)) {
-    refuse(p, "socket " + std::to_string(h.index) + " of " + std::to_string(h.nsocks) +
-                  " for connection " + std::to_string(h.id) + " (" +
-                  std::to_string(core->nsocks) + " sockets, out of range or taken)",
+    refuse(p,
+           "socket " + std::to_string(h.index) + " of " + std::to_string(h.nsocks) +
+               " for connection " + std::to_string(h.id) + " (" + std::to_string(core->nsocks) +
+               " sockets, out of range or taken)",
            true, ReplyCode::kBadSocket);
     return;
   }
@@ -129,9 +131,9 @@ void ProxyListener::authenticate(Pending& p) {
   // A fresh socket's buffer takes 8 bytes at once.
   if (::send(p.fd.get(), reply, sizeof(reply), MSG_NOSIGNAL | MSG_DONTWAIT) !=
       static_cast<ssize_t>(sizeof(reply))) {
-    core->fail(NetConnection::Failure::kRemote,
-               "could not accept socket " + std::to_string(h.index) + " from " + p.from + ": " +
-                   errno_text(errno));
+    core->fail(NetConnection::Failure::kRemote, "could not accept socket " +
+                                                    std::to_string(h.index) + " from " + p.from +
+                                                    ": " + errno_text(errno));
     core->task_detached();
     return;
   }

@@ -49,7 +49,8 @@ class ProxyListener {
   /// Reads `p`'s hello; true when `p` is finished with (handed over or refused).
   bool read_hello(Pending& p);
   void authenticate(Pending& p);
-  void refuse(Pending& p, const std::string& why, bool reply, ReplyCode code = ReplyCode::kAccepted);
+  void refuse(Pending& p, const std::string& why, bool reply,
+              ReplyCode code = ReplyCode::kAccepted);
 
   Proxy& proxy_;
   Fd listener_;

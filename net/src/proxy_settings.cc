@@ -79,8 +79,8 @@ ProxySettings ProxySettings::for_interface(const Interface& interface) {
   }
   if (threads * socks > kMaxSockets) {
     const int fit = kMaxSockets / threads;
-    warn_once(std::to_string(threads) + " threads x " + std::to_string(socks) +
-              " sockets exceed " + std::to_string(kMaxSockets) +
+    warn_once(std::to_string(threads) + " threads x " + std::to_string(socks) + " sockets exceed " +
+              std::to_string(kMaxSockets) +
               " sockets per connection; using NCCL_NSOCKS_PERTHREAD=" + std::to_string(fit));
     socks = fit;
   }

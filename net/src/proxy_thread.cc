@@ -96,8 +96,8 @@ void ProxyThread::run() {
     drop_all("the network proxy stopped");
   } catch (const std::exception& e) {
     // E.g. out of memory: this thread's connections fail; the others go on.
-    const std::string why = std::string("network proxy thread ") + std::to_string(index_) +
-                            " failed: " + e.what();
+    const std::string why =
+        std::string("network proxy thread ") + std::to_string(index_) + " failed: " + e.what();
     EFCCL_WARN(-1, why);
     drop_all(why);
     std::lock_guard<std::mutex> lock(inbox_mu_);

@@ -78,13 +78,13 @@ StatusOr<ConnectionHandle> ConnectionHandle::decode(std::string_view bytes) {
   h.layout.nslots = get_u32(bytes, at + 4);
   h.layout.slot_bytes = get_u64(bytes, at + 8);
   h.layout.sized = get_u32(bytes, at + 16) != 0;
-  if (!h.address.valid())
-    return Status::error("the receiver's handle holds no IP address");
+  if (!h.address.valid()) return Status::error("the receiver's handle holds no IP address");
   if (h.nsocks < 1 || h.nsocks > static_cast<uint32_t>(ProxySettings::kMaxSockets))
     return Status::error("the receiver asks for " + std::to_string(h.nsocks) +
                          " sockets per connection (1 to " +
                          std::to_string(ProxySettings::kMaxSockets) + " allowed)");
-  if (Status s = h.layout.check(); !s) return Status::error("the receiver's handle: " + s.message());
+  if (Status s = h.layout.check(); !s)
+    return Status::error("the receiver's handle: " + s.message());
   return h;
 }
 

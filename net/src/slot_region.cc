@@ -16,8 +16,8 @@ Status SlotLayout::check() const {
     return Status::error("a connection has " + std::to_string(nslots) + " slots (1 to " +
                          std::to_string(kMaxSlots) + " allowed)");
   if (slot_bytes == 0 || slot_bytes > kMaxSlotBytes)
-    return Status::error("a connection's slots of " + std::to_string(slot_bytes) +
-                         " bytes (1 to " + std::to_string(kMaxSlotBytes) + " allowed)");
+    return Status::error("a connection's slots of " + std::to_string(slot_bytes) + " bytes (1 to " +
+                         std::to_string(kMaxSlotBytes) + " allowed)");
   return Status::ok();
 }
 
@@ -44,8 +44,8 @@ SlotRegion SlotRegion::in(void* block, const SlotLayout& layout) {
 void SlotRegion::raise(uint64_t* counter, uint64_t v) {
   std::atomic_ref<uint64_t> c(*counter);
   uint64_t now = c.load(std::memory_order_relaxed);
-  while (now < v && !c.compare_exchange_weak(now, v, std::memory_order_release,
-                                             std::memory_order_relaxed)) {
+  while (now < v &&
+         !c.compare_exchange_weak(now, v, std::memory_order_release, std::memory_order_relaxed)) {
   }
 }
 

@@ -15,9 +15,8 @@ namespace {
 
 /// Errors that mean the peer or the path to it is gone (kRemote), not this host's trouble.
 bool remote_errno(int e) {
-  return e == ECONNRESET || e == EPIPE || e == ETIMEDOUT || e == EHOSTUNREACH ||
-         e == ENETUNREACH || e == ECONNABORTED || e == EHOSTDOWN || e == ENETDOWN ||
-         e == ECONNREFUSED;
+  return e == ECONNRESET || e == EPIPE || e == ETIMEDOUT || e == EHOSTUNREACH || e == ENETUNREACH ||
+         e == ECONNABORTED || e == EHOSTDOWN || e == ENETDOWN || e == ECONNREFUSED;
 }
 
 int64_t now_ns() {
@@ -38,7 +37,9 @@ SocketTask::~SocketTask() {
 
 int SocketTask::poll_fd() const { return in_waits_for_slot_ ? -1 : fd_.get(); }
 
-short SocketTask::events() const { return static_cast<short>(POLLIN | (want_write_ ? POLLOUT : 0)); }
+short SocketTask::events() const {
+  return static_cast<short>(POLLIN | (want_write_ ? POLLOUT : 0));
+}
 
 bool SocketTask::lingered() const {
   return core_->closing.load(std::memory_order_acquire) &&
@@ -299,10 +300,10 @@ bool SocketTask::next_data_stripe(Step& step) {
                       " had been sent (tail beyond the free slots)");
       return false;
     }
-    const uint64_t total =
-        layout.sized
-            ? std::atomic_ref<uint32_t>(region_.sizes[k % layout.nslots]).load(std::memory_order_relaxed)
-            : layout.slot_bytes;
+    const uint64_t total = layout.sized
+                               ? std::atomic_ref<uint32_t>(region_.sizes[k % layout.nslots])
+                                     .load(std::memory_order_relaxed)
+                               : layout.slot_bytes;
     if (total > layout.slot_bytes) {
       fail(false, "this side's GPU posted slot " + std::to_string(k) + " with " +
                       std::to_string(total) + " bytes; slots hold " +

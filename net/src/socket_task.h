@@ -98,8 +98,8 @@ class SocketTask {
   const char* out_payload_ = nullptr;
   uint64_t out_length_ = 0;  ///< header + payload
   uint64_t out_done_ = 0;
-  uint64_t send_next_ = 0;    ///< sending: the next slot this socket considers
-  bool want_write_ = false;   ///< a write would block: wait for POLLOUT
+  uint64_t send_next_ = 0;   ///< sending: the next slot this socket considers
+  bool want_write_ = false;  ///< a write would block: wait for POLLOUT
   bool goodbye_sent_ = false;
 };
 

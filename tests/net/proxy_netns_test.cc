@@ -215,10 +215,9 @@ class NetnsTest : public ::testing::Test {
 };
 
 TEST_F(NetnsTest, MovesDataBetweenTwoHostsWhileStrangersAreRefused) {
-  const std::vector<std::string> vars{std::string(kCountVar) + "=400",
-                                      "NCCL_SOCKET_NTHREADS=2", "NCCL_NSOCKS_PERTHREAD=2"};
-  std::vector<pid_t> children{spawn(0, "recv", vars),
-                              spawn(1, "send-knocking", vars)};
+  const std::vector<std::string> vars{std::string(kCountVar) + "=400", "NCCL_SOCKET_NTHREADS=2",
+                                      "NCCL_NSOCKS_PERTHREAD=2"};
+  std::vector<pid_t> children{spawn(0, "recv", vars), spawn(1, "send-knocking", vars)};
   ChildGuard guard(&children);
   EXPECT_EQ(wait_child(children[0], seconds(60)), 0);
   EXPECT_EQ(wait_child(children[1], seconds(60)), 0);

@@ -5,7 +5,6 @@
 #include "efccl/net/proxy.h"
 
 #include <gtest/gtest.h>
-
 #include <net/if.h>
 
 #include <cstdio>
@@ -119,8 +118,8 @@ int child_main(const std::string& role) {
       return 4;
     }
     // A slow sender is killed by the test while it sends.
-    const Status s = produce(**send, 0, role == "sender" ? 300 : 1u << 30, in(seconds(60)),
-                             nullptr, role == "sender" ? 0 : 2000);
+    const Status s = produce(**send, 0, role == "sender" ? 300 : 1u << 30, in(seconds(60)), nullptr,
+                             role == "sender" ? 0 : 2000);
     if (!s) std::fprintf(stderr, "produce: %s\n", s.message().c_str());
     (*send)->close();
     boot->close();
@@ -287,7 +286,8 @@ TEST(Proxy, ASocketIndexTakenTwiceIsRefused) {
   // Whoever holds the handle can connect once; a second sender is refused.
   auto again = b->connect(sm2.region(), "send again", handle, in(seconds(10)));
   ASSERT_FALSE(again);
-  EXPECT_TRUE(contains(again.status().message(), "refused by the receiver")) << again.status().message();
+  EXPECT_TRUE(contains(again.status().message(), "refused by the receiver"))
+      << again.status().message();
 }
 
 TEST(Proxy, AClosedConnectionRefusesItsSenderAndAWrongLayoutFailsAtOnce) {
@@ -299,7 +299,8 @@ TEST(Proxy, AClosedConnectionRefusesItsSenderAndAWrongLayoutFailsAtOnce) {
   ASSERT_TRUE(recv);
   auto wrong = b->connect(sm.region(), "send", handle, in(seconds(10)));
   ASSERT_FALSE(wrong);
-  EXPECT_TRUE(contains(wrong.status().message(), "disagree on the slots")) << wrong.status().message();
+  EXPECT_TRUE(contains(wrong.status().message(), "disagree on the slots"))
+      << wrong.status().message();
   (*recv)->close();
   HostSlotMemory sm2 = memory(layout(2, 4096));
   auto late = b->connect(sm2.region(), "send", handle, in(seconds(10)));

@@ -29,8 +29,8 @@ TEST(StripePlan, SmallSlotsUseOneSocketAndLargeOnesAll) {
 
 TEST(StripePlan, StripesCoverTheSlotExactlyOnce) {
   for (uint32_t nsocks : {1u, 2u, 3u, 7u, 64u})
-    for (uint64_t total : {0ull, 1ull, 4095ull, 65536ull, 65537ull, 300001ull, 1ull << 22,
-                           (1ull << 22) + 12345}) {
+    for (uint64_t total :
+         {0ull, 1ull, 4095ull, 65536ull, 65537ull, 300001ull, 1ull << 22, (1ull << 22) + 12345}) {
       const StripePlan p = StripePlan::of(total, nsocks);
       ASSERT_LE(p.count, nsocks) << total << " over " << nsocks;
       uint64_t covered = 0;

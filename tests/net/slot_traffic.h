@@ -45,8 +45,8 @@ inline void fill_pattern(char* to, uint64_t k, uint64_t size) {
 
 /// Posts slots [first, first + count) on a sending end. `delay_us` between slots (a slow GPU).
 inline efccl::Status produce(efccl::net::NetConnection& c, uint64_t first, uint64_t count,
-                             efccl::net::Deadline deadline, const std::atomic<bool>* abort = nullptr,
-                             int delay_us = 0) {
+                             efccl::net::Deadline deadline,
+                             const std::atomic<bool>* abort = nullptr, int delay_us = 0) {
   using Counter = efccl::net::NetConnection::Counter;
   const efccl::net::SlotRegion& r = c.region();
   for (uint64_t k = first; k < first + count; ++k) {
@@ -65,7 +65,8 @@ inline efccl::Status produce(efccl::net::NetConnection& c, uint64_t first, uint6
 
 /// Consumes slots [first, first + count) on a receiving end, checking each; `*done` counts them.
 inline efccl::Status consume(efccl::net::NetConnection& c, uint64_t first, uint64_t count,
-                             efccl::net::Deadline deadline, const std::atomic<bool>* abort = nullptr,
+                             efccl::net::Deadline deadline,
+                             const std::atomic<bool>* abort = nullptr,
                              std::atomic<uint64_t>* done = nullptr) {
   using Counter = efccl::net::NetConnection::Counter;
   const efccl::net::SlotRegion& r = c.region();

@@ -10,10 +10,11 @@
 // reads into one), then the proxy transport (a connection of --slots slots of --slot-bytes,
 // --threads x --socks sockets; one thread per process plays the GPU: the sender posts full
 // slots once they are free, the receiver frees them once they arrived, each looking every
-// 20 us so as not to take a core from the proxy threads, as a GPU would not). Both are
-// timed at the receiver, from a barrier to the last byte. Loopback by default; --netns puts
-// the two processes in two network namespaces joined by a veth pair (root; see
-// tests/support/network_namespaces.h). Prints GB/s per repeat, the medians and their ratio.
+// kGpuCheck (100 us) so as not to take a core from the proxy threads, as a GPU would not).
+// Both are timed at the receiver, from a barrier to the last byte. Loopback by default; --netns
+// puts the two processes in two network namespaces joined by a veth pair (root; see
+// tests/support/network_namespaces.h). Prints GB/s per repeat, the medians and their ratio,
+// and the CPU time both processes spent per GiB in each phase (the GPU's stand-ins included).
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -45,6 +46,8 @@ using Clock = std::chrono::steady_clock;
 
 constexpr const char* kRoleVar = "EFCCL_NET_BENCH_ROLE";
 constexpr uint64_t kTag = 0x6e657462656e6300;
+/// How often the threads playing the GPUs look at their counters.
+constexpr std::chrono::microseconds kGpuCheck{100};
 
 struct Options {
   uint64_t bytes = 1ull << 30;
@@ -102,13 +105,21 @@ Options parse(int argc, char** argv) {
 
 Deadline soon() { return Deadline::after(std::chrono::seconds(120)); }
 
+/// CPU seconds this process has used (user and system, every thread).
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
 double gbps(uint64_t bytes, Clock::time_point from) {
   return static_cast<double>(bytes) / std::chrono::duration<double>(Clock::now() - from).count() /
          1e9;
 }
 
 /// Plays the GPU's wait for a counter without taking a core from the proxy threads (a GPU
-/// spins on its own silicon): checks every 20 us. Fails when the connection ends.
+/// spins on its own silicon): checks every kGpuCheck. Fails when the connection ends.
 void await(NetConnection& c, NetConnection::Counter counter, uint64_t value) {
   const efccl::net::SlotRegion& r = c.region();
   const Deadline deadline = soon();
@@ -117,14 +128,14 @@ void await(NetConnection& c, NetConnection::Counter counter, uint64_t value) {
     if (now >= value) return;
     if (c.state() != NetConnection::State::kOpen || deadline.expired())
       check(c.wait_for(counter, value, Deadline::after(std::chrono::milliseconds(1))), "waiting");
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
+    std::this_thread::sleep_for(kGpuCheck);
   }
 }
 
 /// Rank 0 receives and measures; rank 1 sends. Rank 0 prints one line per repeat.
 int role_main(const Options& o, bool receiver) {
   const int rank = receiver ? 0 : 1, peer = 1 - rank;
-  ::prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);  // the GPU's 20 us checks stay 20 us
+  ::prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);  // the GPU's checks stay kGpuCheck apart
   efccl::net::UniqueId id;
   check(efccl::net::create_unique_id(&id, std::chrono::seconds(60)), "unique id");
   auto boot_or = Bootstrap::start(id, 2, rank, "", soon());
@@ -162,12 +173,12 @@ int role_main(const Options& o, bool receiver) {
     check(boot->send(peer, kTag + 1, bound.to_string(), soon()), "sending the address");
     check(c->wait_open(soon()), "opening the connection");
     for (auto until = Clock::now() + std::chrono::seconds(30); !stream.valid();) {
-      check(efccl::net::accept_pending(listener->get(),
-                                       [&](efccl::net::Fd fd, const efccl::net::SocketAddress&) {
-                                         stream = std::move(fd);
-                                       },
-                                       1),
-            "accept");
+      check(
+          efccl::net::accept_pending(
+              listener->get(),
+              [&](efccl::net::Fd fd, const efccl::net::SocketAddress&) { stream = std::move(fd); },
+              1),
+          "accept");
       if (Clock::now() > until) die("the sender's plain stream did not arrive");
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
@@ -190,22 +201,22 @@ int role_main(const Options& o, bool receiver) {
   const uint64_t nslots_total = o.bytes / o.slot_bytes;
   uint64_t posted = 0;  // slots moved by earlier repeats (the counters keep growing)
   std::vector<double> plain, proxied;
+  double cpu_plain = 0, cpu_proxy = 0;  // this process's CPU seconds in each phase
   for (int rep = 0; rep < o.repeats; ++rep) {
     // Plain TCP stream.
     check(boot->barrier(kTag + 10 + 2 * static_cast<uint64_t>(rep), soon()), "barrier");
-    auto cpu = [] { rusage u; getrusage(RUSAGE_SELF, &u); return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6; };
-    double c0 = cpu();
+    double c0 = cpu_seconds();
     Clock::time_point t0 = Clock::now();
     for (uint64_t done = 0; done < o.bytes; done += o.slot_bytes)
       check(receiver ? efccl::net::recv_all(stream.get(), buffer.data(), o.slot_bytes, soon())
                      : efccl::net::send_all(stream.get(), buffer.data(), o.slot_bytes, soon()),
             "plain stream");
     if (receiver) plain.push_back(gbps(o.bytes, t0));
-    std::fprintf(stderr, "%s plain cpu %.3f\n", receiver ? "recv" : "send", cpu() - c0);
+    cpu_plain += cpu_seconds() - c0;
     // The proxy transport.
     check(boot->barrier(kTag + 11 + 2 * static_cast<uint64_t>(rep), soon()), "barrier");
     (*proxy)->kick();
-    c0 = cpu();
+    c0 = cpu_seconds();
     t0 = Clock::now();
     for (uint64_t k = posted; k < posted + nslots_total; ++k) {
       if (receiver) {
@@ -218,20 +229,31 @@ int role_main(const Options& o, bool receiver) {
       }
     }
     posted += nslots_total;
-    std::fprintf(stderr, "%s proxy cpu %.3f\n", receiver ? "recv" : "send", cpu() - c0);
+    cpu_proxy += cpu_seconds() - c0;
     if (receiver) {
       proxied.push_back(gbps(o.bytes, t0));
       std::printf("%-6d %12.3f %12.3f\n", rep + 1, plain.back(), proxied.back());
       std::fflush(stdout);
     }
   }
-  check(boot->barrier(kTag + 9, soon()), "final barrier");
+  if (!receiver)
+    check(boot->send(peer, kTag + 2, std::to_string(cpu_plain) + " " + std::to_string(cpu_proxy),
+                     soon()),
+          "sending the CPU times");
   if (receiver) {
+    auto theirs = boot->recv(peer, kTag + 2, soon());
+    if (!theirs) die(theirs.status().message());
+    double their_plain = 0, their_proxy = 0;
+    std::sscanf(theirs->c_str(), "%lf %lf", &their_plain, &their_proxy);
     std::sort(plain.begin(), plain.end());
     std::sort(proxied.begin(), proxied.end());
     const double p = plain[plain.size() / 2], q = proxied[proxied.size() / 2];
     std::printf("median %12.3f %12.3f   proxy / plain = %.1f%%\n", p, q, 100.0 * q / p);
+    const double gib = static_cast<double>(o.bytes) * o.repeats / (1 << 30);
+    std::printf("CPU seconds per GiB, both processes: plain %.3f, proxy %.3f\n",
+                (cpu_plain + their_plain) / gib, (cpu_proxy + their_proxy) / gib);
   }
+  check(boot->barrier(kTag + 9, soon()), "final barrier");
   c->close();
   boot->close();
   return 0;
@@ -254,11 +276,11 @@ int main(int argc, char** argv) {
     where = "two network namespaces joined by a veth pair (" + hosts->address(0) + ", " +
             hosts->address(1) + ")";
   }
-  std::printf("net_transport_bench: %.2f GiB per run, %u slots of %llu KiB, %d thread(s) x %d "
-              "socket(s), %s\n",
-              static_cast<double>(o.bytes) / (1 << 30), o.slots,
-              static_cast<unsigned long long>(o.slot_bytes >> 10), o.threads, o.socks,
-              where.c_str());
+  std::printf(
+      "net_transport_bench: %.2f GiB per run, %u slots of %llu KiB, %d thread(s) x %d "
+      "socket(s), %s\n",
+      static_cast<double>(o.bytes) / (1 << 30), o.slots,
+      static_cast<unsigned long long>(o.slot_bytes >> 10), o.threads, o.socks, where.c_str());
   std::printf("%-6s %12s %12s\n", "run", "plain GB/s", "proxy GB/s");
   std::fflush(stdout);
   std::vector<std::string> args(argv, argv + argc);

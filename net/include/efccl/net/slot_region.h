@@ -60,8 +60,12 @@ struct SlotRegion {
   char* slot(uint64_t position) const {
     return slots + (position % layout.nslots) * layout.slot_bytes;
   }
-  uint64_t load_tail() const { return std::atomic_ref<uint64_t>(*tail).load(std::memory_order_acquire); }
-  uint64_t load_head() const { return std::atomic_ref<uint64_t>(*head).load(std::memory_order_acquire); }
+  uint64_t load_tail() const {
+    return std::atomic_ref<uint64_t>(*tail).load(std::memory_order_acquire);
+  }
+  uint64_t load_head() const {
+    return std::atomic_ref<uint64_t>(*head).load(std::memory_order_acquire);
+  }
   void store_tail(uint64_t v) const {
     std::atomic_ref<uint64_t>(*tail).store(v, std::memory_order_release);
   }
