@@ -229,18 +229,17 @@ namespace {
 /// `-d` creates the control pipe's file, `quit` on stdin removes it; every call is logged.
 void write_fake_mps_control(const std::filesystem::path& dir, const std::filesystem::path& log) {
   const auto path = dir / "nvidia-cuda-mps-control";
-  std::ofstream(path)
-      << "#!/bin/sh\n"
-         "echo \"call $* pipe=$CUDA_MPS_PIPE_DIRECTORY log=$CUDA_MPS_LOG_DIRECTORY\" >> "
-      << log.string()
-      << "\n"
-         "if [ \"$1\" = -d ]; then touch \"$CUDA_MPS_PIPE_DIRECTORY/control\"; exit 0; fi\n"
-         "read cmd\n"
-         "echo \"command $cmd\" >> "
-      << log.string()
-      << "\n"
-         "[ \"$cmd\" = quit ] && rm -f \"$CUDA_MPS_PIPE_DIRECTORY/control\"\n"
-         "exit 0\n";
+  std::ofstream(path) << "#!/bin/sh\n"
+                         "echo \"call $* pipe=$CUDA_MPS_PIPE_DIRECTORY log=$CUDA_MPS_LOG_DIRECTORY\" >> "
+                      << log.string()
+                      << "\n"
+                         "if [ \"$1\" = -d ]; then touch \"$CUDA_MPS_PIPE_DIRECTORY/control\"; exit 0; fi\n"
+                         "read cmd\n"
+                         "echo \"command $cmd\" >> "
+                      << log.string()
+                      << "\n"
+                         "[ \"$cmd\" = quit ] && rm -f \"$CUDA_MPS_PIPE_DIRECTORY/control\"\n"
+                         "exit 0\n";
   std::filesystem::permissions(path, std::filesystem::perms::owner_all);
 }
 
