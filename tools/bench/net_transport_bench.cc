@@ -6,21 +6,24 @@
 //
 // The test process starts a receiver (rank 0) and a sender (rank 1), this binary again, which
 // meet through the bootstrap (NCCL_COMM_ID). Each repeat moves --bytes twice, alternating: a
-// plain stream (the sender writes a buffer of --slot-bytes over one TCP socket, the receiver
-// reads into one), then the proxy transport (a connection of --slots slots of --slot-bytes,
-// --threads x --socks sockets; one thread per process plays the GPU: the sender posts full
-// slots once they are free, the receiver frees them once they arrived, each looking every
-// kGpuCheck (100 us) so as not to take a core from the proxy threads, as a GPU would not).
+// plain stream (one blocking TCP socket; the sender send()s a buffer of --slot-bytes again and
+// again, the receiver recv()s into one, as iperf does), then the proxy transport (a connection
+// of --slots slots of --slot-bytes, --threads x --socks sockets; one thread per process plays
+// the GPU: the sender posts full slots once they are free, the receiver frees them once they
+// arrived, each looking every kGpuCheck (100 us) so as not to take a core from the proxy
+// threads, as a GPU would not).
 // Both are timed at the receiver, from a barrier to the last byte. Loopback by default; --netns
 // puts the two processes in two network namespaces joined by a veth pair (root; see
 // tests/support/network_namespaces.h). Prints GB/s per repeat, the medians and their ratio,
 // and the CPU time both processes spent per GiB in each phase (the GPU's stand-ins included).
+#include <fcntl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -132,6 +135,24 @@ void await(NetConnection& c, NetConnection::Counter counter, uint64_t value) {
   }
 }
 
+/// The plain stream: blocking send()/recv() of the whole buffer, as iperf does, until `bytes`
+/// moved.
+Status plain_stream(int fd, bool receiver, std::vector<char>& buffer, uint64_t bytes) {
+  for (uint64_t done = 0; done < bytes;) {
+    const std::size_t want =
+        static_cast<std::size_t>(std::min<uint64_t>(buffer.size(), bytes - done));
+    const ssize_t n = receiver ? ::recv(fd, buffer.data(), want, 0)
+                               : ::send(fd, buffer.data(), want, MSG_NOSIGNAL);
+    if (n > 0) {
+      done += static_cast<uint64_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    return Status::error(n == 0 ? "the peer closed the stream" : efccl::net::errno_text(errno));
+  }
+  return Status::ok();
+}
+
 /// Rank 0 receives and measures; rank 1 sends. Rank 0 prints one line per repeat.
 int role_main(const Options& o, bool receiver) {
   const int rank = receiver ? 0 : 1, peer = 1 - rank;
@@ -198,6 +219,8 @@ int role_main(const Options& o, bool receiver) {
     stream = std::move(*fd);
   }
 
+  // The plain stream blocks in the kernel, as a plain TCP program's would.
+  ::fcntl(stream.get(), F_SETFL, ::fcntl(stream.get(), F_GETFL) & ~O_NONBLOCK);
   const uint64_t nslots_total = o.bytes / o.slot_bytes;
   uint64_t posted = 0;  // slots moved by earlier repeats (the counters keep growing)
   std::vector<double> plain, proxied;
@@ -207,10 +230,7 @@ int role_main(const Options& o, bool receiver) {
     check(boot->barrier(kTag + 10 + 2 * static_cast<uint64_t>(rep), soon()), "barrier");
     double c0 = cpu_seconds();
     Clock::time_point t0 = Clock::now();
-    for (uint64_t done = 0; done < o.bytes; done += o.slot_bytes)
-      check(receiver ? efccl::net::recv_all(stream.get(), buffer.data(), o.slot_bytes, soon())
-                     : efccl::net::send_all(stream.get(), buffer.data(), o.slot_bytes, soon()),
-            "plain stream");
+    check(plain_stream(stream.get(), receiver, buffer, o.bytes), "plain stream");
     if (receiver) plain.push_back(gbps(o.bytes, t0));
     cpu_plain += cpu_seconds() - c0;
     // The proxy transport.
