@@ -35,6 +35,7 @@ Status NetConnection::wait_for(Counter counter, uint64_t value, Deadline deadlin
 void NetConnection::set_failure_handler(Handler handler) { core_->set_handler(std::move(handler)); }
 
 void NetConnection::close(std::chrono::milliseconds linger) {
+  if (proxy_->inherited()) return;  // a forked child: nothing here is its to close
   if (core_->closing.load()) return;
   core_->begin_close(linger);
   proxy_->forget(core_->id);  // a receiving end accepts no more sockets

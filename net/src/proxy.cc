@@ -113,7 +113,11 @@ Status Proxy::open() {
 }
 
 Proxy::~Proxy() {
-  for (auto& t : threads_) t->stop();
+  for (auto& t : threads_) t->stop();  // a forked child's copy forgets its threads' state
+  if (inherited()) {
+    new std::map<uint64_t, std::weak_ptr<ConnectionCore>>(std::move(expecting_));  // NOLINT
+    return;
+  }
   std::map<uint64_t, std::weak_ptr<ConnectionCore>> left;
   {
     std::lock_guard<std::mutex> lock(mu_);

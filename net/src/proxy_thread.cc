@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sys/prctl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -48,6 +49,16 @@ Status ProxyThread::start() {
 
 void ProxyThread::stop() {
   stop_.store(true);
+  if (getpid() != owner_pid_) {
+    // An inherited copy in a forked child: the thread does not exist here, the descriptors are
+    // /dev/null already (fd.h), and the fork may have caught the thread's structures or locks
+    // mid-change. Forget all of it without touching it.
+    new std::thread(std::move(thread_));                              // NOLINT: leaked
+    new std::vector<std::unique_ptr<SocketTask>>(std::move(tasks_));  // NOLINT: leaked
+    new std::vector<std::unique_ptr<SocketTask>>(std::move(inbox_));  // NOLINT: leaked
+    (void)listener_.release();                                        // NOLINT: leaked
+    return;
+  }
   waker_.wake();
   if (thread_.joinable()) {
     if (std::this_thread::get_id() == id_)

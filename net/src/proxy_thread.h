@@ -5,6 +5,8 @@
 // but sockets to wait for it sleeps in poll until one is ready, its waker rings, or 100 ms pass.
 #pragma once
 
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -43,6 +45,7 @@ class ProxyThread {
   void drop_all(const std::string& why);
 
   const int index_;
+  const pid_t owner_pid_ = getpid();
   Waker waker_;
   std::unique_ptr<ProxyListener> listener_;
   std::thread thread_;

@@ -489,6 +489,27 @@ TEST(ProxyProcesses, AReceiverKilledMidTransferFailsTheSenderPromptly) {
   EXPECT_LT(std::chrono::duration<double>(failed_at - killed_at).count(), 5.0);
 }
 
+TEST(Proxy, AForkedChildDestroysItsInheritedCopiesHarmlessly) {
+  auto a = start_proxy(loopback()), b = start_proxy(loopback());
+  ASSERT_TRUE(a && b);
+  auto p = std::make_unique<Pair>(connect_pair(*a, *b, layout(4, 16 * 1024)));
+  ASSERT_TRUE(p->send && p->recv);
+  transfer(*p, 20);
+  const pid_t child = fork();
+  if (child == 0) {  // as a DataLoader worker forked from a rank would
+    p.reset();
+    a.reset();
+    b.reset();
+    _exit(0);
+  }
+  ASSERT_GT(child, 0);
+  EXPECT_EQ(wait_child(child, seconds(10)), 0);
+  // The parent's connection goes on: the child held /dev/null, not the sockets.
+  transfer(*p, 20, 20);
+  EXPECT_TRUE(p->send->status());
+  EXPECT_TRUE(p->recv->status());
+}
+
 TEST(Proxy, StopsWithoutLeakingThreadsOrDescriptors) {
   const int threads = thread_count(), fds = count_entries("/proc/self/fd");
   {

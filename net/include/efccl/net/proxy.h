@@ -25,6 +25,8 @@
 // have fixed sizes.
 #pragma once
 
+#include <unistd.h>
+
 #include <atomic>
 #include <map>
 #include <memory>
@@ -94,12 +96,15 @@ class Proxy : public std::enable_shared_from_this<Proxy> {
   void wake_all();
   /// Whether the calling thread is one of this proxy's.
   bool on_proxy_thread() const;
+  /// Whether this is an inherited copy in a forked child (no threads; sockets are /dev/null).
+  bool inherited() const { return getpid() != owner_pid_; }
 
  private:
   Status open();
   /// Sets the sockets' keepalive and TCP_USER_TIMEOUT (settings_.peer_timeout).
   void tune(int fd) const;
 
+  const pid_t owner_pid_ = getpid();
   ProxySettings settings_;
   SocketAddress listen_addr_;
   std::vector<std::unique_ptr<ProxyThread>> threads_;
