@@ -273,6 +273,87 @@ TEST(Proxy, StrangersAreRefusedWithoutDisturbingATransfer) {
     EXPECT_EQ(line.find("\r"), std::string::npos) << "peer bytes must be escaped: " << line;
 }
 
+/// A hello for socket 0 of the connection `handle` describes (the token holder's).
+std::string hello_for(const std::string& handle) {
+  std::string hello(40, '\0');
+  const uint32_t magic = 0x544e4645, version = 1, index = 0, nsocks = 1;
+  std::memcpy(hello.data(), &magic, 4);
+  std::memcpy(hello.data() + 4, &version, 4);
+  std::memcpy(hello.data() + 8, handle.data() + 36, 8 + 16);  // id and token
+  std::memcpy(hello.data() + 32, &index, 4);
+  std::memcpy(hello.data() + 36, &nsocks, 4);
+  return hello;
+}
+
+/// A stripe header as the wire has it.
+std::string stripe(uint32_t type, uint32_t length, uint64_t seq, uint32_t total, uint32_t offset) {
+  std::string h(24, '\0');
+  std::memcpy(h.data(), &type, 4);
+  std::memcpy(h.data() + 4, &length, 4);
+  std::memcpy(h.data() + 8, &seq, 8);
+  std::memcpy(h.data() + 16, &total, 4);
+  std::memcpy(h.data() + 20, &offset, 4);
+  return h;
+}
+
+TEST(Proxy, AnAuthenticatedPeerThatBreaksTheProtocolFailsOnlyItsConnection) {
+  auto a = start_proxy(loopback());
+  ASSERT_TRUE(a);
+  const SlotLayout l = layout(2, 4096);
+  struct Case {
+    std::string bytes, why;
+  };
+  const std::vector<Case> cases = {
+      {stripe(1, 5000, 0, 5000, 0) + std::string(16, 'x'), "a slot of 5000 bytes"},
+      {stripe(1, 100, 0, 200, 100), "not this socket's"},
+      {stripe(7, 0, 0, 0, 0), "unknown type 7"},
+      {stripe(1, 10, 1, 10, 0) + std::string(10, 'x') + stripe(1, 10, 0, 10, 0),
+       "slot 0 after slot 1"},
+  };
+  auto b = start_proxy(loopback());
+  ASSERT_TRUE(b);
+  Pair bystander = connect_pair(*a, *b, l);  // another connection of the same proxy
+  ASSERT_TRUE(bystander.send && bystander.recv);
+  for (const Case& c : cases) {
+    HostSlotMemory m = memory(l);
+    std::string handle;
+    auto recv = a->expect(m.region(), "recv from a bad peer", &handle);
+    ASSERT_TRUE(recv);
+    const int fd = connect_to(a->listen_address());
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(write_all(fd, hello_for(handle)));
+    ASSERT_TRUE((*recv)->wait_open(in(seconds(10))));
+    ASSERT_TRUE(write_all(fd, c.bytes));
+    const Status s = (*recv)->wait_for(NetConnection::Counter::kTail, 3, in(seconds(10)));
+    close(fd);
+    EXPECT_FALSE(s);
+    EXPECT_TRUE(contains(s.message(), c.why)) << s.message();
+    EXPECT_EQ((*recv)->failure(), NetConnection::Failure::kRemote) << s.message();
+  }
+  transfer(bystander, 50);
+  EXPECT_TRUE(bystander.recv->status());
+}
+
+TEST(Proxy, KeepsAtMost128SilentConnections) {
+  auto a = start_proxy(loopback());
+  ASSERT_TRUE(a);
+  std::vector<int> fds;
+  for (int i = 0; i < 130; ++i) {
+    fds.push_back(connect_to(a->listen_address()));
+    ASSERT_GE(fds.back(), 0);
+  }
+  // The oldest two go; the newest stays (until its 10 s pass).
+  EXPECT_TRUE(closed_by_peer(fds[0], seconds(5)));
+  EXPECT_TRUE(closed_by_peer(fds[1], seconds(5)));
+  EXPECT_FALSE(closed_by_peer(fds[129], milliseconds(200)));
+  for (int fd : fds) close(fd);
+  // The proxy still serves.
+  auto b = start_proxy(loopback());
+  Pair p = connect_pair(*a, *b, layout(2, 4096));
+  ASSERT_TRUE(p.send && p.recv);
+  transfer(p, 10);
+}
+
 TEST(Proxy, ASocketIndexTakenTwiceIsRefused) {
   auto a = start_proxy(loopback()), b = start_proxy(loopback());
   ASSERT_TRUE(a && b);
