@@ -173,6 +173,19 @@ TEST(Proxy, MovesSizedSlotsBetweenTwoProxies) {
   EXPECT_TRUE(p.recv->status());
 }
 
+TEST(Proxy, WorksOverIpv6) {
+  ProxySettings s;
+  for (const auto& i : efccl::net::list_interfaces(AF_INET6))
+    if (i.flags & IFF_LOOPBACK) s.interface = i;
+  if (!s.interface.address.valid()) GTEST_SKIP() << "no IPv6 loopback address here";
+  auto a = start_proxy(s), b = start_proxy(s);
+  ASSERT_TRUE(a && b);
+  EXPECT_TRUE(contains(a->listen_address(), "[::1]")) << a->listen_address();
+  Pair p = connect_pair(*a, *b, layout(4, 32 * 1024));
+  ASSERT_TRUE(p.send && p.recv);
+  transfer(p, 50);
+}
+
 TEST(Proxy, ManySocketsAndThreadsStripeLargeSlots) {
   // 3 threads x 2 sockets: slots of 1 MiB travel in 6 stripes, small ones on socket 0.
   auto a = start_proxy(loopback(3, 2)), b = start_proxy(loopback(3, 2));
