@@ -31,7 +31,7 @@ class SocketTask {
   /// What a step did.
   struct Step {
     bool progressed = false;    ///< bytes moved or a header was handled
-    bool counter_wait = false;  ///< waits for a counter (tail, head, credit), not for the socket
+    bool counter_wait = false;  ///< waits for a GPU counter (tail or head), not for the socket
     bool finished = false;      ///< the task is over: remove it (its fd closes with it)
   };
 

@@ -5,10 +5,10 @@
 //
 //   sender GPU:   wait head > pos - nslots; write slot pos % nslots; sizes[pos % nslots] =
 //                 bytes (sized layouts); release-store tail = pos + 1
-//   sender proxy: acquire tail; send the slot's bytes once the receiver has room (its credit);
-//                 release-store head when the bytes have left the slot
-//   recv proxy:   receive the slot's bytes into slot pos % nslots; release-store tail = pos + 1;
-//                 relay the GPU's head to the sender as credit
+//   sender proxy: acquire tail; write the slot's bytes to the socket(s) (TCP holds them back
+//                 while the receiver is full); release-store head once they left the slot
+//   recv proxy:   read the slot's bytes into slot pos % nslots once the GPU freed it (head >
+//                 pos - nslots); release-store tail = pos + 1
 //   recv GPU:     acquire tail > pos; read the slot; store head = pos + 1
 //
 // A connection ends by close() (a goodbye on every socket, after the sender's posted slots have

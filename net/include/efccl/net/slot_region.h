@@ -2,7 +2,8 @@
 // fixed-size slots and the two counters that hand them between the GPU and the proxy. The
 // sender's GPU fills slots and advances `tail`; its proxy sends them and advances `head` once a
 // slot's bytes have left. The receiver's proxy fills slots from the sockets and advances `tail`;
-// its GPU consumes them and advances `head`, which the proxy relays to the sender as credit.
+// its GPU consumes them and advances `head`, and the proxy reads into a slot only once it is
+// free (TCP's flow control then holds the sender back).
 //
 // One block of SlotLayout::region_bytes() bytes holds it all: the counters first (each on its
 // own 128-byte line, so that the GPU's and the proxy's writes never share a line), the slots'
