@@ -6,7 +6,7 @@ set -euo pipefail
 # python3-venv, -setuptools, -wheel: `pip install --no-build-isolation .` in a venv made with
 # --system-site-packages (README, "Python"); nothing else needs them.
 packages=(build-essential cmake g++ python3 python3-dev pybind11-dev googletest libgtest-dev nlohmann-json3-dev
-          clang libclang-rt-14-dev python3-venv python3-setuptools python3-wheel)
+          clang libclang-rt-14-dev python3-venv python3-setuptools python3-wheel iproute2)
 
 missing=()
 for p in "${packages[@]}"; do

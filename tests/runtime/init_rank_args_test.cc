@@ -5,6 +5,8 @@
 #include <nccl.h>
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstddef>
@@ -203,6 +205,35 @@ TEST(InitRankArgs, MismatchedNranksIsInvalidArgument) {
   EXPECT_EQ(b, nullptr);
   EXPECT_EQ(ncclGroupEnd(), ncclInvalidArgument);
   EXPECT_EQ(ncclCommDestroy(a), ncclSuccess);
+}
+
+TEST(InitRankArgs, RanksOnAnotherHostAreRefusedByName) {
+  // Two processes, the child claiming another host (NCCL_HOSTID, as efccl-mprun --hosts sets
+  // it): both learn from the table that a rank runs elsewhere and fail at once.
+  const ncclUniqueId id = new_id();
+  const pid_t child = fork();
+  if (child == 0) {
+    setenv("NCCL_HOSTID", "another-host", 1);
+    ncclComm_t comm = nullptr;
+    const ncclResult_t r = ncclCommInitRank(&comm, 2, id, 1);
+    const bool named = contains(last_error(), "rank 0 runs on another host");
+    if (comm != nullptr) ncclCommAbort(comm);
+    _exit(r == ncclInvalidUsage && named ? 0 : 1);
+  }
+  ASSERT_GT(child, 0);
+  ncclComm_t comm = nullptr;
+  const auto start = Clock::now();
+  EXPECT_EQ(ncclCommInitRank(&comm, 2, id, 0), ncclInvalidUsage);
+  EXPECT_LT(seconds_since(start), 30.0);
+  const std::string e = last_error();
+  EXPECT_TRUE(contains(e, "rank 1 runs on another host")) << e;
+  EXPECT_TRUE(contains(e, "network connections")) << e;
+  if (comm != nullptr) {
+    EXPECT_EQ(ncclCommAbort(comm), ncclSuccess);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child's init did not fail so";
 }
 
 TEST(InitRankArgs, MissingRankTimesOut) {

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -162,6 +163,35 @@ TEST(Mprun, ExitsZeroOnlyWhenEveryRankDoes) {
   EXPECT_NE(r.output.find("rank 3"), std::string::npos) << r.output;
 }
 
+TEST(Mprun, HostsGivesTheRanksHostIdentitiesInBlocks) {
+  const auto r = mprun("-n 5 --hosts 2 --timeout 30",
+                       "echo \"host $RANK $EFCCL_MPRUN_HOST $EFCCL_MPRUN_HOSTS $GROUP_RANK "
+                       "$LOCAL_RANK $LOCAL_WORLD_SIZE $NCCL_HOSTID\"");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::regex line(R"(\[\d\] host (\d) (\d) 2 (\d) (\d) (\d) (\S+)\n)");
+  std::map<int, std::vector<std::string>> seen;  // rank -> host, group, local, local size, id
+  for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), line);
+       it != std::sregex_iterator(); ++it)
+    seen[std::stoi((*it)[1])] = {(*it)[2], (*it)[3], (*it)[4], (*it)[5], (*it)[6]};
+  ASSERT_EQ(seen.size(), 5u) << r.output;
+  // rank * 2 / 5: ranks 0-2 on host 0, ranks 3-4 on host 1.
+  const std::vector<std::vector<std::string>> expected = {{"0", "0", "0", "3"},
+                                                          {"0", "0", "1", "3"},
+                                                          {"0", "0", "2", "3"},
+                                                          {"1", "1", "0", "2"},
+                                                          {"1", "1", "1", "2"}};
+  for (int rank = 0; rank < 5; ++rank)
+    EXPECT_EQ(std::vector<std::string>(seen[rank].begin(), seen[rank].begin() + 4),
+              expected[static_cast<std::size_t>(rank)])
+        << "rank " << rank;
+  EXPECT_EQ(seen[0][4], seen[2][4]);
+  EXPECT_EQ(seen[3][4], seen[4][4]);
+  EXPECT_NE(seen[0][4], seen[3][4]);
+  // Without --hosts the ranks keep the machine's identity.
+  const auto plain = mprun("-n 2 --timeout 30", "echo \"id=${NCCL_HOSTID-unset}\"");
+  EXPECT_NE(plain.output.find("[0] id=unset"), std::string::npos) << plain.output;
+}
+
 TEST(Mprun, MissingProgramFails) {
   const auto r = run_command(kMprun + " -n 2 --timeout 30 -- /nonexistent/program");
   EXPECT_EQ(r.exit_code, 127) << r.output;
@@ -170,7 +200,8 @@ TEST(Mprun, MissingProgramFails) {
 
 TEST(Mprun, UsageErrors) {
   for (const char* args : {"", "-n 0 -- true", "-n 2", "-n 2 --bogus -- true", "-n x -- true",
-                           "-n 2 --timeout -1 -- true"}) {
+                           "-n 2 --timeout -1 -- true", "-n 2 --hosts 0 -- true",
+                           "-n 2 --hosts 3 -- true", "-n 2 --hosts x -- true"}) {
     const auto r = run_command(kMprun + " " + args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;
     EXPECT_NE(r.output.find("usage: efccl-mprun"), std::string::npos) << args;
@@ -241,11 +272,10 @@ TEST(Mprun, MpsStartsAPrivateDaemonForTheJobAndStopsIt) {
 
 TEST(Mprun, MpsWithoutTheDaemonProgramSaysSoAndStartsNothing) {
   TempDir empty;
-  const auto r = run_command("PATH=" + empty.path().string() + " " + kMprun +
-                             " -n 2 --timeout 30 --mps -- /bin/sh -c " +
-                             shell_quote("echo started"));
+  const auto r =
+      run_command("PATH=" + empty.path().string() + " " + kMprun +
+                  " -n 2 --timeout 30 --mps -- /bin/sh -c " + shell_quote("echo started"));
   EXPECT_EQ(r.exit_code, 125) << r.output;
-  EXPECT_NE(r.output.find("nvidia-cuda-mps-control is not in PATH"), std::string::npos)
-      << r.output;
+  EXPECT_NE(r.output.find("nvidia-cuda-mps-control is not in PATH"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("started"), std::string::npos) << r.output;
 }

@@ -162,10 +162,15 @@ ApiStatus learn_table_locked(Rendezvous& r, std::vector<std::string> table) {
                                std::to_string(table[rank].size()) + " bytes, expected " +
                                std::to_string(sizeof(PeerInfo)) +
                                "): is it running another efccl?");
+    // Ranks on several hosts meet through network connections (docs/net.md): the proxy
+    // transport and the runtime's NetworkLinks exist, the interpreter's side of the connection
+    // kind does not yet, so such a communicator is refused here, before any clique forms.
     if (info.host_hash != host)
       return ApiStatus::invalid_usage(
           "rank " + std::to_string(rank) + " runs on another host (" + info.host +
-          "); efccl connects GPUs of one host only (no network transport yet)");
+          (std::getenv("NCCL_HOSTID") != nullptr ? ", or another NCCL_HOSTID" : "") +
+          "); communicators spanning hosts need the GPU interpreter's network connections, "
+          "which are not there yet");
     if (info.pid == me && info.process_nonce == process_nonce())
       r.expected.push_back(static_cast<int>(rank));
   }

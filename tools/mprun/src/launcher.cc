@@ -313,9 +313,21 @@ int run_job(const LaunchOptions& o) {
         Clock::now() + std::chrono::milliseconds(static_cast<long long>(o.grace_s * 1000));
   };
 
+  char machine[256] = {};
+  gethostname(machine, sizeof(machine) - 1);
   for (Rank& r : ranks) {
     r.index = static_cast<int>(&r - ranks.data());
     const std::string rank = std::to_string(r.index), size = std::to_string(n);
+    // --hosts K: the ranks of host h are its "local" ranks, as torchrun's on K nodes.
+    int local_rank = r.index, local_size = n;
+    if (o.hosts > 0) {
+      const int h = host_of(r.index, n, o.hosts);
+      int first = r.index, end = r.index + 1;
+      while (first > 0 && host_of(first - 1, n, o.hosts) == h) --first;
+      while (end < n && host_of(end, n, o.hosts) == h) ++end;
+      local_rank = r.index - first;
+      local_size = end - first;
+    }
     std::vector<std::pair<std::string, std::string>> vars = {
         {kEnvRank, rank},
         {kEnvSize, size},
@@ -324,10 +336,17 @@ int run_job(const LaunchOptions& o) {
         {kEnvIdFile, id_file},
         {"RANK", rank},
         {"WORLD_SIZE", size},
-        {"LOCAL_RANK", rank},
-        {"LOCAL_WORLD_SIZE", size},
+        {"LOCAL_RANK", std::to_string(local_rank)},
+        {"LOCAL_WORLD_SIZE", std::to_string(local_size)},
         {"MASTER_ADDR", "127.0.0.1"},
         {"MASTER_PORT", std::to_string(*master_port)}};
+    if (o.hosts > 0) {
+      const std::string h = std::to_string(host_of(r.index, n, o.hosts));
+      vars.push_back({"NCCL_HOSTID", std::string(machine) + "/mprun-host" + h});
+      vars.push_back({"EFCCL_MPRUN_HOST", h});
+      vars.push_back({"EFCCL_MPRUN_HOSTS", std::to_string(o.hosts)});
+      vars.push_back({"GROUP_RANK", h});
+    }
     if (mps)
       for (auto& kv : mps->environment()) vars.push_back(std::move(kv));
     const auto env = environment_with(vars);

@@ -12,8 +12,8 @@
 namespace {
 
 constexpr const char* kUsage =
-    "usage: efccl-mprun -n N [--timeout SECONDS] [--grace SECONDS] [--id-file PATH] [--mps]\n"
-    "                   [--] PROGRAM [ARGS...]\n"
+    "usage: efccl-mprun -n N [--hosts K] [--timeout SECONDS] [--grace SECONDS] [--id-file PATH]\n"
+    "                   [--mps] [--] PROGRAM [ARGS...]\n"
     "\n"
     "Starts N ranks of PROGRAM on this machine. Each rank gets EFCCL_MPRUN_RANK, "
     "EFCCL_MPRUN_SIZE,\n"
@@ -26,6 +26,10 @@ constexpr const char* kUsage =
     "that rank's status (128+signal when killed), 124 on timeout, 125 when it could not start.\n"
     "\n"
     "  -n, -np N          number of ranks (1..4096)\n"
+    "  --hosts K          give the ranks K host identities (1..N), in contiguous blocks: rank r\n"
+    "                     is on host r*K/N, with NCCL_HOSTID, EFCCL_MPRUN_HOST(S), GROUP_RANK\n"
+    "                     and LOCAL_RANK/LOCAL_WORLD_SIZE of that host (efccl then connects the\n"
+    "                     hosts over its network transport)\n"
     "  --timeout SECONDS  stop the job after this long (default: no limit)\n"
     "  --grace SECONDS    SIGTERM to SIGKILL (default 5)\n"
     "  --id-file PATH     EFCCL_MPRUN_ID_FILE (default: a file in a fresh temporary folder,\n"
@@ -81,6 +85,13 @@ int main(int argc, char** argv) {
       const char* v = value();
       if (v == nullptr || v[0] == '\0') return usage_error("--id-file needs a path");
       options.id_file = v;
+    } else if (arg == "--hosts") {
+      const char* v = value();
+      char* end = nullptr;
+      const long k = v != nullptr ? std::strtol(v, &end, 10) : 0;
+      if (v == nullptr || *end != '\0' || k < 1 || k > efccl::mprun::kMaxRanks)
+        return usage_error("--hosts needs a number of hosts in 1..4096");
+      options.hosts = static_cast<int>(k);
     } else if (arg == "--mps") {
       options.mps = true;
     } else if (!arg.empty() && arg[0] == '-') {
@@ -92,5 +103,8 @@ int main(int argc, char** argv) {
   for (; i < argc; ++i) options.command.emplace_back(argv[i]);
   if (options.nranks == 0) return usage_error("-n N is required");
   if (options.command.empty()) return usage_error("no program given");
+  if (options.hosts > options.nranks)
+    return usage_error("--hosts " + std::to_string(options.hosts) + " exceeds the " +
+                       std::to_string(options.nranks) + " ranks");
   return efccl::mprun::run_job(options);
 }
