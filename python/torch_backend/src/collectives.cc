@@ -54,16 +54,6 @@ EfcclResult grouped(Body&& body) {
   return {};
 }
 
-/// Bytes per element of efccl type `type`.
-size_t type_size(ncclDataType_t type) {
-  switch (type) {
-    case ncclInt8: case ncclUint8: case ncclFloat8e4m3: case ncclFloat8e5m2: return 1;
-    case ncclFloat16: case ncclBfloat16: return 2;
-    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
-    default: return 8;
-  }
-}
-
 /// A flat buffer for `n` tensors like `like` (allocated on the current stream: the call's).
 at::Tensor flat_like(const at::Tensor& like, int64_t n) {
   return at::empty({n * like.numel()}, like.options().memory_format(at::MemoryFormat::Contiguous));
