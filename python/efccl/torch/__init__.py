@@ -131,7 +131,9 @@ def _create_backend(dist_backend_opts, backend_options):
         raise TypeError(
             f"efccl: pg_options must be efccl.torch.Options(...), got {type(backend_options).__name__}"
         )
-    options._timeout = dist_backend_opts.timeout
+    timeout = dist_backend_opts.timeout  # a timedelta (seconds as a float in some versions)
+    seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+    options.timeout_ms = max(1, int(seconds * 1000))
     global_ranks = list(dist_backend_opts.global_ranks_in_group)
     group_name = dist_backend_opts.group_id
     return ProcessGroupEfccl(
