@@ -72,6 +72,7 @@ class Communicator {
   /// progress on it to return.
   void destroy(bool abort);
   bool destroyed() const { return destroyed_.load(); }
+  bool revoked() const { return revoked_.load(); }
 
  private:
   ncclComm_t comm_;

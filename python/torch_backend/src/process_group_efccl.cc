@@ -74,7 +74,7 @@ ProcessGroupEfccl::ProcessGroupEfccl(c10::intrusive_ptr<c10d::Store> store, int 
           GroupIdentity{std::move(group_name), rank, size, std::move(global_ranks)})) {
   init();
   TORCH_CHECK(store_, "efccl: a process group needs a store");
-  watchdog_ = std::make_unique<Watchdog>(state_, store_);
+  watchdog_ = std::make_shared<Watchdog>(state_, store_);
   watchdog_->start();
   if (split_from) {
     // Every member passes the same color; torch has the parent's other ranks call
@@ -287,7 +287,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupEfccl::run(
       coalescing_.comm = &comm;
       coalescing_.stream = comm.stream();
       coalescing_.work = c10::make_intrusive<WorkEfccl>(
-          state_, std::weak_ptr<Communicator>(comm_), c10d::OpType::COALESCED, "coalesced", seq,
+          state_, std::weak_ptr<Communicator>(comm_), watchdog_, c10d::OpType::COALESCED, "coalesced", seq,
           spec.device, comm.stream(), timeout, captured, options_->blocking_wait);
     }
     TORCH_CHECK(coalescing_.comm == &comm, "efccl: a coalescing block spans two communicators");
@@ -332,7 +332,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupEfccl::run(
     record_on(spec.inputs, stream);
     record_on(spec.outputs, stream);
   }
-  auto work = c10::make_intrusive<WorkEfccl>(state_, std::weak_ptr<Communicator>(comm_), spec.type,
+  auto work = c10::make_intrusive<WorkEfccl>(state_, std::weak_ptr<Communicator>(comm_), watchdog_, spec.type,
                                              spec.name, seq, spec.device, stream, timeout,
                                              captured, options_->blocking_wait);
   std::shared_ptr<cudaEvent_t> end = events_->acquire();
@@ -361,7 +361,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupEfccl::endCoalescing() {
   if (!block.group_open) {  // nothing was called: a work that has finished
     const at::Device device = default_device(std::nullopt);
     auto work = c10::make_intrusive<WorkEfccl>(
-        state_, std::weak_ptr<Communicator>(comm_), c10d::OpType::COALESCED, "coalesced",
+        state_, std::weak_ptr<Communicator>(comm_), watchdog_, c10d::OpType::COALESCED, "coalesced",
         seq_.load(), device, c10::cuda::getCurrentCUDAStream(device.index()),
         timeout_of(c10d::kUnsetTimeout), false, false);
     work->mark_finished();

@@ -202,7 +202,7 @@ class ProcessGroupEfccl : public c10d::Backend {
   const c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<EfcclOptions> options_;
   const std::shared_ptr<GroupState> state_;
-  std::unique_ptr<Watchdog> watchdog_;
+  std::shared_ptr<Watchdog> watchdog_;  ///< works hold it weakly
 
   mutable std::mutex comm_mutex_;
   std::shared_ptr<Communicator> comm_;

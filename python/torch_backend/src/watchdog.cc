@@ -278,6 +278,15 @@ std::string Watchdog::missing_ranks_report(uint64_t seq, const char* op) {
   return text;
 }
 
+std::string Watchdog::fail_for(const WorkEfccl& work, const std::string& efccl_error) {
+  std::string reason = "efccl " + work.describe() + " failed: " + efccl_error;
+  if (Clock::now() + report_lead(work.timeout()) >= work.deadline())
+    reason += missing_ranks_report(work.getSequencenumber(), work.name());
+  fail_group(reason);
+  const std::string first = group_->failure();
+  return first == reason ? reason : "efccl " + work.describe() + ": " + first;
+}
+
 void Watchdog::fail_group(const std::string& reason) {
   const bool first = group_->fail(reason);
   const std::string failure = group_->failure();

@@ -67,6 +67,9 @@ class Watchdog {
   /// Fails the group with `reason`, every followed work with it, and revokes the
   /// communicators (the first failure wins; later ones only fail their works).
   void fail_group(const std::string& reason);
+  /// Fails the group because efccl reported `efccl_error` when `work` finished; returns the
+  /// text `work` fails with (with the other ranks' report when near its deadline).
+  std::string fail_for(const WorkEfccl& work, const std::string& efccl_error);
 
  private:
   void loop();

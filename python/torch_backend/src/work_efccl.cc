@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <thread>
 
+#include "watchdog.h"
+
 namespace efccl::torch_backend {
 namespace {
 
@@ -25,12 +27,13 @@ std::exception_ptr backend_error(const std::string& message) {
 }
 
 WorkEfccl::WorkEfccl(std::shared_ptr<GroupState> group, std::weak_ptr<Communicator> comm,
-                     c10d::OpType type, const char* name, uint64_t seq, const at::Device& device,
+                     std::weak_ptr<Watchdog> watchdog, c10d::OpType type, const char* name, uint64_t seq, const at::Device& device,
                      c10::cuda::CUDAStream stream, std::chrono::milliseconds timeout,
                      bool captured, bool blocking_wait)
     : c10d::Work(group->identity().rank, type),
       group_(std::move(group)),
       comm_(std::move(comm)),
+      watchdog_(std::move(watchdog)),
       name_(name),
       seq_(seq),
       device_(device),
@@ -53,20 +56,40 @@ void WorkEfccl::mark_finished() {
 }
 
 bool WorkEfccl::gpu_finished() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (gpu_finished_ || captured_) return true;
-  if (!end_event_) return false;  // a coalesced block that has not ended yet
-  const cudaError_t e = cudaEventQuery(*end_event_);
-  if (e == cudaSuccess) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (gpu_finished_ || captured_) return true;
+    if (!end_event_) return false;  // a coalesced block that has not ended yet
+    const cudaError_t e = cudaEventQuery(*end_event_);
+    if (e == cudaErrorNotReady) return false;
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      if (!error_)
+        error_ = backend_error("efccl " + describe() + ": cudaEventQuery of its end event: " +
+                               cudaGetErrorString(e));
+      return true;
+    }
     gpu_finished_ = true;
-    return true;
   }
-  if (e == cudaErrorNotReady) return false;
-  (void)cudaGetLastError();
-  if (!error_)
-    error_ = backend_error("efccl " + describe() + ": cudaEventQuery of its end event: " +
-                           cudaGetErrorString(e));
+  check_async_error();  // outside the lock: failing the group visits every work
   return true;
+}
+
+void WorkEfccl::check_async_error() {
+  if (group_->failed()) {
+    // Finished before the failure was noticed: it may have run on an aborted communicator.
+    if (std::shared_ptr<Communicator> c = comm_.lock(); c && c->revoked())
+      fail("efccl " + describe() + ": " + group_->failure());
+    return;
+  }
+  std::shared_ptr<Communicator> comm = comm_.lock();
+  if (!comm) return;
+  const std::string efccl_error = comm->async_error();
+  if (efccl_error.empty()) return;
+  if (std::shared_ptr<Watchdog> w = watchdog_.lock())
+    fail(w->fail_for(*this, efccl_error));
+  else
+    fail("efccl " + describe() + " failed: " + efccl_error);
 }
 
 void WorkEfccl::fail(const std::string& message) {

@@ -19,6 +19,8 @@
 
 namespace efccl::torch_backend {
 
+class Watchdog;
+
 /// An exception_ptr holding c10::DistBackendError(`message`) (torch.distributed.DistBackendError
 /// in Python).
 std::exception_ptr backend_error(const std::string& message);
@@ -30,7 +32,7 @@ class WorkEfccl : public c10d::Work {
   /// `timeout`: how long the work may take before the watchdog fails the group. `captured`: it
   /// was recorded into a CUDA graph (it never runs as such; waiting orders the capture).
   WorkEfccl(std::shared_ptr<GroupState> group, std::weak_ptr<Communicator> comm,
-            c10d::OpType type, const char* name, uint64_t seq, const at::Device& device,
+            std::weak_ptr<Watchdog> watchdog, c10d::OpType type, const char* name, uint64_t seq, const at::Device& device,
             c10::cuda::CUDAStream stream, std::chrono::milliseconds timeout, bool captured,
             bool blocking_wait);
   ~WorkEfccl() override;
@@ -58,6 +60,8 @@ class WorkEfccl : public c10d::Work {
 
   // For the watchdog.
   /// Whether the GPU has reached the end event (a captured work or one without event: true).
+  /// The first time it has, efccl's asynchronous error is checked: a kernel that gave up also
+  /// reaches the event, and must fail the work, not finish it.
   bool gpu_finished();
   /// Fails the work with `message` unless it failed already.
   void fail(const std::string& message);
@@ -74,9 +78,12 @@ class WorkEfccl : public c10d::Work {
  private:
   /// The caller's current stream on the work's device waits for the end event.
   void order_current_stream();
+  /// After the end event was first reached: fails the work (and the group) on efccl's error.
+  void check_async_error();
 
   const std::shared_ptr<GroupState> group_;
   const std::weak_ptr<Communicator> comm_;
+  const std::weak_ptr<Watchdog> watchdog_;
   const char* const name_;
   const uint64_t seq_;
   const at::Device device_;
