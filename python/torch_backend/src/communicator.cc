@@ -90,31 +90,39 @@ std::shared_ptr<Communicator> Communicator::create(c10d::Store& store, const std
   await_all_ranks(store, prefix, group, settings.timeout, what);
 
   c10::cuda::CUDAGuard guard(device);
+  // efccl's budget for its own rendezvous once every rank has arrived (quick then; at least
+  // 10 s so that a late arrival near the group's deadline does not starve it).
+  auto init_budget = [&] { return std::max<std::chrono::milliseconds>(remaining(deadline),
+                                                                        std::chrono::seconds(10)); };
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof(id));
+  const std::string id_key = prefix + "/unique_id";
+  if (group.rank == 0) {
+    ncclResult_t r;
+    {
+      EnvironmentOverride env(creation_environment(settings, init_budget()));
+      r = lib.GetUniqueId(&id);
+    }
+    if (r != ncclSuccess) throw_efccl(what + " on " + group.describe(), "ncclGetUniqueId", r);
+    store.set(id_key, std::vector<uint8_t>(reinterpret_cast<uint8_t*>(&id),
+                                           reinterpret_cast<uint8_t*>(&id) + sizeof(id)));
+  } else {
+    try {
+      store.wait({id_key}, remaining(deadline));
+    } catch (const std::exception& e) {
+      C10_THROW_ERROR(DistBackendError, "efccl: " + what + " on " + group.describe() + ": " +
+                                            group.describe_rank(0) +
+                                            " published no unique id in time: " + e.what());
+    }
+    const std::vector<uint8_t> bytes = store.get(id_key);
+    TORCH_CHECK(bytes.size() == sizeof(id), "efccl: ", what, " on ", group.describe(),
+                ": the unique id in the store has ", bytes.size(), " bytes, expected ",
+                sizeof(id));
+    std::memcpy(&id, bytes.data(), sizeof(id));
+  }
   ncclComm_t comm = nullptr;
   {
-    EnvironmentOverride env(creation_environment(settings, remaining(deadline)));
-    ncclUniqueId id;
-    std::memset(&id, 0, sizeof(id));
-    const std::string id_key = prefix + "/unique_id";
-    if (group.rank == 0) {
-      if (ncclResult_t r = lib.GetUniqueId(&id); r != ncclSuccess)
-        throw_efccl(what + " on " + group.describe(), "ncclGetUniqueId", r);
-      store.set(id_key, std::vector<uint8_t>(reinterpret_cast<uint8_t*>(&id),
-                                             reinterpret_cast<uint8_t*>(&id) + sizeof(id)));
-    } else {
-      try {
-        store.wait({id_key}, remaining(deadline));
-      } catch (const std::exception& e) {
-        C10_THROW_ERROR(DistBackendError, "efccl: " + what + " on " + group.describe() + ": " +
-                                              group.describe_rank(0) +
-                                              " published no unique id in time: " + e.what());
-      }
-      const std::vector<uint8_t> bytes = store.get(id_key);
-      TORCH_CHECK(bytes.size() == sizeof(id), "efccl: ", what, " on ", group.describe(),
-                  ": the unique id in the store has ", bytes.size(), " bytes, expected ",
-                  sizeof(id));
-      std::memcpy(&id, bytes.data(), sizeof(id));
-    }
+    EnvironmentOverride env(creation_environment(settings, init_budget()));
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 1;  // every rank has arrived: efccl's rendezvous is quick
     const ncclResult_t r = lib.CommInitRankConfig(&comm, group.size, id, group.rank, &config);
@@ -153,7 +161,8 @@ std::shared_ptr<Communicator> Communicator::split(c10d::Store& store, const std:
     std::lock_guard<std::mutex> lock(call_mutex_);
     TORCH_CHECK(!destroyed_.load() && !revoked_.load(), "efccl: ", what, " on ", group.describe(),
                 ": the parent communicator was aborted");
-    EnvironmentOverride env(creation_environment(settings, remaining(deadline)));
+    EnvironmentOverride env(creation_environment(
+        settings, std::max<std::chrono::milliseconds>(remaining(deadline), std::chrono::seconds(10))));
     c10::cuda::CUDAGuard guard(device_);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 1;
