@@ -277,8 +277,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupEfccl::run(
 
   if (coalescing_.active) {
     // Inside startCoalescing/endCoalescing: one efccl group, on the internal stream.
+    // Every call of the block comes after what the caller's stream held when it was made.
+    order_after(current, comm.stream());
     if (!coalescing_.group_open) {
-      order_after(current, comm.stream());
       if (ncclResult_t g = lib.GroupStart(); g != ncclSuccess) {
         coalescing_ = Coalescing{};
         call_failed(spec, seq, {g, "ncclGroupStart"}, Clock::now() - started, timeout);
