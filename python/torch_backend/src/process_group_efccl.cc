@@ -315,10 +315,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupEfccl::run(
     return coalescing_.work;
   }
 
-  // async_op=False runs on the caller's stream (nothing to order or record); otherwise on the
-  // communicator's stream after what the caller's stream holds.
-  const bool on_current = !spec.async_op;
-  c10::cuda::CUDAStream stream = on_current ? current : comm.stream();
+  // Every call runs on the communicator's stream (from torch's pool: non-blocking, never the
+  // legacy default stream, which would serialize efccl's kernels with everything else), after
+  // what the caller's stream holds. A synchronous call (async_op=False) then makes the caller's
+  // stream wait for it, as async_op=True followed by wait() would.
+  c10::cuda::CUDAStream stream = comm.stream();
   order_after(current, stream);
   EfcclResult r;
   {
@@ -329,15 +330,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupEfccl::run(
     r = enqueue(comm.handle(), stream.stream());
   }
   if (r.result != ncclSuccess) call_failed(spec, seq, r, Clock::now() - started, timeout);
-  if (!on_current) {
-    record_on(spec.inputs, stream);
-    record_on(spec.outputs, stream);
-  }
-  auto work = c10::make_intrusive<WorkEfccl>(state_, std::weak_ptr<Communicator>(comm_), watchdog_, spec.type,
-                                             spec.name, seq, spec.device, stream, timeout,
-                                             captured, options_->blocking_wait);
+  auto work = c10::make_intrusive<WorkEfccl>(state_, std::weak_ptr<Communicator>(comm_), watchdog_,
+                                             spec.type, spec.name, seq, spec.device, stream,
+                                             timeout, captured, options_->blocking_wait);
   std::shared_ptr<cudaEvent_t> end = events_->acquire();
   C10_CUDA_CHECK(cudaEventRecord(*end, stream.stream()));
+  if (spec.async_op) {
+    // The caller may drop the tensors at once: the allocator must not reuse their memory
+    // before the communicator's stream is done with it.
+    record_on(spec.inputs, stream);
+    record_on(spec.outputs, stream);
+  } else {
+    C10_CUDA_CHECK(cudaStreamWaitEvent(current.stream(), *end, 0));
+    work->set_joined(current);
+  }
   work->set_end_event(std::move(end));
   work->set_outputs(spec.outputs);
   for (const at::Tensor& t : spec.inputs) work->stash(t);

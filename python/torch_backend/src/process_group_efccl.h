@@ -1,10 +1,10 @@
 // ProcessGroupEfccl: torch.distributed's backend "efccl" (a c10d::Backend for CUDA tensors),
 // every collective and point-to-point operation on one efccl communicator per group.
 //
-// Semantics follow ProcessGroupNCCL: an asynchronous call runs on the communicator's internal
-// stream, ordered after the caller's current stream (an event), its tensors recorded on that
-// stream for the caching allocator and held by the work; a synchronous call (async_op=False)
-// runs on the caller's current stream. Works finish when their end event is reached; the
+// Semantics follow ProcessGroupNCCL: a call runs on the communicator's internal stream, ordered
+// after the caller's current stream (an event); an asynchronous call's tensors are recorded on
+// that stream for the caching allocator and held by the work, a synchronous one (async_op=False)
+// makes the caller's stream wait for it before returning. Works finish when their end event is reached; the
 // watchdog fails the group on efccl's errors and at the group's timeout. Calls made while a CUDA
 // graph is captured are captured (the communicator must exist before the capture).
 #pragma once

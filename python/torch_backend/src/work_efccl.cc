@@ -134,7 +134,7 @@ void WorkEfccl::order_current_stream() {
     return;
   }
   c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device_.index());
-  if (current == stream_) return;
+  if (current == stream_ || (joined_ && current == *joined_)) return;
   c10::cuda::CUDAGuard guard(device_);
   const cudaError_t e = cudaStreamWaitEvent(current.stream(), *event, 0);
   if (e != cudaSuccess) {

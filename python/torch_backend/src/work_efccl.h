@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,8 @@ class WorkEfccl : public c10d::Work {
 
   /// Set after enqueueing: the event recorded on the work's stream after its last call.
   void set_end_event(std::shared_ptr<cudaEvent_t> event);
+  /// `stream` waits for the end event already (a synchronous call: the caller's stream).
+  void set_joined(c10::cuda::CUDAStream stream) { joined_ = stream; }
   /// Finished without an event (an empty coalescing block).
   void mark_finished();
   /// The work is a barrier: wait() blocks the CPU until it has finished.
@@ -93,6 +96,7 @@ class WorkEfccl : public c10d::Work {
   const bool captured_;
   const bool blocking_wait_;
   bool barrier_ = false;
+  std::optional<c10::cuda::CUDAStream> joined_;
   std::shared_ptr<cudaEvent_t> end_event_;
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> stash_;
