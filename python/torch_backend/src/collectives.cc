@@ -12,10 +12,10 @@
 namespace efccl::torch_backend {
 namespace {
 
-#define EFCCL_TRY(call, function)                                    \
-  do {                                                               \
-    if (ncclResult_t efccl_r_ = (call); efccl_r_ != ncclSuccess)     \
-      return EfcclResult{efccl_r_, function};                        \
+#define EFCCL_TRY(call, function)                                \
+  do {                                                           \
+    if (ncclResult_t efccl_r_ = (call); efccl_r_ != ncclSuccess) \
+      return EfcclResult{efccl_r_, function};                    \
   } while (0)
 
 /// Runs `body(op)` with the efccl operator of `reduce` on `type` (a premul_sum operator is
@@ -102,13 +102,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupEfccl::allreduce(std::vector<at::Tens
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupEfccl::allreduce_sparse(
     std::vector<at::Tensor>& /*tensors*/, const c10d::AllreduceOptions& /*opts*/) {
-  TORCH_CHECK(false, "efccl: all_reduce of sparse tensors is not supported (as with NCCL: "
-                     "densify them, or use gloo for sparse tensors)");
+  TORCH_CHECK(false,
+              "efccl: all_reduce of sparse tensors is not supported (as with NCCL: "
+              "densify them, or use gloo for sparse tensors)");
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupEfccl::allreduce_many(
-    std::vector<at::Tensor>& tensors, const c10d::ReduceOp& reduce_op,
-    std::chrono::milliseconds timeout, bool async_op, c10d::OpType type, const char* name) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupEfccl::allreduce_many(std::vector<at::Tensor>& tensors,
+                                                                 const c10d::ReduceOp& reduce_op,
+                                                                 std::chrono::milliseconds timeout,
+                                                                 bool async_op, c10d::OpType type,
+                                                                 const char* name) {
   TORCH_CHECK(!tensors.empty(), "efccl ", name, ": no tensors");
   std::vector<ReduceArgs> reduces;
   std::vector<BufferArgs> buffers;
@@ -181,8 +184,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupEfccl::reduce(std::vector<at::Tensor>
   at::Tensor& t = tensors[0];
   check_tensor(t, t.device(), "reduce", "input", false);
   TORCH_CHECK(opts.rootTensor == 0, "efccl reduce: rootTensor must be 0");
-  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(), "efccl reduce: root ",
-              opts.rootRank, " is not a rank of the group (size ", getSize(), ")");
+  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(), "efccl reduce: root ", opts.rootRank,
+              " is not a rank of the group (size ", getSize(), ")");
   const ReduceArgs reduce = reduce_args_of(opts.reduceOp, t, "reduce");
   const BufferArgs b = buffer_of(t, true, "reduce");
   const int root = static_cast<int>(opts.rootRank);
@@ -211,11 +214,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupEfccl::_allgather_base(
   check_tensor(input, input.device(), name, "input", true);
   check_tensor(output, input.device(), name, "output", true);
   TORCH_CHECK(output.scalar_type() == input.scalar_type(), "efccl ", name,
-              ": output and input types differ (", output.scalar_type(), ", ",
-              input.scalar_type(), ")");
+              ": output and input types differ (", output.scalar_type(), ", ", input.scalar_type(),
+              ")");
   TORCH_CHECK(output.numel() == input.numel() * getSize(), "efccl ", name, ": the output has ",
-              output.numel(), " elements; expected the group size ", getSize(), " times the "
-              "input's ", input.numel());
+              output.numel(), " elements; expected the group size ", getSize(),
+              " times the "
+              "input's ",
+              input.numel());
   const BufferArgs in = buffer_of(input, false, name);
   const BufferArgs out = buffer_of(output, false, name);
   CallSpec spec;
@@ -286,7 +291,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupEfccl::allgather_coalesced(
               output_lists.size(), " output lists for ", inputs.size(), " inputs");
   // The results are copied out of flat buffers after the gathers: not inside a coalescing
   // block, whose calls only run at its end.
-  TORCH_CHECK(!coalescing_.active, "efccl ", name, " (the list form) cannot be coalesced; use "
+  TORCH_CHECK(!coalescing_.active, "efccl ", name,
+              " (the list form) cannot be coalesced; use "
               "all_gather_into_tensor");
   CallSpec spec;
   std::vector<BufferArgs> in_buffers;
@@ -297,7 +303,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupEfccl::allgather_coalesced(
     spec.bytes += bytes_of(inputs[i]);
     spec.outputs.insert(spec.outputs.end(), output_lists[i].begin(), output_lists[i].end());
   }
-  spec.type = output_lists.size() == 1 ? c10d::OpType::ALLGATHER : c10d::OpType::ALLGATHER_COALESCED;
+  spec.type =
+      output_lists.size() == 1 ? c10d::OpType::ALLGATHER : c10d::OpType::ALLGATHER_COALESCED;
   spec.name = name;
   spec.device = inputs[0].device();
   spec.timeout = opts.timeout;
@@ -309,9 +316,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupEfccl::allgather_coalesced(
     EfcclResult r = grouped([&] {
       for (size_t i = 0; i < inputs.size(); ++i) {
         const BufferArgs& b = in_buffers[i];
-        EFCCL_TRY(efccl_library().AllGather(b.data, flats[i].data_ptr(), b.count, b.type, comm,
-                                            stream),
-                  "ncclAllGather");
+        EFCCL_TRY(
+            efccl_library().AllGather(b.data, flats[i].data_ptr(), b.count, b.type, comm, stream),
+            "ncclAllGather");
       }
       return EfcclResult{};
     });
@@ -349,9 +356,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupEfccl::_reduce_scatter_base(
   spec.outputs = {output};
   return run(spec, [&](ncclComm_t comm, cudaStream_t stream) {
     return with_op(reduce, in.type, comm, [&](ncclRedOp_t op) {
-      EFCCL_TRY(efccl_library().ReduceScatter(in.data, out.data, out.count, in.type, op, comm,
-                                              stream),
-                "ncclReduceScatter");
+      EFCCL_TRY(
+          efccl_library().ReduceScatter(in.data, out.data, out.count, in.type, op, comm, stream),
+          "ncclReduceScatter");
       return EfcclResult{};
     });
   });
@@ -378,7 +385,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupEfccl::reduce_scatter_tensor_coalesce
                 " times output ", i, " (same type)");
     calls.push_back({reduce_args_of(opts.reduceOp, inputs[i], name),
                      buffer_of(inputs[i], true, name), buffer_of(outputs[i], true, name)});
-    if (calls.back().reduce.premul_on_device) spec.inputs.push_back(calls.back().reduce.factor_tensor);
+    if (calls.back().reduce.premul_on_device)
+      spec.inputs.push_back(calls.back().reduce.factor_tensor);
     spec.bytes += bytes_of(inputs[i]);
   }
   spec.type = c10d::OpType::COALESCED;
@@ -392,8 +400,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupEfccl::reduce_scatter_tensor_coalesce
     return grouped([&] {
       for (const One& c : calls) {
         EfcclResult r = with_op(c.reduce, c.in.type, comm, [&](ncclRedOp_t op) {
-          EFCCL_TRY(efccl_library().ReduceScatter(c.in.data, c.out.data, c.out.count, c.in.type,
-                                                  op, comm, stream),
+          EFCCL_TRY(efccl_library().ReduceScatter(c.in.data, c.out.data, c.out.count, c.in.type, op,
+                                                  comm, stream),
                     "ncclReduceScatter");
           return EfcclResult{};
         });
@@ -435,8 +443,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupEfccl::reduce_scatter(
       part(flat[0], output, j).copy_(inputs[0][static_cast<size_t>(j)], true);
     if (coalescing_.active) coalescing_.inputs.push_back(flat[0]);
     return with_op(reduce, out.type, comm, [&](ncclRedOp_t op) {
-      EFCCL_TRY(efccl_library().ReduceScatter(flat[0].data_ptr(), out.data, out.count, out.type,
-                                              op, comm, stream),
+      EFCCL_TRY(efccl_library().ReduceScatter(flat[0].data_ptr(), out.data, out.count, out.type, op,
+                                              comm, stream),
                 "ncclReduceScatter");
       return EfcclResult{};
     });
@@ -450,8 +458,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupEfccl::gather(
   check_single(inputs, name, "input");
   at::Tensor& input = inputs[0];
   check_tensor(input, input.device(), name, "input", true);
-  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(), "efccl gather: root ",
-              opts.rootRank, " is not a rank of the group (size ", getSize(), ")");
+  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(), "efccl gather: root ", opts.rootRank,
+              " is not a rank of the group (size ", getSize(), ")");
   TORCH_CHECK(!coalescing_.active, "efccl gather cannot be coalesced");
   const int root = static_cast<int>(opts.rootRank);
   const bool is_root = getRank() == root;
@@ -549,8 +557,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupEfccl::alltoall_base(
   if (output_split_sizes.empty() && input_split_sizes.empty()) {
     TORCH_CHECK(input.numel() == output.numel() && input.numel() % size == 0, "efccl ", name,
                 ": without splits, input and output need the same number of elements, a "
-                "multiple of the group size ", size, " (got ", input.numel(), " and ",
-                output.numel(), ")");
+                "multiple of the group size ",
+                size, " (got ", input.numel(), " and ", output.numel(), ")");
     const BufferArgs in = buffer_of(input, false, name);
     const BufferArgs out = buffer_of(output, false, name);
     const size_t count = in.count / static_cast<size_t>(size);
@@ -570,8 +578,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupEfccl::alltoall_base(
                   " rows do not split evenly over ", size, " ranks");
       out.assign(static_cast<size_t>(size), rows / size);
     }
-    TORCH_CHECK(static_cast<int>(out.size()) == size, "efccl ", name, ": ", out.size(), " ",
-                role, " split sizes for a group of ", size);
+    TORCH_CHECK(static_cast<int>(out.size()) == size, "efccl ", name, ": ", out.size(), " ", role,
+                " split sizes for a group of ", size);
     int64_t sum = 0;
     for (int64_t s : out) {
       TORCH_CHECK(s >= 0, "efccl ", name, ": a negative ", role, " split size");
@@ -590,19 +598,23 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupEfccl::alltoall_base(
   auto* in_base = static_cast<char*>(input.data_ptr());
   auto* out_base = static_cast<char*>(output.data_ptr());
   for (int j = 0; j < size; ++j)
-    state_->record_peer_bytes(j, static_cast<uint64_t>(in_rows[static_cast<size_t>(j)]) * in_row_bytes,
-                              static_cast<uint64_t>(out_rows[static_cast<size_t>(j)]) * out_row_bytes);
+    state_->record_peer_bytes(
+        j, static_cast<uint64_t>(in_rows[static_cast<size_t>(j)]) * in_row_bytes,
+        static_cast<uint64_t>(out_rows[static_cast<size_t>(j)]) * out_row_bytes);
   return run(spec, [&](ncclComm_t comm, cudaStream_t stream) {
     const EfcclLibrary& lib = efccl_library();
     return grouped([&] {
       size_t in_off = 0, out_off = 0;
       for (int j = 0; j < size; ++j) {
-        const size_t send_bytes = static_cast<size_t>(in_rows[static_cast<size_t>(j)]) * in_row_bytes;
-        const size_t recv_bytes = static_cast<size_t>(out_rows[static_cast<size_t>(j)]) * out_row_bytes;
+        const size_t send_bytes =
+            static_cast<size_t>(in_rows[static_cast<size_t>(j)]) * in_row_bytes;
+        const size_t recv_bytes =
+            static_cast<size_t>(out_rows[static_cast<size_t>(j)]) * out_row_bytes;
         if (send_bytes > 0)
           EFCCL_TRY(lib.Send(in_base + in_off, send_bytes, ncclInt8, j, comm, stream), "ncclSend");
         if (recv_bytes > 0)
-          EFCCL_TRY(lib.Recv(out_base + out_off, recv_bytes, ncclInt8, j, comm, stream), "ncclRecv");
+          EFCCL_TRY(lib.Recv(out_base + out_off, recv_bytes, ncclInt8, j, comm, stream),
+                    "ncclRecv");
         in_off += send_bytes;
         out_off += recv_bytes;
       }
@@ -617,8 +629,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupEfccl::alltoall(std::vector<at::Tenso
   const char* name = "alltoall";
   const int size = getSize();
   TORCH_CHECK(static_cast<int>(inputs.size()) == size && static_cast<int>(outputs.size()) == size,
-              "efccl ", name, ": expected ", size, " input and output tensors, got ",
-              inputs.size(), " and ", outputs.size());
+              "efccl ", name, ": expected ", size, " input and output tensors, got ", inputs.size(),
+              " and ", outputs.size());
   CallSpec spec;
   for (int j = 0; j < size; ++j) {
     check_tensor(inputs[static_cast<size_t>(j)], inputs[0].device(), name, "input", true);
@@ -694,8 +706,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupEfccl::recv(std::vector<at::Tensor>& 
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupEfccl::recvAnysource(std::vector<at::Tensor>& /*t*/,
                                                                 int /*tag*/) {
-  TORCH_CHECK(false, "efccl: receiving from any source is not supported (efccl, like NCCL, "
-                     "matches each receive with one named sender): pass src= to recv/irecv");
+  TORCH_CHECK(false,
+              "efccl: receiving from any source is not supported (efccl, like NCCL, "
+              "matches each receive with one named sender): pass src= to recv/irecv");
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupEfccl::barrier(const c10d::BarrierOptions& opts) {

@@ -56,8 +56,7 @@ void await_all_ranks(c10d::Store& store, const std::string& prefix, const GroupI
                                             ": waiting for the other ranks failed: " + e.what());
     C10_THROW_ERROR(DistBackendError,
                     "efccl: " + what + " on " + group.describe() + ": " + missing +
-                        " did not arrive within " +
-                        std::to_string(timeout.count()) +
+                        " did not arrive within " + std::to_string(timeout.count()) +
                         " ms (the group's timeout: init_process_group/new_group timeout=)");
   }
 }
@@ -70,13 +69,13 @@ std::vector<std::pair<std::string, std::string>> creation_environment(
   env.emplace_back("EFCCL_ALGO_FILES", files);
   // The process's own settings win; otherwise efccl's deadlines are the group's.
   const std::string timeout = EnvironmentOverride::original("EFCCL_TIMEOUT_MS");
-  env.emplace_back("EFCCL_TIMEOUT_MS",
-                   timeout.empty() ? std::to_string(std::max<int64_t>(settings.timeout.count(), 1))
-                                   : timeout);
+  env.emplace_back(
+      "EFCCL_TIMEOUT_MS",
+      timeout.empty() ? std::to_string(std::max<int64_t>(settings.timeout.count(), 1)) : timeout);
   const std::string init = EnvironmentOverride::original("EFCCL_INIT_TIMEOUT_MS");
-  env.emplace_back("EFCCL_INIT_TIMEOUT_MS",
-                   init.empty() ? std::to_string(std::max<int64_t>(init_budget.count(), 1000))
-                                : init);
+  env.emplace_back(
+      "EFCCL_INIT_TIMEOUT_MS",
+      init.empty() ? std::to_string(std::max<int64_t>(init_budget.count(), 1000)) : init);
   return env;
 }
 
@@ -92,8 +91,9 @@ std::shared_ptr<Communicator> Communicator::create(c10d::Store& store, const std
   c10::cuda::CUDAGuard guard(device);
   // efccl's budget for its own rendezvous once every rank has arrived (quick then; at least
   // 10 s so that a late arrival near the group's deadline does not starve it).
-  auto init_budget = [&] { return std::max<std::chrono::milliseconds>(remaining(deadline),
-                                                                        std::chrono::seconds(10)); };
+  auto init_budget = [&] {
+    return std::max<std::chrono::milliseconds>(remaining(deadline), std::chrono::seconds(10));
+  };
   ncclUniqueId id;
   std::memset(&id, 0, sizeof(id));
   const std::string id_key = prefix + "/unique_id";
@@ -116,8 +116,7 @@ std::shared_ptr<Communicator> Communicator::create(c10d::Store& store, const std
     }
     const std::vector<uint8_t> bytes = store.get(id_key);
     TORCH_CHECK(bytes.size() == sizeof(id), "efccl: ", what, " on ", group.describe(),
-                ": the unique id in the store has ", bytes.size(), " bytes, expected ",
-                sizeof(id));
+                ": the unique id in the store has ", bytes.size(), " bytes, expected ", sizeof(id));
     std::memcpy(&id, bytes.data(), sizeof(id));
   }
   ncclComm_t comm = nullptr;
@@ -162,7 +161,8 @@ std::shared_ptr<Communicator> Communicator::split(c10d::Store& store, const std:
     TORCH_CHECK(!destroyed_.load() && !revoked_.load(), "efccl: ", what, " on ", group.describe(),
                 ": the parent communicator was aborted");
     EnvironmentOverride env(creation_environment(
-        settings, std::max<std::chrono::milliseconds>(remaining(deadline), std::chrono::seconds(10))));
+        settings,
+        std::max<std::chrono::milliseconds>(remaining(deadline), std::chrono::seconds(10))));
     c10::cuda::CUDAGuard guard(device_);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 1;

@@ -6,13 +6,13 @@
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAStream.h>
 #include <nccl.h>
-#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
 #include "group_state.h"

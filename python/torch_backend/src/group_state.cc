@@ -14,11 +14,21 @@ std::string quoted(const std::string& s) {
   std::string out = "\"";
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];
@@ -96,8 +106,7 @@ void GroupState::record_selection(const efcclSelection_t& sel) {
       return;
     }
   }
-  programs_.push_back(
-      {collective, program, source, or_empty(sel.reason), sel.skipped != 0, 1});
+  programs_.push_back({collective, program, source, or_empty(sel.reason), sel.skipped != 0, 1});
 }
 
 std::string GroupState::stats_json(const std::string& device, const std::string& origin,
@@ -109,8 +118,9 @@ std::string GroupState::stats_json(const std::string& device, const std::string&
   for (size_t i = 0; i < identity_.global_ranks.size(); ++i)
     o << (i ? ", " : "") << identity_.global_ranks[i];
   o << "], \"device\": " << quoted(device) << ", \"communicator\": " << quoted(origin)
-    << ", \"pending_works\": " << pending << ", \"failed\": "
-    << (failed_.load() ? quoted(failure_) : std::string("null")) << ", \"collectives\": {";
+    << ", \"pending_works\": " << pending
+    << ", \"failed\": " << (failed_.load() ? quoted(failure_) : std::string("null"))
+    << ", \"collectives\": {";
   bool first = true;
   for (const auto& [name, s] : collectives_) {
     o << (first ? "" : ", ") << quoted(name) << ": {\"calls\": " << s.calls

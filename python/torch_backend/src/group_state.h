@@ -17,8 +17,8 @@ namespace efccl::torch_backend {
 
 /// Who a process group is: for messages and the store keys of its reports.
 struct GroupIdentity {
-  std::string name;                   ///< torch's group name (its uid)
-  int rank = 0;                       ///< this process's rank in the group
+  std::string name;  ///< torch's group name (its uid)
+  int rank = 0;      ///< this process's rank in the group
   int size = 0;
   std::vector<int64_t> global_ranks;  ///< global rank of each group rank (empty: the same)
 
@@ -31,7 +31,7 @@ struct GroupIdentity {
 /// Counters of one collective kind.
 struct CollectiveStats {
   uint64_t calls = 0;
-  uint64_t bytes = 0;  ///< this rank's payload bytes (input, or output for gathers)
+  uint64_t bytes = 0;     ///< this rank's payload bytes (input, or output for gathers)
   uint64_t captured = 0;  ///< calls recorded into a CUDA graph (counted once, at capture)
 };
 

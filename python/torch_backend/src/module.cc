@@ -2,15 +2,14 @@
 // It is built with torch's own pybind11 headers and ABI settings, so its classes derive from
 // the c10d types torch registered (Backend, Backend.Options) and torch's ProcessGroup holds
 // ProcessGroupEfccl like any backend.
-#include <torch/csrc/distributed/c10d/Backend.hpp>
-#include <torch/csrc/distributed/c10d/Store.hpp>
-#include <torch/csrc/utils/pybind.h>
-
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <optional>
 #include <string>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
 #include "efccl_library.h"

@@ -109,9 +109,13 @@ c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupEfccl::getBackendOptions(
   return c10::static_intrusive_pointer_cast<c10d::Backend::Options>(options_->copy());
 }
 
-c10::intrusive_ptr<EfcclOptions> ProcessGroupEfccl::options_copy() const { return options_->copy(); }
+c10::intrusive_ptr<EfcclOptions> ProcessGroupEfccl::options_copy() const {
+  return options_->copy();
+}
 
-void ProcessGroupEfccl::setTimeout(std::chrono::milliseconds timeout) { options_->timeout = timeout; }
+void ProcessGroupEfccl::setTimeout(std::chrono::milliseconds timeout) {
+  options_->timeout = timeout;
+}
 
 CommunicatorSettings ProcessGroupEfccl::settings_of(const EfcclOptions& options) const {
   CommunicatorSettings s;
@@ -150,15 +154,14 @@ Communicator& ProcessGroupEfccl::communicator(const at::Device& device) {
     if (c == nullptr) {
       state_->throw_if_failed("communicator creation");
       c10::cuda::CUDAGuard guard(device);
-      TORCH_CHECK(!capturing(c10::cuda::getCurrentCUDAStream(device.index())), "efccl: ",
-                  state_->identity().describe(),
+      TORCH_CHECK(!capturing(c10::cuda::getCurrentCUDAStream(device.index())),
+                  "efccl: ", state_->identity().describe(),
                   ": the group's communicator does not exist yet and cannot be created while a "
                   "CUDA graph is captured; run one collective of the group before the capture "
                   "(or pass device_id to init_process_group)");
       try {
-        std::shared_ptr<Communicator> created =
-            Communicator::create(*store_, "efccl/comm", state_->identity(), device,
-                                 settings_of(*options_));
+        std::shared_ptr<Communicator> created = Communicator::create(
+            *store_, "efccl/comm", state_->identity(), device, settings_of(*options_));
         events_ = EventPool::create(device.index());
         watchdog_->add_communicator(created);
         comm_ = std::move(created);
@@ -220,12 +223,13 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupEfccl::split(
       child_options->group_desc = opts->group_desc;
     }
   }
-  std::shared_ptr<Communicator> child = split_communicator(
-      member ? color_of(globals) : NCCL_SPLIT_NOCOLOR,
-      member ? static_cast<int>(at - sorted.begin()) : id.rank, settings_of(*child_options),
-      getBoundDeviceId());
+  std::shared_ptr<Communicator> child =
+      split_communicator(member ? color_of(globals) : NCCL_SPLIT_NOCOLOR,
+                         member ? static_cast<int>(at - sorted.begin()) : id.rank,
+                         settings_of(*child_options), getBoundDeviceId());
   if (!member) return {};
-  TORCH_CHECK(child, "efccl split of ", id.describe(), ": ncclCommSplit gave a member no communicator");
+  TORCH_CHECK(child, "efccl split of ", id.describe(),
+              ": ncclCommSplit gave a member no communicator");
   auto group = c10::make_intrusive<ProcessGroupEfccl>(
       store, static_cast<int>(at - sorted.begin()), static_cast<int>(sorted.size()),
       std::move(globals), child_options->group_name, child_options, std::move(child));
@@ -288,8 +292,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupEfccl::run(
       coalescing_.comm = &comm;
       coalescing_.stream = comm.stream();
       coalescing_.work = c10::make_intrusive<WorkEfccl>(
-          state_, std::weak_ptr<Communicator>(comm_), watchdog_, c10d::OpType::COALESCED, "coalesced", seq,
-          spec.device, comm.stream(), timeout, captured, options_->blocking_wait);
+          state_, std::weak_ptr<Communicator>(comm_), watchdog_, c10d::OpType::COALESCED,
+          "coalesced", seq, spec.device, comm.stream(), timeout, captured, options_->blocking_wait);
     }
     TORCH_CHECK(coalescing_.comm == &comm, "efccl: a coalescing block spans two communicators");
     EfcclResult r;
@@ -315,11 +319,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupEfccl::run(
     return coalescing_.work;
   }
 
-  // Every call runs on the communicator's stream (from torch's pool: non-blocking, never the
-  // legacy default stream, which would serialize efccl's kernels with everything else), after
-  // what the caller's stream holds. A synchronous call (async_op=False) then makes the caller's
-  // stream wait for it, as async_op=True followed by wait() would.
-  c10::cuda::CUDAStream stream = comm.stream();
+  // async_op=False runs on the caller's stream, as ProcessGroupNCCL does (nothing to order or
+  // record); otherwise on the communicator's stream after what the caller's stream holds.
+  const bool on_current = !spec.async_op;
+  c10::cuda::CUDAStream stream = on_current ? current : comm.stream();
   order_after(current, stream);
   EfcclResult r;
   {
@@ -330,20 +333,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupEfccl::run(
     r = enqueue(comm.handle(), stream.stream());
   }
   if (r.result != ncclSuccess) call_failed(spec, seq, r, Clock::now() - started, timeout);
+  if (!on_current) {
+    // The caller may drop the tensors at once: the allocator must not reuse their memory
+    // before the communicator's stream is done with it.
+    record_on(spec.inputs, stream);
+    record_on(spec.outputs, stream);
+  }
   auto work = c10::make_intrusive<WorkEfccl>(state_, std::weak_ptr<Communicator>(comm_), watchdog_,
                                              spec.type, spec.name, seq, spec.device, stream,
                                              timeout, captured, options_->blocking_wait);
   std::shared_ptr<cudaEvent_t> end = events_->acquire();
   C10_CUDA_CHECK(cudaEventRecord(*end, stream.stream()));
-  if (spec.async_op) {
-    // The caller may drop the tensors at once: the allocator must not reuse their memory
-    // before the communicator's stream is done with it.
-    record_on(spec.inputs, stream);
-    record_on(spec.outputs, stream);
-  } else {
-    C10_CUDA_CHECK(cudaStreamWaitEvent(current.stream(), *end, 0));
-    work->set_joined(current);
-  }
   work->set_end_event(std::move(end));
   work->set_outputs(spec.outputs);
   for (const at::Tensor& t : spec.inputs) work->stash(t);

@@ -1,18 +1,16 @@
 // ProcessGroupEfccl: torch.distributed's backend "efccl" (a c10d::Backend for CUDA tensors),
 // every collective and point-to-point operation on one efccl communicator per group.
 //
-// Semantics follow ProcessGroupNCCL: a call runs on the communicator's internal stream, ordered
-// after the caller's current stream (an event); an asynchronous call's tensors are recorded on
-// that stream for the caching allocator and held by the work, a synchronous one (async_op=False)
-// makes the caller's stream wait for it before returning. Works finish when their end event is reached; the
+// Semantics follow ProcessGroupNCCL: an asynchronous call runs on the communicator's internal
+// stream, ordered after the caller's current stream (an event), its tensors recorded on that
+// stream for the caching allocator and held by the work; a synchronous call (async_op=False)
+// runs on the caller's current stream. Works finish when their end event is reached; the
 // watchdog fails the group on efccl's errors and at the group's timeout. Calls made while a CUDA
 // graph is captured are captured (the communicator must exist before the capture).
 #pragma once
 
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/FunctionRef.h>
-#include <torch/csrc/distributed/c10d/Backend.hpp>
-#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -20,6 +18,8 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
 #include "communicator.h"
@@ -53,8 +53,8 @@ struct CallSpec {
   std::chrono::milliseconds timeout{c10d::kUnsetTimeout};  ///< kUnsetTimeout: the group's
   bool async_op = true;
   bool barrier = false;
-  uint64_t bytes = 0;              ///< this rank's payload, for the statistics
-  std::vector<at::Tensor> inputs;  ///< recorded on the call's stream, held until it finished
+  uint64_t bytes = 0;               ///< this rank's payload, for the statistics
+  std::vector<at::Tensor> inputs;   ///< recorded on the call's stream, held until it finished
   std::vector<at::Tensor> outputs;  ///< likewise; also the work's result()
 };
 
@@ -136,8 +136,7 @@ class ProcessGroupEfccl : public c10d::Backend {
                                       int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank,
                                       int tag) override;
-  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
-                                               int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
   void setSequenceNumberForGroup() override {}  // every rank counts from 0 alike
@@ -180,8 +179,8 @@ class ProcessGroupEfccl : public c10d::Backend {
 
   /// Enqueues `spec` through `enqueue(comm, stream)` (which may also run torch operations:
   /// the call's stream is current meanwhile) and returns its work.
-  c10::intrusive_ptr<c10d::Work> run(CallSpec& spec,
-                                     c10::function_ref<EfcclResult(ncclComm_t, cudaStream_t)> enqueue);
+  c10::intrusive_ptr<c10d::Work> run(
+      CallSpec& spec, c10::function_ref<EfcclResult(ncclComm_t, cudaStream_t)> enqueue);
   /// Throws the failure of an efccl call of `spec` (the group fails too, unless efccl only
   /// refused the arguments).
   [[noreturn]] void call_failed(const CallSpec& spec, uint64_t seq, const EfcclResult& r,

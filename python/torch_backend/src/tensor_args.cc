@@ -15,30 +15,64 @@ namespace {
 /// efccl's type for an element type, if it has one.
 bool efccl_type(at::ScalarType t, ncclDataType_t* out) {
   switch (t) {
-    case at::kChar: *out = ncclInt8; return true;
-    case at::kByte: *out = ncclUint8; return true;
-    case at::kBool: *out = ncclUint8; return true;
-    case at::kInt: *out = ncclInt32; return true;
-    case at::kUInt32: *out = ncclUint32; return true;
-    case at::kLong: *out = ncclInt64; return true;
-    case at::kUInt64: *out = ncclUint64; return true;
-    case at::kHalf: *out = ncclFloat16; return true;
-    case at::kFloat: *out = ncclFloat32; return true;
-    case at::kDouble: *out = ncclFloat64; return true;
-    case at::kBFloat16: *out = ncclBfloat16; return true;
-    case at::kFloat8_e4m3fn: *out = ncclFloat8e4m3; return true;
-    case at::kFloat8_e5m2: *out = ncclFloat8e5m2; return true;
-    default: return false;
+    case at::kChar:
+      *out = ncclInt8;
+      return true;
+    case at::kByte:
+      *out = ncclUint8;
+      return true;
+    case at::kBool:
+      *out = ncclUint8;
+      return true;
+    case at::kInt:
+      *out = ncclInt32;
+      return true;
+    case at::kUInt32:
+      *out = ncclUint32;
+      return true;
+    case at::kLong:
+      *out = ncclInt64;
+      return true;
+    case at::kUInt64:
+      *out = ncclUint64;
+      return true;
+    case at::kHalf:
+      *out = ncclFloat16;
+      return true;
+    case at::kFloat:
+      *out = ncclFloat32;
+      return true;
+    case at::kDouble:
+      *out = ncclFloat64;
+      return true;
+    case at::kBFloat16:
+      *out = ncclBfloat16;
+      return true;
+    case at::kFloat8_e4m3fn:
+      *out = ncclFloat8e4m3;
+      return true;
+    case at::kFloat8_e5m2:
+      *out = ncclFloat8e5m2;
+      return true;
+    default:
+      return false;
   }
 }
 
 /// The real type complex `t` is made of (torch.view_as_real), if `t` is complex.
 bool complex_part(at::ScalarType t, ncclDataType_t* out) {
   switch (t) {
-    case at::kComplexHalf: *out = ncclFloat16; return true;
-    case at::kComplexFloat: *out = ncclFloat32; return true;
-    case at::kComplexDouble: *out = ncclFloat64; return true;
-    default: return false;
+    case at::kComplexHalf:
+      *out = ncclFloat16;
+      return true;
+    case at::kComplexFloat:
+      *out = ncclFloat32;
+      return true;
+    case at::kComplexDouble:
+      *out = ncclFloat64;
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -90,8 +124,8 @@ void check_tensor(const at::Tensor& t, const at::Device& device, const char* op,
 }
 
 void check_single(const std::vector<at::Tensor>& tensors, const char* op, const char* role) {
-  TORCH_CHECK(tensors.size() == 1, "efccl ", op, ": expected one ", role, " tensor per process, got ",
-              tensors.size(), " (one device per process)");
+  TORCH_CHECK(tensors.size() == 1, "efccl ", op, ": expected one ", role,
+              " tensor per process, got ", tensors.size(), " (one device per process)");
 }
 
 void check_same_shape(const std::vector<at::Tensor>& ts, const at::Tensor& like, const char* op,
@@ -108,10 +142,18 @@ ReduceArgs reduce_args_of(const c10d::ReduceOp& op, const at::Tensor& data, cons
   const bool is_bool = data.scalar_type() == at::kBool;
   const bool is_complex = at::isComplexType(data.scalar_type());
   switch (op.op_) {
-    case c10d::ReduceOp::SUM: r.op = is_bool ? ncclMax : ncclSum; break;
-    case c10d::ReduceOp::PRODUCT: r.op = is_bool ? ncclMin : ncclProd; break;
-    case c10d::ReduceOp::MIN: r.op = ncclMin; break;
-    case c10d::ReduceOp::MAX: r.op = ncclMax; break;
+    case c10d::ReduceOp::SUM:
+      r.op = is_bool ? ncclMax : ncclSum;
+      break;
+    case c10d::ReduceOp::PRODUCT:
+      r.op = is_bool ? ncclMin : ncclProd;
+      break;
+    case c10d::ReduceOp::MIN:
+      r.op = ncclMin;
+      break;
+    case c10d::ReduceOp::MAX:
+      r.op = ncclMax;
+      break;
     case c10d::ReduceOp::AVG:
       TORCH_CHECK(!is_bool, "efccl ", opname, ": ReduceOp.AVG of bool tensors is undefined");
       r.op = ncclAvg;
@@ -127,8 +169,8 @@ ReduceArgs reduce_args_of(const c10d::ReduceOp& op, const at::Tensor& data, cons
       if (s->tensor_factor.defined()) {
         TORCH_CHECK(s->tensor_factor.numel() == 1, "efccl ", opname,
                     ": the premul_sum factor tensor must have one element");
-        at::ScalarType want = is_complex ? c10::toRealValueType(data.scalar_type())
-                                         : data.scalar_type();
+        at::ScalarType want =
+            is_complex ? c10::toRealValueType(data.scalar_type()) : data.scalar_type();
         r.premul_on_device = true;
         r.factor_tensor = s->tensor_factor.to(data.device(), want).contiguous();
       } else {
@@ -143,7 +185,8 @@ ReduceArgs reduce_args_of(const c10d::ReduceOp& op, const at::Tensor& data, cons
   if (is_complex)
     TORCH_CHECK(op.op_ == c10d::ReduceOp::SUM || op.op_ == c10d::ReduceOp::AVG ||
                     op.op_ == c10d::ReduceOp::PREMUL_SUM,
-                "efccl ", opname, ": complex tensors can only be reduced with SUM, AVG or "
+                "efccl ", opname,
+                ": complex tensors can only be reduced with SUM, AVG or "
                 "PREMUL_SUM (they are reduced as pairs of reals)");
   return r;
 }
@@ -151,19 +194,44 @@ ReduceArgs reduce_args_of(const c10d::ReduceOp& op, const at::Tensor& data, cons
 void encode_factor(double factor, ncclDataType_t type, unsigned char out[8]) {
   std::memset(out, 0, 8);
   switch (type) {
-    case ncclInt8: store(static_cast<int8_t>(factor), out); break;
-    case ncclUint8: store(static_cast<uint8_t>(factor), out); break;
-    case ncclInt32: store(static_cast<int32_t>(factor), out); break;
-    case ncclUint32: store(static_cast<uint32_t>(factor), out); break;
-    case ncclInt64: store(static_cast<int64_t>(factor), out); break;
-    case ncclUint64: store(static_cast<uint64_t>(factor), out); break;
-    case ncclFloat16: store(c10::Half(static_cast<float>(factor)), out); break;
-    case ncclFloat32: store(static_cast<float>(factor), out); break;
-    case ncclFloat64: store(factor, out); break;
-    case ncclBfloat16: store(c10::BFloat16(static_cast<float>(factor)), out); break;
-    case ncclFloat8e4m3: store(c10::Float8_e4m3fn(static_cast<float>(factor)), out); break;
-    case ncclFloat8e5m2: store(c10::Float8_e5m2(static_cast<float>(factor)), out); break;
-    default: TORCH_CHECK(false, "efccl premul_sum: no factor encoding for type ", type);
+    case ncclInt8:
+      store(static_cast<int8_t>(factor), out);
+      break;
+    case ncclUint8:
+      store(static_cast<uint8_t>(factor), out);
+      break;
+    case ncclInt32:
+      store(static_cast<int32_t>(factor), out);
+      break;
+    case ncclUint32:
+      store(static_cast<uint32_t>(factor), out);
+      break;
+    case ncclInt64:
+      store(static_cast<int64_t>(factor), out);
+      break;
+    case ncclUint64:
+      store(static_cast<uint64_t>(factor), out);
+      break;
+    case ncclFloat16:
+      store(c10::Half(static_cast<float>(factor)), out);
+      break;
+    case ncclFloat32:
+      store(static_cast<float>(factor), out);
+      break;
+    case ncclFloat64:
+      store(factor, out);
+      break;
+    case ncclBfloat16:
+      store(c10::BFloat16(static_cast<float>(factor)), out);
+      break;
+    case ncclFloat8e4m3:
+      store(c10::Float8_e4m3fn(static_cast<float>(factor)), out);
+      break;
+    case ncclFloat8e5m2:
+      store(c10::Float8_e5m2(static_cast<float>(factor)), out);
+      break;
+    default:
+      TORCH_CHECK(false, "efccl premul_sum: no factor encoding for type ", type);
   }
 }
 
@@ -173,26 +241,46 @@ uint64_t bytes_of(const at::Tensor& t) {
 
 const char* op_type_name(c10d::OpType type) {
   switch (type) {
-    case c10d::OpType::BROADCAST: return "broadcast";
-    case c10d::OpType::ALLREDUCE: return "allreduce";
-    case c10d::OpType::ALLREDUCE_COALESCED: return "allreduce_coalesced";
-    case c10d::OpType::REDUCE: return "reduce";
-    case c10d::OpType::ALLGATHER: return "allgather";
-    case c10d::OpType::_ALLGATHER_BASE: return "allgather_into_tensor";
-    case c10d::OpType::ALLGATHER_COALESCED: return "allgather_coalesced";
-    case c10d::OpType::GATHER: return "gather";
-    case c10d::OpType::SCATTER: return "scatter";
-    case c10d::OpType::REDUCE_SCATTER: return "reduce_scatter";
-    case c10d::OpType::ALLTOALL_BASE: return "alltoall_base";
-    case c10d::OpType::ALLTOALL: return "alltoall";
-    case c10d::OpType::SEND: return "send";
-    case c10d::OpType::RECV: return "recv";
-    case c10d::OpType::RECVANYSOURCE: return "recv_anysource";
-    case c10d::OpType::BARRIER: return "barrier";
-    case c10d::OpType::_REDUCE_SCATTER_BASE: return "reduce_scatter_tensor";
-    case c10d::OpType::COALESCED: return "coalesced";
-    case c10d::OpType::_ALLREDUCE_SPARSE: return "allreduce_sparse";
-    default: return "unknown";
+    case c10d::OpType::BROADCAST:
+      return "broadcast";
+    case c10d::OpType::ALLREDUCE:
+      return "allreduce";
+    case c10d::OpType::ALLREDUCE_COALESCED:
+      return "allreduce_coalesced";
+    case c10d::OpType::REDUCE:
+      return "reduce";
+    case c10d::OpType::ALLGATHER:
+      return "allgather";
+    case c10d::OpType::_ALLGATHER_BASE:
+      return "allgather_into_tensor";
+    case c10d::OpType::ALLGATHER_COALESCED:
+      return "allgather_coalesced";
+    case c10d::OpType::GATHER:
+      return "gather";
+    case c10d::OpType::SCATTER:
+      return "scatter";
+    case c10d::OpType::REDUCE_SCATTER:
+      return "reduce_scatter";
+    case c10d::OpType::ALLTOALL_BASE:
+      return "alltoall_base";
+    case c10d::OpType::ALLTOALL:
+      return "alltoall";
+    case c10d::OpType::SEND:
+      return "send";
+    case c10d::OpType::RECV:
+      return "recv";
+    case c10d::OpType::RECVANYSOURCE:
+      return "recv_anysource";
+    case c10d::OpType::BARRIER:
+      return "barrier";
+    case c10d::OpType::_REDUCE_SCATTER_BASE:
+      return "reduce_scatter_tensor";
+    case c10d::OpType::COALESCED:
+      return "coalesced";
+    case c10d::OpType::_ALLREDUCE_SPARSE:
+      return "allreduce_sparse";
+    default:
+      return "unknown";
   }
 }
 

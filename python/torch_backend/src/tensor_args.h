@@ -5,11 +5,11 @@
 
 #include <ATen/ATen.h>
 #include <nccl.h>
-#include <torch/csrc/distributed/c10d/Types.hpp>
-#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <cstddef>
 #include <string>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 #include <vector>
 
 namespace efccl::torch_backend {
@@ -30,8 +30,8 @@ BufferArgs buffer_of(const at::Tensor& t, bool reducing, const char* op);
 
 /// Throws unless `t` is a dense CUDA tensor on `device` that efccl can address from its data
 /// pointer: contiguous (`contiguous`), or at least non-overlapping and dense.
-void check_tensor(const at::Tensor& t, const at::Device& device, const char* op,
-                  const char* role, bool contiguous);
+void check_tensor(const at::Tensor& t, const at::Device& device, const char* op, const char* role,
+                  bool contiguous);
 
 /// Throws unless `tensors` holds exactly one tensor (torch passes one per process).
 void check_single(const std::vector<at::Tensor>& tensors, const char* op, const char* role);
@@ -43,10 +43,10 @@ void check_same_shape(const std::vector<at::Tensor>& ts, const at::Tensor& like,
 /// A reduce op for efccl: a built-in ncclRedOp_t, or a premul_sum to create per call.
 struct ReduceArgs {
   ncclRedOp_t op = ncclSum;
-  bool premul = false;          ///< create ncclRedOpCreatePreMulSum before the call
+  bool premul = false;            ///< create ncclRedOpCreatePreMulSum before the call
   bool premul_on_device = false;  ///< the factor is `factor_tensor` (ncclScalarDevice)
-  double factor = 1.0;          ///< the host factor otherwise (ncclScalarHostImmediate)
-  at::Tensor factor_tensor;     ///< one element of the data's type, on the data's device
+  double factor = 1.0;            ///< the host factor otherwise (ncclScalarHostImmediate)
+  at::Tensor factor_tensor;       ///< one element of the data's type, on the data's device
 };
 
 /// The efccl operator for `op` on data of `type` (bool: SUM is MAX and PRODUCT is MIN, as

@@ -168,7 +168,8 @@ void Watchdog::check() {
     const bool near_deadline = now + lead >= oldest->deadline();
     if (!efccl_error.empty()) {
       std::string reason = "efccl " + oldest->describe() + " failed: " + efccl_error;
-      if (near_deadline) reason += missing_ranks_report(oldest->getSequencenumber(), oldest->name());
+      if (near_deadline)
+        reason += missing_ranks_report(oldest->getSequencenumber(), oldest->name());
       fail_group(reason);
       return;
     }

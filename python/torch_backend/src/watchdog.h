@@ -11,8 +11,6 @@
 // published none have not called it (or hang elsewhere) — those are named.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -21,6 +19,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
 #include "communicator.h"

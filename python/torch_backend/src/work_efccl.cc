@@ -27,9 +27,9 @@ std::exception_ptr backend_error(const std::string& message) {
 }
 
 WorkEfccl::WorkEfccl(std::shared_ptr<GroupState> group, std::weak_ptr<Communicator> comm,
-                     std::weak_ptr<Watchdog> watchdog, c10d::OpType type, const char* name, uint64_t seq, const at::Device& device,
-                     c10::cuda::CUDAStream stream, std::chrono::milliseconds timeout,
-                     bool captured, bool blocking_wait)
+                     std::weak_ptr<Watchdog> watchdog, c10d::OpType type, const char* name,
+                     uint64_t seq, const at::Device& device, c10::cuda::CUDAStream stream,
+                     std::chrono::milliseconds timeout, bool captured, bool blocking_wait)
     : c10d::Work(group->identity().rank, type),
       group_(std::move(group)),
       comm_(std::move(comm)),
@@ -65,8 +65,8 @@ bool WorkEfccl::gpu_finished() {
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
       if (!error_)
-        error_ = backend_error("efccl " + describe() + ": cudaEventQuery of its end event: " +
-                               cudaGetErrorString(e));
+        error_ = backend_error("efccl " + describe() +
+                               ": cudaEventQuery of its end event: " + cudaGetErrorString(e));
       return true;
     }
     gpu_finished_ = true;
@@ -134,13 +134,13 @@ void WorkEfccl::order_current_stream() {
     return;
   }
   c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device_.index());
-  if (current == stream_ || (joined_ && current == *joined_)) return;
+  if (current == stream_) return;
   c10::cuda::CUDAGuard guard(device_);
   const cudaError_t e = cudaStreamWaitEvent(current.stream(), *event, 0);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
-    C10_THROW_ERROR(DistBackendError, "efccl " + describe() + ": cudaStreamWaitEvent: " +
-                                          cudaGetErrorString(e));
+    C10_THROW_ERROR(DistBackendError,
+                    "efccl " + describe() + ": cudaStreamWaitEvent: " + cudaGetErrorString(e));
   }
 }
 
@@ -157,12 +157,11 @@ bool WorkEfccl::wait(std::chrono::milliseconds timeout) {
     while (!isCompleted()) {
       if (Clock::now() >= limit) {
         if (own_timeout)
-          C10_THROW_ERROR(DistBackendError,
-                          "efccl " + describe() + ": Work.wait(timeout=" +
-                              std::to_string(timeout.count()) +
-                              " ms) passed before the work finished");
-        fail("efccl " + describe() + " did not finish within " +
-             std::to_string(timeout_.count()) + " ms (the group's timeout)");
+          C10_THROW_ERROR(DistBackendError, "efccl " + describe() + ": Work.wait(timeout=" +
+                                                std::to_string(timeout.count()) +
+                                                " ms) passed before the work finished");
+        fail("efccl " + describe() + " did not finish within " + std::to_string(timeout_.count()) +
+             " ms (the group's timeout)");
         break;
       }
       std::this_thread::sleep_for(pause);

@@ -7,12 +7,12 @@
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 #include <c10/cuda/CUDAStream.h>
-#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 #include <vector>
 
 #include "communicator.h"
@@ -33,15 +33,13 @@ class WorkEfccl : public c10d::Work {
   /// `timeout`: how long the work may take before the watchdog fails the group. `captured`: it
   /// was recorded into a CUDA graph (it never runs as such; waiting orders the capture).
   WorkEfccl(std::shared_ptr<GroupState> group, std::weak_ptr<Communicator> comm,
-            std::weak_ptr<Watchdog> watchdog, c10d::OpType type, const char* name, uint64_t seq, const at::Device& device,
-            c10::cuda::CUDAStream stream, std::chrono::milliseconds timeout, bool captured,
-            bool blocking_wait);
+            std::weak_ptr<Watchdog> watchdog, c10d::OpType type, const char* name, uint64_t seq,
+            const at::Device& device, c10::cuda::CUDAStream stream,
+            std::chrono::milliseconds timeout, bool captured, bool blocking_wait);
   ~WorkEfccl() override;
 
   /// Set after enqueueing: the event recorded on the work's stream after its last call.
   void set_end_event(std::shared_ptr<cudaEvent_t> event);
-  /// `stream` waits for the end event already (a synchronous call: the caller's stream).
-  void set_joined(c10::cuda::CUDAStream stream) { joined_ = stream; }
   /// Finished without an event (an empty coalescing block).
   void mark_finished();
   /// The work is a barrier: wait() blocks the CPU until it has finished.
@@ -96,11 +94,10 @@ class WorkEfccl : public c10d::Work {
   const bool captured_;
   const bool blocking_wait_;
   bool barrier_ = false;
-  std::optional<c10::cuda::CUDAStream> joined_;
   std::shared_ptr<cudaEvent_t> end_event_;
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> stash_;
-  std::exception_ptr error_;  ///< under Work::mutex_
+  std::exception_ptr error_;   ///< under Work::mutex_
   bool gpu_finished_ = false;  ///< under Work::mutex_: the end event was reached
   std::mutex future_mutex_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;

@@ -1,7 +1,6 @@
 // efccl's C extensions beyond the NCCL ABI (efccl/runtime/extensions.h), exported beside it.
-#include "efccl/runtime/extensions.h"
-
 #include "api/entry_point.h"
+#include "efccl/runtime/extensions.h"
 #include "efccl/runtime/observer.h"
 
 using efccl::runtime::ApiStatus;
@@ -16,9 +15,9 @@ extern "C" EFCCL_API ncclResult_t efcclSetSelectionCallback(efcclSelectionCallba
     }
     efccl::runtime::set_selection_observer(
         [callback, user](const efccl::runtime::SelectionRecord& r) {
-          const efcclSelection_t s{r.collective.c_str(), r.program.c_str(), r.source.c_str(),
-                                   r.reason.c_str(),     r.skipped ? 1 : 0,  r.count,
-                                   r.nranks};
+          const efcclSelection_t s{
+              r.collective.c_str(), r.program.c_str(), r.source.c_str(), r.reason.c_str(),
+              r.skipped ? 1 : 0,    r.count,           r.nranks};
           callback(&s, user);
         });
     return ApiStatus::ok();

@@ -52,8 +52,8 @@ TEST(EfcclLibrary, ResolvesEfcclBesideAGlobalNccl) {
 }
 
 /// The table is process-wide; ctest runs each test in a process of its own.
-#define SKIP_UNLESS_FRESH_PROCESS()                                                   \
-  if (efccl_library_loaded())                                                      \
+#define SKIP_UNLESS_FRESH_PROCESS()                                                  \
+  if (efccl_library_loaded())                                                        \
   GTEST_SKIP() << "needs a process where libefccl.so is not loaded yet (ctest runs " \
                   "each test alone)"
 
