@@ -4,6 +4,7 @@ One KEY=VALUE line each (lists joined with ';'); exit status 1 with the reason o
 torch cannot be imported or cannot build a CUDA extension (python/torch_backend/CMakeLists.txt).
 """
 
+import glob
 import os
 import sys
 import sysconfig
@@ -53,6 +54,9 @@ def main():
         # '-DPYBIND11_COMPILER_TYPE=\"_gcc\"' -> 'PYBIND11_COMPILER_TYPE="_gcc"'
         defines.append(flag[2:].replace('\\"', '"'))
     site = os.path.dirname(root)
+    # torch's NCCL wheel ships nccl.h (nvidia/nccl/include; other layouts under nvidia/).
+    headers = sorted(glob.glob(os.path.join(site, "nvidia", "nccl", "include", "nccl.h"))
+                     + glob.glob(os.path.join(site, "nvidia", "*", "include", "nccl.h")))
     print(f"TORCH_VERSION={torch.__version__}")
     print(f"TORCH_CUDA={torch.version.cuda}")
     print(f"TORCH_INCLUDE_DIRS={';'.join(includes)}")
@@ -61,7 +65,7 @@ def main():
     print(f"TORCH_PYBIND11_DEFINES={';'.join(defines)}")
     print(f"PYTHON_INCLUDE_DIR={sysconfig.get_paths()['include']}")
     print(f"PYTHON_EXTENSION_SUFFIX={sysconfig.get_config_var('EXT_SUFFIX')}")
-    print(f"TORCH_NCCL_INCLUDE_DIR={os.path.join(site, 'nvidia', 'nccl', 'include')}")
+    print(f"TORCH_NCCL_INCLUDE_DIR={os.path.dirname(headers[0]) if headers else ''}")
     return 0
 
 
