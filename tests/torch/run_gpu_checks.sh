@@ -115,11 +115,14 @@ print("efccl.torch.library():", efccl.torch.library())
 print("SUMMARY rank 0: imports fine")
 '
 
-# 3. The checks (most important first), then the benchmark, then the 4-rank runs.
+# 3. The checks and the benchmark, most important first (what does not fit the budget is NOT RUN).
 run_step "torch_collectives.py --backend efccl, 2 ranks" 170 \
   "${launch[@]}" --nproc_per_node=2 tests/torch/torch_collectives.py --backend efccl
 run_step "efccl_backend_checks.py (works, graphs, splits, stats, DDP, FSDP2, timeouts), 2 ranks" 170 \
   "${launch[@]}" --nproc_per_node=2 tests/torch/efccl_backend_checks.py
+
+run_step "torch_collectives.py --backend efccl, 4 ranks" 200 \
+  "${launch[@]}" --nproc_per_node=4 tests/torch/torch_collectives.py --backend efccl
 
 bench="$logs/bench.jsonl"
 : > "$bench"
@@ -155,8 +158,6 @@ PYEOF
 summary+=("$bench_line")
 [[ "$bench_line" == PASS* ]] || failures=$((failures + 1))
 
-run_step "torch_collectives.py --backend efccl, 4 ranks" 200 \
-  "${launch[@]}" --nproc_per_node=4 tests/torch/torch_collectives.py --backend efccl
 run_step "efccl_backend_checks.py, 4 ranks" 170 \
   "${launch[@]}" --nproc_per_node=4 tests/torch/efccl_backend_checks.py
 run_step "efccl_backend_checks.py --part mixed (beside gloo and torch's NCCL), 2 ranks" 120 \
