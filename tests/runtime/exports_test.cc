@@ -7,6 +7,8 @@
 #include <nccl.h>
 #include <nccl_device/core.h>
 
+#include "efccl/runtime/extensions.h"
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -141,6 +143,16 @@ TEST_F(Exports, GetVersionThroughTheLibrary) {
   int v = 0;
   EXPECT_EQ(get_version(&v), ncclSuccess);
   EXPECT_EQ(v, NCCL_VERSION_CODE);
+}
+
+// efccl's C extensions (efccl/runtime/extensions.h) are exported too; a callback can be set and
+// removed (selections themselves need a GPU: the torch backend's checks read them back).
+TEST_F(Exports, SelectionCallbackExtension) {
+  auto set = reinterpret_cast<ncclResult_t (*)(efcclSelectionCallback_t, void*)>(
+      dlsym(handle_, "efcclSetSelectionCallback"));
+  ASSERT_NE(set, nullptr) << "efcclSetSelectionCallback is not exported";
+  EXPECT_EQ(set([](const efcclSelection_t*, void*) {}, nullptr), ncclSuccess);
+  EXPECT_EQ(set(nullptr, nullptr), ncclSuccess);
 }
 
 TEST_F(Exports, InternalsAreHidden) {

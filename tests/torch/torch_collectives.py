@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch's NCCL process group on efccl: exact results of every collective torch uses.
+"""PyTorch's collectives on efccl: exact results of every operation torch.distributed offers.
 
 Run on a machine with one or more GPUs (torch >= 2.4; written against torch 2.11); ranks map to
 GPU LOCAL_RANK mod the GPU count, so with one GPU every rank shares it (efccl only: NCCL refuses
@@ -7,6 +7,11 @@ two ranks on one GPU, and processes sharing a GPU want an MPS daemon):
 
     LD_PRELOAD=build/lib/libefccl.so torchrun --nproc_per_node 2 tests/torch/torch_collectives.py
     LD_PRELOAD=build/lib/libefccl.so build/bin/efccl-mprun -n 2 -- python3 tests/torch/torch_collectives.py
+
+With `--backend efccl` (or EFCCL_TORCH_BACKEND=efccl) it checks efccl's own process-group
+backend instead (`import efccl.torch`; no preload: torch's NCCL stays loaded beside it):
+
+    PYTHONPATH=build-torch/python torchrun --nproc_per_node 2 tests/torch/torch_collectives.py --backend efccl
 
 It reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (both launchers set them).
 Without the preload it checks torch's own NCCL, which is how the script itself is validated.
@@ -25,6 +30,12 @@ import traceback
 import torch
 import torch.distributed as dist
 
+BACKEND = os.environ.get("EFCCL_TORCH_BACKEND", "nccl")
+if "--backend" in sys.argv:
+    BACKEND = sys.argv[sys.argv.index("--backend") + 1]
+if BACKEND == "efccl":
+    import efccl.torch  # noqa: F401 - registers the backend
+
 RANK = int(os.environ["RANK"])
 WORLD = int(os.environ["WORLD_SIZE"])
 LOCAL_RANK = int(os.environ.get("LOCAL_RANK", RANK))
@@ -37,6 +48,11 @@ SIZES = [N, BIG]
 
 passed = []
 failed = []
+skipped = []
+
+
+class Skip(Exception):
+    """A check that cannot run here (never counted as passed)."""
 
 
 def report(name, ok, details=""):
@@ -57,6 +73,10 @@ def check(name, fn):
             report(name, True)
         else:
             report(name, False, result)
+    except Skip as e:
+        skipped.append(name)
+        if RANK == 0:
+            print(f"SKIP {name}: {e}", flush=True)
     except Exception as e:  # noqa: BLE001 - every failure is reported, none ends the run
         report(name, False, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}")
 
@@ -118,7 +138,8 @@ def all_reduce_check(op, dtype, n):
     return run
 
 
-OPS = [("sum", dist.ReduceOp.SUM), ("avg", dist.ReduceOp.AVG), ("max", dist.ReduceOp.MAX)]
+OPS = [("sum", dist.ReduceOp.SUM), ("avg", dist.ReduceOp.AVG), ("max", dist.ReduceOp.MAX),
+       ("min", dist.ReduceOp.MIN)]
 
 # AVG: NCCL's ncclAvg, which torch's NCCL group allows for every dtype but bool; the float
 # results are checked exactly where the world size is a power of two (1/WORLD exact, whether
@@ -144,6 +165,99 @@ def all_reduce_checks():
                               expected_reduction(dist.ReduceOp.SUM, torch.float32, n + 8)[8:]])
             return compare(t, want)
         check(f"all_reduce sum on an offset view x{n}", in_place_view)
+        for dtype in FLOATS + [torch.int64]:
+            check(f"all_reduce product {str(dtype).replace('torch.', '')} x{n}",
+                  all_reduce_product(dtype, n))
+        if hasattr(dist, "_make_nccl_premul_sum"):
+            for dtype in FLOATS:
+                check(f"all_reduce premul_sum(0.5) {str(dtype).replace('torch.', '')} x{n}",
+                      all_reduce_premul_sum(dtype, n, tensor_factor=False))
+            check(f"all_reduce premul_sum(tensor 0.5) float32 x{n}",
+                  all_reduce_premul_sum(torch.float32, n, tensor_factor=True))
+
+
+def product_value(rank, dtype, n):
+    """1, -1 or 2 by position and rank: every product over <= 8 ranks is exact."""
+    i = torch.arange(n, device=DEVICE, dtype=torch.int64)
+    table = torch.tensor([1, -1, 2], device=DEVICE, dtype=torch.int64)
+    return table[(i + rank) % 3].to(dtype)
+
+
+def all_reduce_product(dtype, n):
+    def run():
+        t = product_value(RANK, dtype, n)
+        dist.all_reduce(t, op=dist.ReduceOp.PRODUCT)
+        expected = product_value(0, torch.int64, n)
+        for r in range(1, WORLD):
+            expected = expected * product_value(r, torch.int64, n)
+        return compare(t, expected.to(dtype))
+    return run
+
+
+def all_reduce_premul_sum(dtype, n, tensor_factor):
+    # Each rank's value times 0.5, summed: the values are multiples of WORLD, so halves of them
+    # and their sums are exact in every dtype checked.
+    def run():
+        factor = torch.tensor([0.5], device=DEVICE, dtype=dtype) if tensor_factor else 0.5
+        try:
+            op = dist._make_nccl_premul_sum(factor)
+        except TypeError as e:
+            raise Skip(f"this torch makes no premul_sum of a tensor factor ({e})") from e
+        t = value(RANK, dtype, n)
+        dist.all_reduce(t, op=op)
+        expected = sum(value(r, torch.float64, n) * 0.5 for r in range(WORLD))
+        return compare(t, expected.to(dtype))
+    return run
+
+
+def all_reduce_coalesced_check():
+    # Three tensors of different sizes (torch wants one dtype), one call.
+    sizes = (N, 7, 33)
+    ts = [value(RANK, torch.float32, n) for n in sizes]
+    dist.all_reduce_coalesced(ts, op=dist.ReduceOp.SUM)
+    for t, n in zip(ts, sizes):
+        problem = compare(t, expected_reduction(dist.ReduceOp.SUM, torch.float32, n))
+        if problem:
+            return f"x{n}: {problem}"
+    return None
+
+
+def coalescing_manager_check():
+    """torch's _coalescing_manager: all_reduce, all_gather_into_tensor and
+    reduce_scatter_tensor batched into one call of the backend each."""
+    from torch.distributed.distributed_c10d import _coalescing_manager
+
+    ts = [value(RANK, torch.float32, n) for n in (N, 17)]
+    with _coalescing_manager(device=DEVICE, async_ops=True) as cm:
+        for t in ts:
+            dist.all_reduce(t)
+    cm.wait()
+    for t, n in zip(ts, (N, 17)):
+        problem = compare(t, expected_reduction(dist.ReduceOp.SUM, torch.float32, n))
+        if problem:
+            return f"all_reduce x{n}: {problem}"
+    ins = [ramp(n, torch.float32, offset=10 * RANK) for n in (N, 5)]
+    outs = [torch.full((WORLD * n,), -1.0, device=DEVICE) for n in (N, 5)]
+    with _coalescing_manager(device=DEVICE, async_ops=True) as cm:
+        for out, inp in zip(outs, ins):
+            dist.all_gather_into_tensor(out, inp)
+    cm.wait()
+    for out, n in zip(outs, (N, 5)):
+        problem = compare(out, torch.cat([ramp(n, torch.float32, offset=10 * r) for r in range(WORLD)]))
+        if problem:
+            return f"all_gather_into_tensor x{n}: {problem}"
+    ins = [torch.cat([ramp(n, torch.float32, offset=100 * j + RANK) for j in range(WORLD)]) for n in (N, 5)]
+    outs = [torch.full((n,), -1.0, device=DEVICE) for n in (N, 5)]
+    with _coalescing_manager(device=DEVICE, async_ops=True) as cm:
+        for out, inp in zip(outs, ins):
+            dist.reduce_scatter_tensor(out, inp)
+    cm.wait()
+    for out, n in zip(outs, (N, 5)):
+        expected = sum(ramp(n, torch.float32, offset=100 * RANK + r) for r in range(WORLD))
+        problem = compare(out, expected)
+        if problem:
+            return f"reduce_scatter_tensor x{n}: {problem}"
+    return None
 
 
 # ---- rooted and gather/scatter collectives ----------------------------------------------------
@@ -206,6 +320,73 @@ def all_to_all_even(n):
     return run
 
 
+def all_gather_list(n):
+    def run():
+        # Outputs that are not views of one buffer (a list form needs its own copies).
+        outs = [torch.full((n,), -1, device=DEVICE, dtype=torch.int32) for _ in range(WORLD)]
+        dist.all_gather(outs, ramp(n, torch.int32, offset=7 * RANK))
+        for r, out in enumerate(outs):
+            problem = compare(out, ramp(n, torch.int32, offset=7 * r))
+            if problem:
+                return f"from rank {r}: {problem}"
+        return None
+    return run
+
+
+def reduce_scatter_list(n):
+    def run():
+        inputs = [ramp(n, torch.float32, offset=100 * j + RANK) for j in range(WORLD)]
+        out = torch.full((n,), -1.0, device=DEVICE)
+        dist.reduce_scatter(out, inputs, op=dist.ReduceOp.SUM)
+        return compare(out, sum(ramp(n, torch.float32, offset=100 * RANK + r) for r in range(WORLD)))
+    return run
+
+
+def gather(n):
+    def run():
+        for root in range(WORLD):
+            mine = ramp(n, torch.float32, scale=2, offset=RANK * 3 + root)
+            outs = [torch.full((n,), -1.0, device=DEVICE) for _ in range(WORLD)] if RANK == root else None
+            dist.gather(mine, gather_list=outs, dst=root)
+            if RANK == root:
+                for r in range(WORLD):
+                    problem = compare(outs[r], ramp(n, torch.float32, scale=2, offset=r * 3 + root))
+                    if problem:
+                        return f"root {root}, from rank {r}: {problem}"
+        return None
+    return run
+
+
+def scatter(n):
+    def run():
+        for root in range(WORLD):
+            parts = ([ramp(n, torch.int64, offset=1000 * d + root) for d in range(WORLD)]
+                     if RANK == root else None)
+            out = torch.full((n,), -1, device=DEVICE, dtype=torch.int64)
+            dist.scatter(out, scatter_list=parts, src=root)
+            problem = compare(out, ramp(n, torch.int64, offset=1000 * RANK + root))
+            if problem:
+                return f"root {root}: {problem}"
+        return None
+    return run
+
+
+def all_to_all_list():
+    # A block of its own size for every (source, destination) pair, as separate tensors.
+    def block(src, dst):
+        return (1000 * src + 10 * dst + torch.arange(block_size(src, dst), device=DEVICE) % 10).to(torch.float16)
+
+    inputs = [block(RANK, d) for d in range(WORLD)]
+    outputs = [torch.full((block_size(s, RANK),), -1, device=DEVICE, dtype=torch.float16)
+               for s in range(WORLD)]
+    dist.all_to_all(outputs, inputs)
+    for s in range(WORLD):
+        problem = compare(outputs[s], block(s, RANK))
+        if problem:
+            return f"from rank {s}: {problem}"
+    return None
+
+
 def block_size(src, dst):
     return 17 * ((src + 2 * dst) % 3) + 5  # uneven, different per direction
 
@@ -256,6 +437,23 @@ def batch_isend_irecv_ring(n):
         return (compare(from_prev, ramp(n, torch.float16, offset=PREV + 1))
                 or compare(from_next, ramp(n, torch.float16, offset=-(NEXT + 1))))
     return run
+
+
+def recv_from_any_source():
+    # efccl, like NCCL, names every sender: a receive from any source is an error, at once, and
+    # the group stays usable.
+    t = torch.zeros(4, device=DEVICE)
+    try:
+        dist.recv(t)  # src=None: any source
+    except Exception as e:  # noqa: BLE001 - any clear error passes; the message is shown
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if RANK == 0:
+            print(f"  (recv from any source: {type(e).__name__}: {message[:200]})", flush=True)
+    else:
+        return "recv without a source returned instead of raising"
+    after = torch.ones(3, device=DEVICE)
+    dist.all_reduce(after)
+    return compare(after, torch.full((3,), float(WORLD), device=DEVICE))
 
 
 def barrier():
@@ -354,10 +552,11 @@ def main():
         print(f"FAIL setup: [rank {RANK}] needs at least 2 ranks, got WORLD_SIZE={WORLD}")
         return 1
     torch.cuda.set_device(DEVICE)
-    dist.init_process_group("nccl", device_id=DEVICE, timeout=datetime.timedelta(seconds=300))
+    dist.init_process_group(BACKEND, device_id=DEVICE, timeout=datetime.timedelta(seconds=300))
     if RANK == 0:
-        print(f"torch {torch.__version__}, {WORLD} ranks, NCCL reported as "
-              f"{torch.cuda.nccl.version()}", flush=True)
+        library = (f"efccl.torch on {efccl.torch.library()['path']}" if BACKEND == "efccl"
+                   else f"NCCL reported as {torch.cuda.nccl.version()}")
+        print(f"torch {torch.__version__}, {WORLD} ranks, backend {BACKEND}, {library}", flush=True)
 
     all_reduce_checks()
     for n in SIZES:
@@ -367,6 +566,16 @@ def main():
         check(f"reduce_scatter_tensor x{n}", reduce_scatter_tensor(n))
         check(f"all_to_all_single even splits x{n}", all_to_all_even(n))
     check("all_to_all_single uneven splits", all_to_all_uneven)
+    check("all_reduce_coalesced (three tensors, mixed types)", all_reduce_coalesced_check)
+    check("coalescing manager: all_reduce, all_gather_into_tensor, reduce_scatter_tensor",
+          coalescing_manager_check)
+    for n in SIZES:
+        check(f"all_gather (list) x{n}", all_gather_list(n))
+        check(f"reduce_scatter (list) x{n}", reduce_scatter_list(n))
+        check(f"gather to every root x{n}", gather(n))
+        check(f"scatter from every root x{n}", scatter(n))
+    check("all_to_all (list) uneven blocks", all_to_all_list)
+    check("recv from any source is an error", recv_from_any_source)
     check("send/recv ring", send_recv_ring)
     for n in SIZES:
         check(f"batch_isend_irecv ring, both directions x{n}", batch_isend_irecv_ring(n))
@@ -383,7 +592,8 @@ def main():
     except Exception as e:  # noqa: BLE001
         total = f"(no summary across ranks: {e})"
     if RANK == 0 or failed:
-        print(f"SUMMARY rank {RANK}: {len(passed)} passed, {len(failed)} failed; {total}", flush=True)
+        print(f"SUMMARY rank {RANK}: {len(passed)} passed, {len(failed)} failed, "
+              f"{len(skipped)} skipped; {total}", flush=True)
     dist.destroy_process_group()
     return 1 if failed else 0
 

@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# Every GPU check of efccl's PyTorch backend (issue 19), on one machine: builds efccl.torch
+# against the machine's torch, runs the checks with 2 and 4 ranks (processes sharing the GPU
+# under a private MPS daemon), times the backend against ProcessGroupNCCL, and prints a
+# PASS/FAIL summary. Run from the repository root with build/lib/libefccl.so (built elsewhere)
+# in place; finishes within about 8 minutes (steps that would not fit are reported NOT RUN).
+#
+#   tests/torch/run_gpu_checks.sh [--python /opt/torch/.venv/bin/python]
+#
+# Exit status 0 when every step passed. Logs stay in the directory printed at the start.
+set -uo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$repo"
+python="${PYTHON:-/opt/torch/.venv/bin/python}"
+[[ -x "$python" ]] || python="$(command -v python3)"
+if [[ "${1:-}" == "--python" ]]; then python="$2"; fi
+library="$repo/build/lib/libefccl.so"
+budget=470            # seconds for everything (the lead's limit is 8 minutes)
+started=$(date +%s)
+logs="$(mktemp -d /tmp/efccl-torch-checks.XXXXXX)"
+summary=()
+failures=0
+
+elapsed() { echo $(( $(date +%s) - started )); }
+say() { printf '%s\n' "$*"; }
+
+say "efccl torch backend GPU checks — $(date -u '+%Y-%m-%d %H:%M UTC'), repo $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo '?')"
+say "logs: $logs"
+if [[ ! -f "$library" ]]; then
+  say "FAIL setup: $library is missing (build libefccl.so first: ninja -C build efccl)"
+  exit 1
+fi
+"$python" - <<'PYEOF' 2>&1 | sed 's/^/  /'
+import sys, torch
+print(f"python {sys.version.split()[0]} at {sys.executable}; torch {torch.__version__} (CUDA {torch.version.cuda}); "
+      f"{torch.cuda.device_count()} GPU(s): {', '.join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))}")
+PYEOF
+gpu_name="$("$python" -c 'import torch; print(torch.cuda.get_device_name(0))' 2>/dev/null || echo unknown)"
+
+# Processes sharing a GPU want MPS (without it their kernels time-slice: correct, slow).
+if command -v nvidia-cuda-mps-control > /dev/null; then
+  if pgrep -x nvidia-cuda-mps-control > /dev/null || pgrep -x nvidia-cuda-mps-server > /dev/null; then
+    say "MPS: a daemon is already running; using it"
+  else
+    export CUDA_MPS_PIPE_DIRECTORY="$logs/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$logs/mps-log"
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    if nvidia-cuda-mps-control -d; then
+      trap 'echo quit | nvidia-cuda-mps-control > /dev/null 2>&1' EXIT
+      say "MPS: private daemon started (pipe $CUDA_MPS_PIPE_DIRECTORY)"
+    else
+      unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+      say "MPS: the daemon did not start; ranks sharing the GPU will time-slice (slow)"
+    fi
+  fi
+else
+  say "MPS: nvidia-cuda-mps-control not found; ranks sharing the GPU will time-slice (slow)"
+fi
+
+export PYTHONPATH="$repo/build-torch/python${PYTHONPATH:+:$PYTHONPATH}"
+export EFCCL_LIBRARY="$library"
+export OMP_NUM_THREADS=1
+unset LD_PRELOAD EFCCL_TIMEOUT_MS EFCCL_INIT_TIMEOUT_MS
+
+# run_step NAME LIMIT COMMAND...: runs COMMAND with its output shown and logged; records
+# PASS/FAIL with its time and, for the checks, their SUMMARY line.
+run_step() {
+  local name="$1" limit="$2"; shift 2
+  local left=$(( budget - $(elapsed) ))
+  if (( left < 30 )); then
+    summary+=("NOT RUN  $name (the time budget is spent)"); failures=$((failures + 1)); return 1
+  fi
+  (( limit > left )) && limit=$left
+  local log="$logs/$(echo "$name" | tr -c 'A-Za-z0-9' '_').log"
+  say ""; say "=== $name (limit ${limit} s) ==="
+  local t0=$(date +%s)
+  timeout --kill-after=15 "$limit" "$@" 2>&1 | tee "$log"
+  local rc=${PIPESTATUS[0]}
+  local took=$(( $(date +%s) - t0 ))
+  local detail
+  detail="$(grep -h '^SUMMARY rank 0' "$log" | tail -1 | sed 's/^SUMMARY rank 0: //')"
+  if (( rc == 0 )); then
+    summary+=("PASS     $name (${took} s)${detail:+ — $detail}")
+  else
+    local why="exit status $rc"
+    (( rc == 124 || rc == 137 )) && why="killed at its ${limit} s limit"
+    summary+=("FAIL     $name (${took} s, $why)${detail:+ — $detail}")
+    failures=$((failures + 1))
+    say "--- $name failed ($why); its log: $log"
+  fi
+  return $rc
+}
+
+launch=("$python" -m torch.distributed.run --standalone)  # torchrun of this Python
+
+# 1. The extension, against this machine's torch (the target is well under 2 minutes).
+build_t0=$(date +%s)
+if ! run_step "build efccl.torch (python/torch_backend/build.sh)" 240 \
+    python/torch_backend/build.sh --python "$python" --library "$library" --build-dir build-torch; then
+  say ""; say "The build failed: nothing else can run."
+  printf '%s\n' "" "==================== SUMMARY ====================" "${summary[@]}"
+  exit 1
+fi
+build_took=$(( $(date +%s) - build_t0 ))
+
+# 2. Imports: efccl.torch registers the backend; plain `import efccl` needs no torch.
+run_step "import efccl.torch (registers 'efccl'; import efccl needs no torch)" 60 "$python" -c '
+import sys
+import efccl
+assert "torch" not in sys.modules, "import efccl imported torch"
+import torch.distributed as dist
+import efccl.torch
+assert "efccl" in dist.Backend.backend_list, dist.Backend.backend_list
+print("efccl.torch.library():", efccl.torch.library())
+print("SUMMARY rank 0: imports fine")
+'
+
+# 3. The checks and the benchmark, most important first (what does not fit the budget is NOT RUN).
+run_step "torch_collectives.py --backend efccl, 2 ranks" 170 \
+  "${launch[@]}" --nproc_per_node=2 tests/torch/torch_collectives.py --backend efccl
+run_step "efccl_backend_checks.py (works, graphs, splits, stats, DDP, FSDP2, timeouts), 2 ranks" 170 \
+  "${launch[@]}" --nproc_per_node=2 tests/torch/efccl_backend_checks.py
+
+run_step "torch_collectives.py --backend efccl, 4 ranks" 200 \
+  "${launch[@]}" --nproc_per_node=4 tests/torch/torch_collectives.py --backend efccl
+
+bench="$logs/bench.jsonl"
+: > "$bench"
+for round in 1 2; do
+  run_step "bench round $round: ProcessGroupNCCL under LD_PRELOAD=libefccl.so, 2 ranks" 80 \
+    env LD_PRELOAD="$library" "${launch[@]}" --nproc_per_node=2 \
+      tools/bench/torch_backend_latency.py --backend nccl --json-out "$bench"
+  run_step "bench round $round: efccl backend, 2 ranks" 80 \
+    "${launch[@]}" --nproc_per_node=2 tools/bench/torch_backend_latency.py --backend efccl --json-out "$bench"
+done
+bench_line="$("$python" - "$bench" "$gpu_name" <<'PYEOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+out = []
+ok = True
+for mode in ("sync", "async"):
+    best = {}
+    for r in rows:
+        if r["mode"] == mode:
+            best[r["backend"]] = min(best.get(r["backend"], float("inf")), r["us_per_call"])
+    if "efccl" in best and "nccl" in best:
+        ratio = best["efccl"] / best["nccl"]
+        if mode == "sync":
+            ok = ratio <= 1.10
+        out.append(f"{mode}: efccl backend {best['efccl']:.2f} us, ProcessGroupNCCL+efccl {best['nccl']:.2f} us, ratio {ratio:.3f}")
+    else:
+        ok = False
+        out.append(f"{mode}: missing results ({sorted(best)})")
+verdict = "PASS" if ok else "FAIL"
+print(f"{verdict}     bench: eager 8-byte all_reduce per call, 2 ranks on one {sys.argv[2]} (best of 2 launches x 5 repeats; target sync ratio <= 1.10): " + "; ".join(out))
+PYEOF
+)"
+summary+=("$bench_line")
+[[ "$bench_line" == PASS* ]] || failures=$((failures + 1))
+
+run_step "efccl_backend_checks.py, 4 ranks" 170 \
+  "${launch[@]}" --nproc_per_node=4 tests/torch/efccl_backend_checks.py
+run_step "efccl_backend_checks.py --part mixed (beside gloo and torch's NCCL), 2 ranks" 120 \
+  "${launch[@]}" --nproc_per_node=2 tests/torch/efccl_backend_checks.py --part mixed
+
+say ""
+say "==================== SUMMARY ($(elapsed) s in all; build ${build_took} s, target < 120 s) ===================="
+printf '%s\n' "${summary[@]}"
+if grep -h '^FAIL \|^\[rank[0-9]*\]: FAIL \|Traceback' "$logs"/*.log > /dev/null 2>&1; then
+  say ""
+  say "---- every FAIL line of the checks (details and tracebacks are in the step output above and in $logs) ----"
+  grep -h '^FAIL \|FAIL [a-z]' "$logs"/*.log | head -60
+fi
+say ""
+say "Raw benchmark results: $bench"
+cat "$bench" 2>/dev/null
+say "RESULT: $([[ $failures -eq 0 ]] && echo "ALL PASSED" || echo "$failures step(s) FAILED or NOT RUN")"
+exit $(( failures > 0 ))
