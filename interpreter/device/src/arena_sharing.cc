@@ -33,8 +33,8 @@ struct SharedPlacedArena {
   int32_t slot_device = -1;
   uint32_t reserved = 0;
   uint64_t bytes = 0;
-  char bus_id[32] = {};          ///< slot-device arenas: the slot device's PCI bus id
-  cudaIpcMemHandle_t handle{};   ///< slot-device arenas
+  char bus_id[32] = {};         ///< slot-device arenas: the slot device's PCI bus id
+  cudaIpcMemHandle_t handle{};  ///< slot-device arenas
   char segment[SharedHostSegment::kMaxNameLength + 1] = {};  ///< host arenas: the segment
   PlacedArenaKey key() const { return {receiver, sender, slot_device}; }
 };
@@ -245,9 +245,8 @@ Status share_arenas(ConnectionArena& arena, const ArenaSharing& sharing) {
     if (a.fifo_bytes != layout.fifo_bytes.at(loc) ||
         a.counter_bytes != layout.counter_bytes.at(loc))
       return Status::error("rank " + std::to_string(r) + "'s process laid out its connection " +
-                           "memory differently (" + std::to_string(a.fifo_bytes) +
-                           " FIFO bytes, " + "expected " +
-                           std::to_string(layout.fifo_bytes.at(loc)) + ")");
+                           "memory differently (" + std::to_string(a.fifo_bytes) + " FIFO bytes, " +
+                           "expected " + std::to_string(layout.fifo_bytes.at(loc)) + ")");
     int owner = -1;
     if (cudaDeviceGetByPCIBusId(&owner, a.bus_id) != cudaSuccess) {
       (void)cudaGetLastError();  // not visible here (e.g. CUDA_VISIBLE_DEVICES): IPC still maps it
@@ -281,17 +280,16 @@ Status share_arenas(ConnectionArena& arena, const ArenaSharing& sharing) {
     const SharedPlacedArena* found = nullptr;
     for (const SharedPlacedArena& a : described.at(key.receiver).placed)
       if (a.key() == key) found = &a;
-    const std::string what =
-        key.slot_device < 0 ? std::string("pinned host memory")
-                            : "memory on slot device " + std::to_string(key.slot_device);
+    const std::string what = key.slot_device < 0
+                                 ? std::string("pinned host memory")
+                                 : "memory on slot device " + std::to_string(key.slot_device);
     if (found == nullptr)
-      return Status::error("rank " + std::to_string(r) + "'s process did not describe the " +
-                           what + " of the connections it receives from this process");
+      return Status::error("rank " + std::to_string(r) + "'s process did not describe the " + what +
+                           " of the connections it receives from this process");
     if (found->bytes != layout.placed_bytes.at(key))
       return Status::error("rank " + std::to_string(r) + "'s process laid out the " + what +
                            " of its connections differently (" + std::to_string(found->bytes) +
-                           " bytes, expected " + std::to_string(layout.placed_bytes.at(key)) +
-                           ")");
+                           " bytes, expected " + std::to_string(layout.placed_bytes.at(key)) + ")");
     if (key.slot_device >= 0) {
       if (Status s = open_slot_device_arena(arena, *found, opener, r); !s) return s;
       continue;

@@ -25,10 +25,10 @@ namespace efccl::device {
 struct ArenaSharing {
   const ef::Program* program = nullptr;
   const std::vector<ConnectionPlan>* connections = nullptr;  ///< laid out
-  const std::vector<bool>* local = nullptr;        ///< per rank: run by this process
-  const std::vector<int64_t>* location = nullptr;  ///< per rank: its arena group
-  const std::vector<int>* rank_devices = nullptr;  ///< per rank: its GPU (local ranks)
-  std::string fingerprint;                         ///< PeerProcesses::fingerprint
+  const std::vector<bool>* local = nullptr;                  ///< per rank: run by this process
+  const std::vector<int64_t>* location = nullptr;            ///< per rank: its arena group
+  const std::vector<int>* rank_devices = nullptr;            ///< per rank: its GPU (local ranks)
+  std::string fingerprint;                                   ///< PeerProcesses::fingerprint
   /// PeerProcesses::exchange: this process's description out, every rank's process's in.
   std::function<StatusOr<std::vector<std::string>>(const std::string&)> exchange;
 };

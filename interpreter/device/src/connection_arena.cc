@@ -30,8 +30,8 @@ Status store_counter(char* at, int device, uint64_t value) {
   cudaError_t e = cudaMemcpyAsync(at, &value, sizeof(uint64_t), cudaMemcpyHostToDevice, stream);
   if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
   cudaStreamDestroy(stream);
-  EFCCL_CUDA_RETURN(e, "writing the first connection positions on device " +
-                           std::to_string(device));
+  EFCCL_CUDA_RETURN(e,
+                    "writing the first connection positions on device " + std::to_string(device));
   return Status::ok();
 }
 
@@ -114,8 +114,8 @@ Status ConnectionArena::add_remote_host(const PlacedArenaKey& key, int device,
                                         SharedHostSegment segment) {
   auto remote = std::make_unique<RemoteHost>();
   remote->segment = std::move(segment);
-  if (Status s = remote->registration.register_range(remote->segment.data(),
-                                                     remote->segment.bytes());
+  if (Status s =
+          remote->registration.register_range(remote->segment.data(), remote->segment.bytes());
       !s)
     return s;
   auto reach = HostRegistration::device_pointer(remote->segment.data(), device);
@@ -160,8 +160,8 @@ StatusOr<SendConnectionDeviceHandle> ConnectionArena::send_handle(
   SendConnectionDeviceHandle s{};
   s.slots = fifo + kSlotsOffset;
   s.tail = reinterpret_cast<uint64_t*>(fifo + kTailOffset);
-  s.head = reinterpret_cast<uint64_t*>(c.placed() ? fifo + kPlacedHeadOffset
-                                                  : counters + kHeadOffset);
+  s.head =
+      reinterpret_cast<uint64_t*>(c.placed() ? fifo + kPlacedHeadOffset : counters + kHeadOffset);
   s.position = reinterpret_cast<uint64_t*>(counters + kSendPositionOffset);
   s.slot_stride = layout_.slot_stride;
   s.nslots = layout_.nslots;
@@ -185,8 +185,7 @@ StatusOr<RecvConnectionDeviceHandle> ConnectionArena::recv_handle(
   r.tail = reinterpret_cast<uint64_t*>(fifo + kTailOffset);
   if (c.placed()) {
     r.head = reinterpret_cast<uint64_t*>(fifo + kPlacedHeadOffset);
-    r.position =
-        reinterpret_cast<uint64_t*>(counters + c.recv_end_offset + kRecvEndPositionOffset);
+    r.position = reinterpret_cast<uint64_t*>(counters + c.recv_end_offset + kRecvEndPositionOffset);
   } else {
     r.head = reinterpret_cast<uint64_t*>(counters + c.send_offset + kHeadOffset);
     r.position = reinterpret_cast<uint64_t*>(fifo + kRecvPositionOffset);
@@ -215,8 +214,8 @@ Status ConnectionArena::write_first_positions(uint64_t first,
         char* entry = (p.device >= 0 ? p.device_memory.get() : p.host) + c.recv_offset;
         for (std::size_t offset : {kTailOffset, kPlacedHeadOffset})
           if (Status s = store_counter(entry + offset, p.device, first); !s) return s;
-        if (Status s = store_counter(
-                l.counters.get() + c.recv_end_offset + kRecvEndPositionOffset, l.device, first);
+        if (Status s = store_counter(l.counters.get() + c.recv_end_offset + kRecvEndPositionOffset,
+                                     l.device, first);
             !s)
           return s;
       } else {

@@ -101,13 +101,12 @@ class ConnectionArena {
   /// Base of a placed arena as local `device` reaches it; null when not mapped there.
   char* placed_base(const PlacedArenaKey& key, int device) const;
   /// `c`'s FIFO entry as local `device` reaches it; null when not mapped there.
-  char* fifo_entry(const ConnectionPlan& c, const std::vector<int64_t>& location,
-                   int device) const;
+  char* fifo_entry(const ConnectionPlan& c, const std::vector<int64_t>& location, int device) const;
 
   ConnectionLayout layout_;
   std::vector<Local> locals_;
   std::vector<std::unique_ptr<Placed>> placed_;
-  std::map<int64_t, const Local*> own_;  ///< this process's locations
+  std::map<int64_t, const Local*> own_;                                ///< this process's locations
   std::map<std::pair<int64_t, int>, std::pair<char*, char*>> remote_;  ///< (fifo, counters)
   /// Every placed arena as a local device reaches it (owned or another process's).
   std::map<std::pair<PlacedArenaKey, int>, char*> placed_reach_;

@@ -117,9 +117,9 @@ StatusOr<ConnectionLayout> lay_out_connections(std::vector<ConnectionPlan>& conn
                                        : layout.fifo_bytes.at(location.at(c.receiver));
     const auto fifo = take(fifo_end, layout.connection_fifo_bytes);
     const auto send = take(layout.counter_bytes.at(location.at(c.sender)), kSendEndBytes);
-    const auto recv_end = c.placed()
-                              ? take(layout.counter_bytes.at(location.at(c.receiver)), kRecvEndBytes)
-                              : std::optional<std::size_t>(0);
+    const auto recv_end =
+        c.placed() ? take(layout.counter_bytes.at(location.at(c.receiver)), kRecvEndBytes)
+                   : std::optional<std::size_t>(0);
     if (!fifo || !send || !recv_end)
       return Status::error("the connection memory of " + std::to_string(connections.size()) +
                            " connections overflows 64-bit sizes");

@@ -9,9 +9,9 @@
 // the same offsets without exchanging them.
 #pragma once
 
+#include <compare>
 #include <cstddef>
 #include <cstdint>
-#include <compare>
 #include <map>
 #include <vector>
 
@@ -93,11 +93,11 @@ std::size_t connection_slot_stride(ef::Protocol protocol, std::size_t slot_bytes
 
 /// The sizes of every location's arenas.
 struct ConnectionLayout {
-  std::size_t slot_stride = 0;                   ///< wire bytes per slot
-  uint32_t nslots = 0;                           ///< slots per connection
-  std::size_t connection_fifo_bytes = 0;         ///< one connection's FIFO entry
-  std::map<int64_t, std::size_t> fifo_bytes;     ///< per location
-  std::map<int64_t, std::size_t> counter_bytes;  ///< per location
+  std::size_t slot_stride = 0;                         ///< wire bytes per slot
+  uint32_t nslots = 0;                                 ///< slots per connection
+  std::size_t connection_fifo_bytes = 0;               ///< one connection's FIFO entry
+  std::map<int64_t, std::size_t> fifo_bytes;           ///< per location
+  std::map<int64_t, std::size_t> counter_bytes;        ///< per location
   std::map<PlacedArenaKey, std::size_t> placed_bytes;  ///< per placed arena that has entries
 };
 

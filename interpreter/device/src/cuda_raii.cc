@@ -120,9 +120,9 @@ Status HostRegistration::register_range(char* data, std::size_t bytes) {
 StatusOr<char*> HostRegistration::device_pointer(char* host, int device) {
   DeviceScope scope(device);
   void* p = nullptr;
-  EFCCL_CUDA_RETURN(cudaHostGetDevicePointer(&p, host, 0),
-                    "cudaHostGetDevicePointer of pinned host memory on device " +
-                        std::to_string(device));
+  EFCCL_CUDA_RETURN(
+      cudaHostGetDevicePointer(&p, host, 0),
+      "cudaHostGetDevicePointer of pinned host memory on device " + std::to_string(device));
   return static_cast<char*>(p);
 }
 

@@ -1,6 +1,6 @@
 // Owning wrappers of the CUDA resources the device executor uses: the thread's capture mode,
-// the current device, device memory, mapped host memory (allocated, or registered) and events. Each undoes what it did
-// when it goes.
+// the current device, device memory, mapped host memory (allocated, or registered) and events. Each
+// undoes what it did when it goes.
 #pragma once
 
 #include <cuda_runtime_api.h>

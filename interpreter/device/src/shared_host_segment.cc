@@ -90,7 +90,7 @@ StatusOr<SharedHostSegment> SharedHostSegment::create(std::size_t bytes) {
 }
 
 StatusOr<SharedHostSegment> SharedHostSegment::open_and_unlink(const std::string& name,
-                                                                std::size_t bytes) {
+                                                               std::size_t bytes) {
   if (!is_valid_name(name))
     return Status::error("'" + name + "' is not the name of an efccl shared memory segment");
   const int fd = shm_open(name.c_str(), O_RDWR, 0);
@@ -108,7 +108,8 @@ StatusOr<SharedHostSegment> SharedHostSegment::open_and_unlink(const std::string
   s.name_ = name;
   int e = 0;
   s.data_ = map_and_close(fd, bytes, &e);
-  if (s.data_ == nullptr) return Status::error("mmap of shared memory " + name + ": " + errno_text(e));
+  if (s.data_ == nullptr)
+    return Status::error("mmap of shared memory " + name + ": " + errno_text(e));
   s.bytes_ = bytes;
   return s;
 }

@@ -248,9 +248,9 @@ TEST(ConnectionLayout, PlacedConnectionsLieInPlacedArenas) {
   // 2->0 ch0; at 9, 1->2 ch1.
   EXPECT_EQ(layout->fifo_bytes.at(7), 2 * entry);
   EXPECT_EQ(layout->fifo_bytes.at(9), entry);
-  EXPECT_EQ(c[0].recv_offset, 0u);      // 0->1 ch0
-  EXPECT_EQ(c[4].recv_offset, entry);   // 2->0 ch0
-  EXPECT_EQ(c[3].recv_offset, 0u);      // 1->2 ch1
+  EXPECT_EQ(c[0].recv_offset, 0u);     // 0->1 ch0
+  EXPECT_EQ(c[4].recv_offset, entry);  // 2->0 ch0
+  EXPECT_EQ(c[3].recv_offset, 0u);     // 1->2 ch1
   // One placed arena per (receiver location, sender location, slot memory), one entry each.
   const std::map<PlacedArenaKey, std::size_t> want = {
       {PlacedArenaKey{7, 7, -1}, entry},  // 0->1 ch1: host memory

@@ -49,7 +49,8 @@ inline int visible_gpus(std::string* why) {
     if (::efccl::test_support::visible_gpus(&why) == 0) GTEST_SKIP() << why; \
   } while (0)
 
-#define ASSERT_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call << ": " << cudaGetErrorString(cudaGetLastError())
+#define ASSERT_CUDA(call) \
+  ASSERT_EQ((call), cudaSuccess) << #call << ": " << cudaGetErrorString(cudaGetLastError())
 
 // ---- Protocols, rank mappings, modes ----
 
@@ -72,7 +73,6 @@ inline std::vector<bool> modes(const ef::Program& p) {
   if (p.inplace) m.push_back(true);
   return m;
 }
-
 
 // ---- Inputs ----
 
@@ -162,7 +162,7 @@ struct CallBuffers {
     std::unique_ptr<DeviceMemory> region;         ///< in-place shared region
     const void* input_ptr = nullptr;
     void* output_ptr = nullptr;
-    char* region_base = nullptr;    ///< device copy source of host.output when shared
+    char* region_base = nullptr;  ///< device copy source of host.output when shared
     std::size_t region_bytes = 0;
     std::size_t input_bytes = 0, output_bytes = 0;
     bool shared = false;
@@ -174,7 +174,8 @@ struct CallBuffers {
 /// Fills both sides with the same random contents. `misalign` shifts every device buffer by
 /// one element (so that no operand is 16-byte aligned).
 inline void make_buffers(const ef::Program& p, const std::vector<int>& devices, uint64_t count,
-                  DataType dtype, bool inplace, bool misalign, uint64_t seed, CallBuffers& out) {
+                         DataType dtype, bool inplace, bool misalign, uint64_t seed,
+                         CallBuffers& out) {
   const std::size_t size = ef::size_of(dtype);
   const std::size_t shift = misalign ? size : 0;
   std::mt19937_64 rng(seed);
@@ -250,8 +251,8 @@ inline void refill_inputs(const ef::Program& p, DataType dtype, uint64_t seed, C
 inline std::string compare(const ef::Program& p, DataType dtype, const CallBuffers& bufs,
                            const std::vector<bool>* only = nullptr) {
   const std::size_t size = ef::size_of(dtype);
-  auto check = [&](int r, const char* what, const void* device, const std::vector<uint8_t>& want)
-      -> std::string {
+  auto check = [&](int r, const char* what, const void* device,
+                   const std::vector<uint8_t>& want) -> std::string {
     std::vector<uint8_t> got(want.size());
     if (!want.empty() &&
         cudaMemcpy(got.data(), device, want.size(), cudaMemcpyDeviceToHost) != cudaSuccess)
@@ -286,8 +287,8 @@ inline std::string compare(const ef::Program& p, DataType dtype, const CallBuffe
 }
 
 inline device::RunArgs run_args(const ef::Program& p, const CallBuffers& bufs, uint64_t count,
-                         DataType dtype, RedOp op, bool inplace,
-                         const std::vector<cudaStream_t>& streams) {
+                                DataType dtype, RedOp op, bool inplace,
+                                const std::vector<cudaStream_t>& streams) {
   device::RunArgs a;
   a.count = count;
   a.dtype = dtype;
@@ -343,9 +344,9 @@ struct MatrixEntry {
 
 /// Runs one call on the GPU and on the host and compares; returns a failure description.
 inline std::string run_and_compare(device::DeviceExecutor& executor, const ef::Program& p,
-                            const std::vector<int>& devices, const Streams& streams,
-                            uint64_t count, DataType dtype, RedOp op, bool inplace,
-                            bool misalign, uint64_t seed, std::size_t slot_bytes) {
+                                   const std::vector<int>& devices, const Streams& streams,
+                                   uint64_t count, DataType dtype, RedOp op, bool inplace,
+                                   bool misalign, uint64_t seed, std::size_t slot_bytes) {
   CallBuffers bufs;
   make_buffers(p, devices, count, dtype, inplace, misalign, seed, bufs);
   const auto args = run_args(p, bufs, count, dtype, op, inplace, streams.get());

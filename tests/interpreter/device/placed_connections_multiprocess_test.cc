@@ -42,16 +42,16 @@ constexpr std::size_t kSmallSlotBytes = 256;
 int g_proc = -1;
 
 /// A child's failure: printed with its process index, then the child exits 1.
-#define CHILD_CHECK(cond, ...)                                                              \
-  do {                                                                                      \
-    if (!(cond)) {                                                                          \
-      std::fprintf(stderr, "[process %d] %s:%d: check failed: %s: ", g_proc, __FILE__,      \
-                   __LINE__, #cond);                                                        \
-      std::fprintf(stderr, __VA_ARGS__);                                                    \
-      std::fprintf(stderr, "\n");                                                           \
-      std::fflush(stderr);                                                                  \
-      _exit(1);                                                                             \
-    }                                                                                       \
+#define CHILD_CHECK(cond, ...)                                                                   \
+  do {                                                                                           \
+    if (!(cond)) {                                                                               \
+      std::fprintf(stderr, "[process %d] %s:%d: check failed: %s: ", g_proc, __FILE__, __LINE__, \
+                   #cond);                                                                       \
+      std::fprintf(stderr, __VA_ARGS__);                                                         \
+      std::fprintf(stderr, "\n");                                                                \
+      std::fflush(stderr);                                                                       \
+      _exit(1);                                                                                  \
+    }                                                                                            \
   } while (0)
 
 // ---- The pipes between the two processes ----
@@ -255,9 +255,8 @@ void run_and_check(device::DeviceExecutor& ex, const ef::Program& p,
   Streams streams(ex.devices());
   const auto args = run_args(p, bufs, count, dtype, RedOp::kSum, false, streams.get());
   const Status s = ex.run_and_wait(args);
-  CHILD_CHECK(s.is_ok(), "%s over %s, %s: %s", p.name.c_str(),
-              protocol_name(p.protocol).c_str(), describe(dtype, RedOp::kSum, false, count).c_str(),
-              s.message().c_str());
+  CHILD_CHECK(s.is_ok(), "%s over %s, %s: %s", p.name.c_str(), protocol_name(p.protocol).c_str(),
+              describe(dtype, RedOp::kSum, false, count).c_str(), s.message().c_str());
   auto result = host::execute(p, host_options(args, slot_bytes), bufs.host);
   CHILD_CHECK(result.status.is_ok(), "host executor: %s", result.status.message().c_str());
   const std::string failure = compare(p, dtype, bufs, &local);
@@ -324,8 +323,7 @@ TEST(PlacedConnectionsAcrossProcesses, APeerThatDiesMidCallFailsTheSurvivorWithi
       auto ex = create_part(p, process_of, proc, gpus, link, kSmallSlotBytes);
       const uint64_t count = ef::count_granularity(p) * 4096;
       CallBuffers bufs;
-      make_buffers(p, {gpus.device, gpus.device}, count, DataType::kFloat32, false, false, 1,
-                   bufs);
+      make_buffers(p, {gpus.device, gpus.device}, count, DataType::kFloat32, false, false, 1, bufs);
       Streams streams(ex->devices());
       auto args = run_args(p, bufs, count, DataType::kFloat32, RedOp::kSum, false, streams.get());
       args.timeout = std::chrono::seconds(2);
@@ -379,8 +377,9 @@ TEST(PlacedConnectionsAcrossProcesses, APeerGoneBeforeTheExchangeLeavesNoSharedM
     config.slot_devices = {gpus.slot_device};
     auto created = device::DeviceExecutor::create(p, {gpus.device, -1}, config, &peers);
     CHILD_CHECK(!created.is_ok(), "created without its peer");
-    CHILD_CHECK(created.status().message().find("exchanging connection memory") != std::string::npos,
-                "%s", created.status().message().c_str());
+    CHILD_CHECK(
+        created.status().message().find("exchanging connection memory") != std::string::npos, "%s",
+        created.status().message().c_str());
     return 0;
   });
   if (job.status[0] == kSkip) GTEST_SKIP() << "no CUDA device visible";

@@ -44,7 +44,8 @@ struct Mapping {
 Mapping mapping_for(const ef::Program& p, bool spread) {
   Mapping m;
   m.rank_devices = map_ranks(p.nranks, spread);
-  m.slot_devices = slot_devices_for(m.rank_devices, p.slot_devices, spread ? visible_gpus(nullptr) : 1);
+  m.slot_devices =
+      slot_devices_for(m.rank_devices, p.slot_devices, spread ? visible_gpus(nullptr) : 1);
   return m;
 }
 
@@ -75,8 +76,9 @@ std::string check_moves(const ef::Program& base, bool spread) {
       if (!executor) return protocol_name(protocol) + ": " + executor.status().message();
       Streams streams((*executor)->devices());
       const uint64_t g = ef::count_granularity(p);
-      const std::vector<uint64_t> counts =
-          slot_bytes == 0 ? std::vector<uint64_t>{g * 300001} : std::vector<uint64_t>{g, 7 * g, 257 * g};
+      const std::vector<uint64_t> counts = slot_bytes == 0
+                                               ? std::vector<uint64_t>{g * 300001}
+                                               : std::vector<uint64_t>{g, 7 * g, 257 * g};
       for (DataType dtype : kMovedTypes) {
         for (uint64_t count : counts) {
           const std::string failure =
@@ -94,9 +96,9 @@ std::string check_moves(const ef::Program& base, bool spread) {
 }
 
 TEST(PlacedConnections, ProgramsAreValid) {
-  for (const ef::Program& p : {lone_pair(ef::Protocol::kSimple),
-                               lone_pair(ef::Protocol::kSimple, true),
-                               forward_through_third_rank(ef::Protocol::kSimple)}) {
+  for (const ef::Program& p :
+       {lone_pair(ef::Protocol::kSimple), lone_pair(ef::Protocol::kSimple, true),
+        forward_through_third_rank(ef::Protocol::kSimple)}) {
     for (const auto& d : ef::validate(p)) ADD_FAILURE() << p.name << ": " << d.to_string();
   }
 }
@@ -145,9 +147,9 @@ algorithms::AlgorithmParams library_params(const algorithms::AlgorithmInfo& info
 
 std::string check_library(bool spread) {
   constexpr MatrixEntry kEntries[] = {
-      {DataType::kFloat32, RedOp::kSum},  {DataType::kBFloat16, RedOp::kMax},
-      {DataType::kInt32, RedOp::kProd},   {DataType::kFp8E4M3, RedOp::kSum},
-      {DataType::kFloat64, RedOp::kMin},  {DataType::kInt8, RedOp::kAvg},
+      {DataType::kFloat32, RedOp::kSum}, {DataType::kBFloat16, RedOp::kMax},
+      {DataType::kInt32, RedOp::kProd},  {DataType::kFp8E4M3, RedOp::kSum},
+      {DataType::kFloat64, RedOp::kMin}, {DataType::kInt8, RedOp::kAvg},
   };
   uint64_t seed = 900;
   for (const auto& info : algorithms::list_algorithms()) {
@@ -198,7 +200,8 @@ TEST(PlacedConnections, CudaGraphReplaysComputeFreshResults) {
   for (bool spread : {false, true}) {
     if (spread && visible_gpus(nullptr) < 2) continue;
     for (ef::Protocol protocol : kProtocols) {
-      for (const ef::Program& p : {lone_pair(protocol, true), forward_through_third_rank(protocol)}) {
+      for (const ef::Program& p :
+           {lone_pair(protocol, true), forward_through_third_rank(protocol)}) {
         SCOPED_TRACE(p.name + " over " + protocol_name(protocol) + (spread ? " spread" : ""));
         const Mapping m = mapping_for(p, spread);
         auto executor = placed_executor(p, m);
@@ -257,9 +260,10 @@ TEST(PlacedConnections, CountersPastWhereLLClearsSlotsAndWrapsFlags) {
   // start just below 2^30 (LL zeroes slots), 2^31 (LL flags wrap) and 2^32.
   SKIP_WITHOUT_GPU();
   for (ef::Protocol protocol : kProtocols) {
-    for (uint64_t first : {(uint64_t{1} << 30) - 5, (uint64_t{1} << 31) - 5,
-                           (uint64_t{1} << 32) - 5}) {
-      for (const ef::Program& p : {lone_pair(protocol, true), forward_through_third_rank(protocol)}) {
+    for (uint64_t first :
+         {(uint64_t{1} << 30) - 5, (uint64_t{1} << 31) - 5, (uint64_t{1} << 32) - 5}) {
+      for (const ef::Program& p :
+           {lone_pair(protocol, true), forward_through_third_rank(protocol)}) {
         SCOPED_TRACE(p.name + " over " + protocol_name(protocol) + " from " +
                      std::to_string(first));
         const Mapping m = mapping_for(p, false);
@@ -268,10 +272,9 @@ TEST(PlacedConnections, CountersPastWhereLLClearsSlotsAndWrapsFlags) {
         Streams streams((*executor)->devices());
         const uint64_t g = ef::count_granularity(p);
         for (int call = 0; call < 6; ++call) {
-          const std::string failure =
-              run_and_compare(**executor, p, m.rank_devices, streams, g * (3 + 11 * call),
-                              DataType::kInt32, RedOp::kSum, false, false, 70 + call,
-                              kSmallSlotBytes);
+          const std::string failure = run_and_compare(
+              **executor, p, m.rank_devices, streams, g * (3 + 11 * call), DataType::kInt32,
+              RedOp::kSum, false, false, 70 + call, kSmallSlotBytes);
           ASSERT_TRUE(failure.empty()) << "call " << call << ": " << failure;
         }
       }

@@ -15,8 +15,8 @@
 
 namespace efccl::test_support {
 
-inline ef::ConnectionPlacement placed(int sender, int receiver, int channel,
-                                      ef::SlotLocation where, int device = 0) {
+inline ef::ConnectionPlacement placed(int sender, int receiver, int channel, ef::SlotLocation where,
+                                      int device = 0) {
   ef::ConnectionPlacement pl;
   pl.sender = sender;
   pl.receiver = receiver;
@@ -181,7 +181,8 @@ inline std::vector<int> slot_devices_for(const std::vector<int>& rank_devices, i
     spare.erase(std::unique(spare.begin(), spare.end()), spare.end());
   }
   std::vector<int> slots;
-  for (int k = 0; k < count; ++k) slots.push_back(spare[static_cast<std::size_t>(k) % spare.size()]);
+  for (int k = 0; k < count; ++k)
+    slots.push_back(spare[static_cast<std::size_t>(k) % spare.size()]);
   return slots;
 }
 

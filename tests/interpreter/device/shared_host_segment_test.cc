@@ -114,8 +114,7 @@ TEST(SharedHostSegment, WrongSizeAndForeignNamesAreRefused) {
   const std::string name = s->name();
   auto wrong = SharedHostSegment::open_and_unlink(name, 8192);
   ASSERT_FALSE(wrong.is_ok());
-  EXPECT_EQ(wrong.status().message(),
-            "shared memory " + name + " holds 4096 bytes, expected 8192");
+  EXPECT_EQ(wrong.status().message(), "shared memory " + name + " holds 4096 bytes, expected 8192");
   for (const std::string& bad :
        {std::string("/efccl-"), std::string("/dev/shm/efccl-1"), std::string("/other-1-2-3"),
         std::string("/efccl-12/../x"), std::string("/efccl-XYZ"), std::string(""),
