@@ -1,4 +1,5 @@
-// Connection arenas shared between the processes of a multi-process executor (CUDA IPC).
+// Connection arenas shared between the processes of a multi-process executor (CUDA IPC, and
+// POSIX shared memory for host arenas).
 #include "arena_sharing.h"
 
 #include <cuda_runtime_api.h>
@@ -11,18 +12,38 @@
 #include "cuda_raii.h"
 #include "cuda_status.h"
 #include "peer_access.h"
+#include "shared_host_segment.h"
 
 namespace efccl::device {
 namespace {
 
-constexpr char kArenaBlobMagic[4] = {'E', 'F', 'A', '1'};
+constexpr char kArenaBlobMagic[4] = {'E', 'F', 'A', '2'};
 
-/// One process's arenas, as exchanged.
+/// One process's arenas at one of its locations, as exchanged.
 struct SharedArena {
   int64_t location = 0;
   uint64_t fifo_bytes = 0, counter_bytes = 0;
   char bus_id[32] = {};  ///< the owning GPU's PCI bus id
   cudaIpcMemHandle_t fifo{}, counter{};
+};
+
+/// One placed arena a process owns and another process's senders write, as exchanged.
+struct SharedPlacedArena {
+  int64_t receiver = 0, sender = 0;  ///< PlacedArenaKey
+  int32_t slot_device = -1;
+  uint32_t reserved = 0;
+  uint64_t bytes = 0;
+  char bus_id[32] = {};         ///< slot-device arenas: the slot device's PCI bus id
+  cudaIpcMemHandle_t handle{};  ///< slot-device arenas
+  char segment[SharedHostSegment::kMaxNameLength + 1] = {};  ///< host arenas: the segment
+  PlacedArenaKey key() const { return {receiver, sender, slot_device}; }
+};
+
+/// One process's description.
+struct Description {
+  std::string fingerprint;
+  std::vector<SharedArena> arenas;
+  std::vector<SharedPlacedArena> placed;
 };
 
 template <typename T>
@@ -39,8 +60,7 @@ bool take(const std::string& in, std::size_t* pos, T* v) {
   return true;
 }
 
-Status parse_arenas(const std::string& blob, std::string* fingerprint,
-                    std::vector<SharedArena>* arenas) {
+Status parse_description(const std::string& blob, Description* d) {
   std::size_t pos = 0;
   char magic[4];
   uint32_t fp_size = 0, count = 0;
@@ -48,7 +68,7 @@ Status parse_arenas(const std::string& blob, std::string* fingerprint,
     return Status::error("not an efccl arena description (bad magic)");
   if (!take(blob, &pos, &fp_size) || blob.size() - pos < fp_size)
     return Status::error("truncated arena description (fingerprint)");
-  fingerprint->assign(blob.data() + pos, fp_size);
+  d->fingerprint.assign(blob.data() + pos, fp_size);
   pos += fp_size;
   if (!take(blob, &pos, &count) || count > 4096)
     return Status::error("arena description lists a bad number of arenas");
@@ -56,9 +76,102 @@ Status parse_arenas(const std::string& blob, std::string* fingerprint,
     SharedArena a;
     if (!take(blob, &pos, &a)) return Status::error("truncated arena description");
     a.bus_id[sizeof(a.bus_id) - 1] = '\0';
-    arenas->push_back(a);
+    d->arenas.push_back(a);
+  }
+  if (!take(blob, &pos, &count) || count > (1u << 16))
+    return Status::error("arena description lists a bad number of placed arenas");
+  for (uint32_t i = 0; i < count; ++i) {
+    SharedPlacedArena a;
+    if (!take(blob, &pos, &a)) return Status::error("truncated arena description (placed)");
+    a.bus_id[sizeof(a.bus_id) - 1] = '\0';
+    a.segment[sizeof(a.segment) - 1] = '\0';
+    d->placed.push_back(a);
   }
   if (pos != blob.size()) return Status::error("arena description has trailing bytes");
+  return Status::ok();
+}
+
+/// This process's description: its locations' arenas, and the placed arenas it owns whose
+/// senders run elsewhere.
+StatusOr<std::string> describe(const ConnectionArena& arena, const std::string& fingerprint) {
+  const ConnectionLayout& layout = arena.layout();
+  std::string mine(kArenaBlobMagic, 4);
+  put(mine, static_cast<uint32_t>(fingerprint.size()));
+  mine += fingerprint;
+  put(mine, static_cast<uint32_t>(arena.locals().size()));
+  std::set<int64_t> own;
+  for (const ConnectionArena::Local& local : arena.locals()) {
+    own.insert(local.location);
+    SharedArena a;
+    a.location = local.location;
+    a.fifo_bytes = layout.fifo_bytes.at(a.location);
+    a.counter_bytes = layout.counter_bytes.at(a.location);
+    EFCCL_CUDA_RETURN(cudaDeviceGetPCIBusId(a.bus_id, sizeof(a.bus_id) - 1, local.device),
+                      "cudaDeviceGetPCIBusId");
+    DeviceScope scope(local.device);
+    EFCCL_CUDA_RETURN(
+        cudaIpcGetMemHandle(&a.fifo, local.fifo.get()),
+        "cudaIpcGetMemHandle (FIFO arena, device " + std::to_string(local.device) + ")");
+    EFCCL_CUDA_RETURN(cudaIpcGetMemHandle(&a.counter, local.counters.get()),
+                      "cudaIpcGetMemHandle (counter arena)");
+    put(mine, a);
+  }
+  std::vector<SharedPlacedArena> placed;
+  for (const auto& p : arena.placed()) {
+    if (own.count(p->key.sender)) continue;  // both ends here: nobody else maps it
+    SharedPlacedArena a;
+    a.receiver = p->key.receiver;
+    a.sender = p->key.sender;
+    a.slot_device = p->key.slot_device;
+    a.bytes = p->bytes;
+    if (p->device >= 0) {
+      EFCCL_CUDA_RETURN(cudaDeviceGetPCIBusId(a.bus_id, sizeof(a.bus_id) - 1, p->device),
+                        "cudaDeviceGetPCIBusId");
+      DeviceScope scope(p->device);
+      EFCCL_CUDA_RETURN(cudaIpcGetMemHandle(&a.handle, p->device_memory.get()),
+                        "cudaIpcGetMemHandle (slot device " + std::to_string(p->key.slot_device) +
+                            ", device " + std::to_string(p->device) + ")");
+    } else {
+      const std::string& name = p->segment->name();
+      std::memcpy(a.segment, name.c_str(), std::min(name.size(), sizeof(a.segment) - 1));
+    }
+    placed.push_back(a);
+  }
+  put(mine, static_cast<uint32_t>(placed.size()));
+  for (const SharedPlacedArena& a : placed) put(mine, a);
+  return mine;
+}
+
+/// Maps another process's slot-device arena on local device `opener`: peer access to the slot
+/// device where this process sees it, then CUDA IPC.
+Status open_slot_device_arena(ConnectionArena& arena, const SharedPlacedArena& a, int opener,
+                              int owner_rank) {
+  const std::string slot = "slot device " + std::to_string(a.slot_device) + " (GPU " +
+                           std::string(a.bus_id) + ", allocated by rank " +
+                           std::to_string(owner_rank) + "'s process)";
+  int device = -1;
+  if (cudaDeviceGetByPCIBusId(&device, a.bus_id) != cudaSuccess) {
+    (void)cudaGetLastError();  // not visible here (e.g. CUDA_VISIBLE_DEVICES): IPC may still map it
+    device = -1;
+  }
+  if (device >= 0 && device != opener) {
+    int can = 0;
+    EFCCL_CUDA_RETURN(cudaDeviceCanAccessPeer(&can, opener, device), "cudaDeviceCanAccessPeer");
+    if (can == 0)
+      return Status::error("device " + std::to_string(opener) + " cannot access " + slot +
+                           " (no peer access between them)");
+    if (Status s = enable_peer_access(opener, device); !s) return s;
+  }
+  DeviceScope scope(opener);
+  void* base = nullptr;
+  const cudaError_t e = cudaIpcOpenMemHandle(&base, a.handle, cudaIpcMemLazyEnablePeerAccess);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return cuda_error("cudaIpcOpenMemHandle of " + slot + " on device " + std::to_string(opener) +
+                          (device < 0 ? " (that GPU is not visible in this process)" : ""),
+                      e);
+  }
+  arena.add_remote_placed(a.key(), opener, static_cast<char*>(base));
   return Status::ok();
 }
 
@@ -70,32 +183,14 @@ Status share_arenas(ConnectionArena& arena, const ArenaSharing& sharing) {
   const std::vector<int64_t>& location = *sharing.location;
   const std::vector<int>& rank_devices = *sharing.rank_devices;
   const std::string& fingerprint = sharing.fingerprint;
-  const std::map<int64_t, std::size_t>& fifo_size = arena.layout().fifo_bytes;
-  const std::map<int64_t, std::size_t>& counter_size = arena.layout().counter_bytes;
-  std::string mine(kArenaBlobMagic, 4);
-  put(mine, static_cast<uint32_t>(fingerprint.size()));
-  mine += fingerprint;
-  put(mine, static_cast<uint32_t>(arena.locals().size()));
-  for (const ConnectionArena::Local& local : arena.locals()) {
-    SharedArena a;
-    a.location = local.location;
-    a.fifo_bytes = fifo_size.at(a.location);
-    a.counter_bytes = counter_size.at(a.location);
-    EFCCL_CUDA_RETURN(cudaDeviceGetPCIBusId(a.bus_id, sizeof(a.bus_id) - 1, local.device),
-                      "cudaDeviceGetPCIBusId");
-    DeviceScope scope(local.device);
-    EFCCL_CUDA_RETURN(
-        cudaIpcGetMemHandle(&a.fifo, local.fifo.get()),
-        "cudaIpcGetMemHandle (FIFO arena, device " + std::to_string(local.device) + ")");
-    EFCCL_CUDA_RETURN(cudaIpcGetMemHandle(&a.counter, local.counters.get()),
-                      "cudaIpcGetMemHandle (counter arena)");
-    put(mine, a);
-  }
-  // The arenas are zero already (DeviceBuffer::allocate waits for that), before any peer can
-  // write into them. No device-wide sync here: it would wait for this process's earlier,
-  // possibly still spinning, kernels.
+  const ConnectionLayout& layout = arena.layout();
+  auto mine = describe(arena, fingerprint);
+  if (!mine) return mine.status();
+  // The arenas are zero already (DeviceBuffer::allocate waits for that, host memory is zeroed
+  // when allocated), before any peer can write into them. No device-wide sync here: it would
+  // wait for this process's earlier, possibly still spinning, kernels.
 
-  StatusOr<std::vector<std::string>> all = sharing.exchange(mine);
+  StatusOr<std::vector<std::string>> all = sharing.exchange(*mine);
   if (!all)
     return Status::error("exchanging connection memory with the other processes: " +
                          all.status().message());
@@ -104,47 +199,60 @@ Status share_arenas(ConnectionArena& arena, const ArenaSharing& sharing) {
     return Status::error("the exchange returned " + std::to_string(all->size()) +
                          " descriptions for " + std::to_string(n) + " ranks");
 
-  // Remote locations this process talks to, and the local devices that talk to each.
+  // What this process maps: per remote location, the local devices whose ranks have a
+  // connection placed at the receiver with its ranks; the placed arenas of other processes
+  // that local ranks send on; and whose descriptions it checks (every remote rank it talks to).
   std::map<int64_t, std::set<int>> needed;
-  for (int r = 0; r < n; ++r) {
-    if (!local_rank[r]) continue;
-    for (const auto& tb : program.ranks[r].threadblocks)
-      for (int peer : {tb.send_peer, tb.recv_peer})
-        if (peer >= 0 && !local_rank[peer]) needed[location[peer]].insert(rank_devices[r]);
+  std::map<PlacedArenaKey, int> needed_placed;  ///< -> the local device that writes it
+  std::set<int> talks;
+  for (const ConnectionPlan& c : *sharing.connections) {
+    const bool sends_here = local_rank[c.sender], receives_here = local_rank[c.receiver];
+    if (sends_here == receives_here) continue;
+    talks.insert(sends_here ? c.receiver : c.sender);
+    if (c.placed()) {
+      if (sends_here) needed_placed[c.placed_arena(location)] = rank_devices[c.sender];
+    } else if (sends_here) {
+      needed[location[c.receiver]].insert(rank_devices[c.sender]);
+    } else {
+      needed[location[c.sender]].insert(rank_devices[c.receiver]);
+    }
   }
-  std::map<int64_t, SharedArena> remote;
-  for (int r = 0; r < n; ++r) {
-    if (local_rank[r] || !needed.count(location[r]) || remote.count(location[r])) continue;
-    std::string theirs;
-    std::vector<SharedArena> arenas;
-    if (Status s = parse_arenas((*all)[r], &theirs, &arenas); !s)
+  std::map<int64_t, Description> described;  ///< per remote location, its process's
+  std::map<int64_t, int> described_by;       ///< a rank at that location
+  for (int r : talks) {
+    if (described.count(location[r])) continue;
+    Description d;
+    if (Status s = parse_description((*all)[r], &d); !s)
       return Status::error("rank " + std::to_string(r) +
                            "'s process sent a bad description: " + s.message());
-    if (theirs != fingerprint)
+    if (d.fingerprint != fingerprint)
       return Status::error("rank " + std::to_string(r) + " runs a different program or call (" +
-                           theirs + ") than this process (" + fingerprint +
+                           d.fingerprint + ") than this process (" + fingerprint +
                            "): every rank must make the same collective calls in the same order, "
                            "with the same count, datatype, operator and root");
-    for (const SharedArena& a : arenas) {
-      if (a.location != location[r]) continue;
-      if (a.fifo_bytes != fifo_size.at(a.location) ||
-          a.counter_bytes != counter_size.at(a.location))
-        return Status::error("rank " + std::to_string(r) + "'s process laid out its connection " +
-                             "memory differently (" + std::to_string(a.fifo_bytes) +
-                             " FIFO bytes, " + "expected " +
-                             std::to_string(fifo_size.at(a.location)) + ")");
-      remote[a.location] = a;
-    }
-    if (!remote.count(location[r]))
-      return Status::error("rank " + std::to_string(r) + "'s process did not describe its arena");
+    described[location[r]] = std::move(d);
+    described_by[location[r]] = r;
   }
-  for (auto& [loc, a] : remote) {
+
+  for (const auto& [loc, openers] : needed) {
+    const int r = described_by.at(loc);
+    const SharedArena* found = nullptr;
+    for (const SharedArena& a : described.at(loc).arenas)
+      if (a.location == loc) found = &a;
+    if (found == nullptr)
+      return Status::error("rank " + std::to_string(r) + "'s process did not describe its arena");
+    const SharedArena& a = *found;
+    if (a.fifo_bytes != layout.fifo_bytes.at(loc) ||
+        a.counter_bytes != layout.counter_bytes.at(loc))
+      return Status::error("rank " + std::to_string(r) + "'s process laid out its connection " +
+                           "memory differently (" + std::to_string(a.fifo_bytes) + " FIFO bytes, " +
+                           "expected " + std::to_string(layout.fifo_bytes.at(loc)) + ")");
     int owner = -1;
     if (cudaDeviceGetByPCIBusId(&owner, a.bus_id) != cudaSuccess) {
       (void)cudaGetLastError();  // not visible here (e.g. CUDA_VISIBLE_DEVICES): IPC still maps it
       owner = -1;
     }
-    for (int opener : needed[loc]) {
+    for (int opener : openers) {
       if (owner >= 0 && owner != opener)
         if (Status s = enable_peer_access(opener, owner); !s) return s;
       DeviceScope scope(opener);
@@ -165,6 +273,32 @@ Status share_arenas(ConnectionArena& arena, const ArenaSharing& sharing) {
       }
       arena.add_remote(loc, opener, static_cast<char*>(fifo), static_cast<char*>(counters));
     }
+  }
+
+  for (const auto& [key, opener] : needed_placed) {
+    const int r = described_by.at(key.receiver);
+    const SharedPlacedArena* found = nullptr;
+    for (const SharedPlacedArena& a : described.at(key.receiver).placed)
+      if (a.key() == key) found = &a;
+    const std::string what = key.slot_device < 0
+                                 ? std::string("pinned host memory")
+                                 : "memory on slot device " + std::to_string(key.slot_device);
+    if (found == nullptr)
+      return Status::error("rank " + std::to_string(r) + "'s process did not describe the " + what +
+                           " of the connections it receives from this process");
+    if (found->bytes != layout.placed_bytes.at(key))
+      return Status::error("rank " + std::to_string(r) + "'s process laid out the " + what +
+                           " of its connections differently (" + std::to_string(found->bytes) +
+                           " bytes, expected " + std::to_string(layout.placed_bytes.at(key)) + ")");
+    if (key.slot_device >= 0) {
+      if (Status s = open_slot_device_arena(arena, *found, opener, r); !s) return s;
+      continue;
+    }
+    auto segment = SharedHostSegment::open_and_unlink(found->segment, found->bytes);
+    if (!segment)
+      return Status::error("mapping the pinned host memory of rank " + std::to_string(r) +
+                           "'s connections: " + segment.status().message());
+    if (Status s = arena.add_remote_host(key, opener, std::move(*segment)); !s) return s;
   }
   return Status::ok();
 }

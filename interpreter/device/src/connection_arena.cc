@@ -4,11 +4,38 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "cuda_status.h"
 
 namespace efccl::device {
+namespace {
+
+std::string connection_name(const ConnectionPlan& c) {
+  return "connection " + std::to_string(c.sender) + "->" + std::to_string(c.receiver) + " ch " +
+         std::to_string(c.channel);
+}
+
+/// Writes `value` at `at`: host memory (`device` -1) directly, device memory through a private
+/// stream, waited for (the executor's launches come after).
+Status store_counter(char* at, int device, uint64_t value) {
+  if (device < 0) {
+    std::memcpy(at, &value, sizeof(value));
+    return Status::ok();
+  }
+  DeviceScope scope(device);
+  cudaStream_t stream = nullptr;
+  EFCCL_CUDA_RETURN(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  cudaError_t e = cudaMemcpyAsync(at, &value, sizeof(uint64_t), cudaMemcpyHostToDevice, stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+  cudaStreamDestroy(stream);
+  EFCCL_CUDA_RETURN(e,
+                    "writing the first connection positions on device " + std::to_string(device));
+  return Status::ok();
+}
+
+}  // namespace
 
 ConnectionArena::~ConnectionArena() {
   for (const auto& [key, bases] : remote_) {
@@ -16,10 +43,15 @@ ConnectionArena::~ConnectionArena() {
     cudaIpcCloseMemHandle(bases.first);
     cudaIpcCloseMemHandle(bases.second);
   }
+  for (const auto& [device, base] : remote_ipc_placed_) {
+    DeviceScope scope(device);
+    cudaIpcCloseMemHandle(base);
+  }
 }
 
 Status ConnectionArena::allocate(const ConnectionLayout& layout, const std::vector<int>& devices,
-                                 const std::vector<int64_t>& locations) {
+                                 const std::vector<int64_t>& locations,
+                                 const std::vector<int>& slot_devices) {
   layout_ = layout;
   locals_.clear();
   locals_.resize(devices.size());
@@ -32,6 +64,40 @@ Status ConnectionArena::allocate(const ConnectionLayout& layout, const std::vect
   }
   own_.clear();
   for (const Local& l : locals_) own_[l.location] = &l;
+
+  // The placed arenas of connections received here, reached from every local device.
+  for (const auto& [key, bytes] : layout.placed_bytes) {
+    if (!own_.count(key.receiver)) continue;
+    auto p = std::make_unique<Placed>();
+    p->key = key;
+    p->bytes = bytes;
+    if (key.slot_device >= 0) {
+      if (static_cast<std::size_t>(key.slot_device) >= slot_devices.size())
+        return Status::error("slot device " + std::to_string(key.slot_device) +
+                             " has no CUDA device (ExecutorConfig::slot_devices)");
+      p->device = slot_devices[static_cast<std::size_t>(key.slot_device)];
+      if (Status s = p->device_memory.allocate(p->device, bytes); !s)
+        return Status::error("slot device " + std::to_string(key.slot_device) + ": " + s.message());
+      for (const Local& l : locals_) placed_reach_[{key, l.device}] = p->device_memory.get();
+    } else {
+      if (own_.count(key.sender)) {
+        if (Status s = p->host_memory.allocate(bytes); !s) return s;
+        p->host = p->host_memory.get();
+      } else {
+        auto segment = SharedHostSegment::create(bytes);
+        if (!segment) return segment.status();
+        p->segment = std::move(*segment);
+        if (Status s = p->registration.register_range(p->segment->data(), bytes); !s) return s;
+        p->host = p->segment->data();
+      }
+      for (const Local& l : locals_) {
+        auto reach = HostRegistration::device_pointer(p->host, l.device);
+        if (!reach) return reach.status();
+        placed_reach_[{key, l.device}] = *reach;
+      }
+    }
+    placed_.push_back(std::move(p));
+  }
   return Status::ok();
 }
 
@@ -39,25 +105,63 @@ void ConnectionArena::add_remote(int64_t location, int device, char* fifo, char*
   remote_[{location, device}] = {fifo, counters};
 }
 
+void ConnectionArena::add_remote_placed(const PlacedArenaKey& key, int device, char* base) {
+  remote_ipc_placed_.emplace_back(device, base);
+  placed_reach_[{key, device}] = base;
+}
+
+Status ConnectionArena::add_remote_host(const PlacedArenaKey& key, int device,
+                                        SharedHostSegment segment) {
+  auto remote = std::make_unique<RemoteHost>();
+  remote->segment = std::move(segment);
+  if (Status s =
+          remote->registration.register_range(remote->segment.data(), remote->segment.bytes());
+      !s)
+    return s;
+  auto reach = HostRegistration::device_pointer(remote->segment.data(), device);
+  if (!reach) return reach.status();
+  placed_reach_[{key, device}] = *reach;
+  remote_hosts_.push_back(std::move(remote));
+  return Status::ok();
+}
+
 char* ConnectionArena::fifo_base(int64_t location, int device) const {
   if (auto it = own_.find(location); it != own_.end()) return it->second->fifo.get();
-  return remote_.at({location, device}).first;
+  auto it = remote_.find({location, device});
+  return it == remote_.end() ? nullptr : it->second.first;
 }
 
 char* ConnectionArena::counter_base(int64_t location, int device) const {
   if (auto it = own_.find(location); it != own_.end()) return it->second->counters.get();
-  return remote_.at({location, device}).second;
+  auto it = remote_.find({location, device});
+  return it == remote_.end() ? nullptr : it->second.second;
 }
 
-SendConnectionDeviceHandle ConnectionArena::send_handle(const ConnectionPlan& c,
-                                                        const std::vector<int64_t>& location,
-                                                        int device) const {
-  char* fifo = fifo_base(location[c.receiver], device) + c.recv_offset;
-  char* counters = counter_base(location[c.sender], device) + c.send_offset;
+char* ConnectionArena::placed_base(const PlacedArenaKey& key, int device) const {
+  auto it = placed_reach_.find({key, device});
+  return it == placed_reach_.end() ? nullptr : it->second;
+}
+
+char* ConnectionArena::fifo_entry(const ConnectionPlan& c, const std::vector<int64_t>& location,
+                                  int device) const {
+  char* base = c.placed() ? placed_base(c.placed_arena(location), device)
+                          : fifo_base(location[c.receiver], device);
+  return base == nullptr ? nullptr : base + c.recv_offset;
+}
+
+StatusOr<SendConnectionDeviceHandle> ConnectionArena::send_handle(
+    const ConnectionPlan& c, const std::vector<int64_t>& location, int device) const {
+  char* fifo = fifo_entry(c, location, device);
+  char* counters = counter_base(location[c.sender], device);
+  if (fifo == nullptr || counters == nullptr)
+    return Status::error("internal: the memory of " + connection_name(c) +
+                         " is not mapped on device " + std::to_string(device) + " (sender)");
+  counters += c.send_offset;
   SendConnectionDeviceHandle s{};
   s.slots = fifo + kSlotsOffset;
   s.tail = reinterpret_cast<uint64_t*>(fifo + kTailOffset);
-  s.head = reinterpret_cast<uint64_t*>(counters + kHeadOffset);
+  s.head =
+      reinterpret_cast<uint64_t*>(c.placed() ? fifo + kPlacedHeadOffset : counters + kHeadOffset);
   s.position = reinterpret_cast<uint64_t*>(counters + kSendPositionOffset);
   s.slot_stride = layout_.slot_stride;
   s.nslots = layout_.nslots;
@@ -67,16 +171,25 @@ SendConnectionDeviceHandle ConnectionArena::send_handle(const ConnectionPlan& c,
   return s;
 }
 
-RecvConnectionDeviceHandle ConnectionArena::recv_handle(const ConnectionPlan& c,
-                                                        const std::vector<int64_t>& location,
-                                                        int device) const {
-  char* fifo = fifo_base(location[c.receiver], device) + c.recv_offset;
-  char* counters = counter_base(location[c.sender], device) + c.send_offset;
+StatusOr<RecvConnectionDeviceHandle> ConnectionArena::recv_handle(
+    const ConnectionPlan& c, const std::vector<int64_t>& location, int device) const {
+  char* fifo = fifo_entry(c, location, device);
+  // A placed connection's head lies with its slots, and its receiver's position here; else
+  // head is at the sender and the position in the FIFO entry.
+  char* counters = counter_base(location[c.placed() ? c.receiver : c.sender], device);
+  if (fifo == nullptr || counters == nullptr)
+    return Status::error("internal: the memory of " + connection_name(c) +
+                         " is not mapped on device " + std::to_string(device) + " (receiver)");
   RecvConnectionDeviceHandle r{};
   r.slots = fifo + kSlotsOffset;
   r.tail = reinterpret_cast<uint64_t*>(fifo + kTailOffset);
-  r.head = reinterpret_cast<uint64_t*>(counters + kHeadOffset);
-  r.position = reinterpret_cast<uint64_t*>(fifo + kRecvPositionOffset);
+  if (c.placed()) {
+    r.head = reinterpret_cast<uint64_t*>(fifo + kPlacedHeadOffset);
+    r.position = reinterpret_cast<uint64_t*>(counters + c.recv_end_offset + kRecvEndPositionOffset);
+  } else {
+    r.head = reinterpret_cast<uint64_t*>(counters + c.send_offset + kHeadOffset);
+    r.position = reinterpret_cast<uint64_t*>(fifo + kRecvPositionOffset);
+  }
   r.slot_stride = layout_.slot_stride;
   r.nslots = layout_.nslots;
   r.peer = c.sender;
@@ -90,26 +203,33 @@ Status ConnectionArena::write_first_positions(uint64_t first,
                                               const std::vector<int64_t>& location,
                                               const std::vector<bool>& local) {
   if (first == 0) return Status::ok();
+  // The placed arenas this process owns, by key.
+  std::map<PlacedArenaKey, const Placed*> placed;
+  for (const auto& p : placed_) placed[p->key] = p.get();
   for (const ConnectionPlan& c : connections) {
-    for (const bool receiving : {true, false}) {
-      const int rank = receiving ? c.receiver : c.sender;
-      if (!local[rank]) continue;
-      const Local& l = *own_.at(location[rank]);
-      char* at = receiving ? l.fifo.get() + c.recv_offset : l.counters.get() + c.send_offset;
-      const std::size_t offsets[2] = {receiving ? kTailOffset : kHeadOffset,
-                                      receiving ? kRecvPositionOffset : kSendPositionOffset};
-      DeviceScope scope(l.device);
-      cudaStream_t stream = nullptr;
-      EFCCL_CUDA_RETURN(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
-                        "cudaStreamCreate");
-      cudaError_t e = cudaSuccess;
-      for (std::size_t offset : offsets)
-        if (e == cudaSuccess)
-          e = cudaMemcpyAsync(at + offset, &first, sizeof(uint64_t), cudaMemcpyHostToDevice,
-                              stream);
-      if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
-      cudaStreamDestroy(stream);
-      EFCCL_CUDA_RETURN(e, "writing the first connection positions");
+    if (local[c.receiver]) {
+      const Local& l = *own_.at(location[c.receiver]);
+      if (c.placed()) {
+        const Placed& p = *placed.at(c.placed_arena(location));
+        char* entry = (p.device >= 0 ? p.device_memory.get() : p.host) + c.recv_offset;
+        for (std::size_t offset : {kTailOffset, kPlacedHeadOffset})
+          if (Status s = store_counter(entry + offset, p.device, first); !s) return s;
+        if (Status s = store_counter(l.counters.get() + c.recv_end_offset + kRecvEndPositionOffset,
+                                     l.device, first);
+            !s)
+          return s;
+      } else {
+        for (std::size_t offset : {kTailOffset, kRecvPositionOffset})
+          if (Status s = store_counter(l.fifo.get() + c.recv_offset + offset, l.device, first); !s)
+            return s;
+      }
+    }
+    if (local[c.sender]) {
+      const Local& l = *own_.at(location[c.sender]);
+      char* end = l.counters.get() + c.send_offset;
+      if (Status s = store_counter(end + kSendPositionOffset, l.device, first); !s) return s;
+      if (!c.placed())
+        if (Status s = store_counter(end + kHeadOffset, l.device, first); !s) return s;
     }
   }
   return Status::ok();
@@ -119,12 +239,23 @@ Status ConnectionArena::zero() {
   for (Local& l : locals_)
     for (DeviceBuffer* b : {&l.fifo, &l.counters})
       if (Status s = b->zero(); !s) return s;
+  for (auto& p : placed_) {
+    if (p->device >= 0) {
+      if (Status s = p->device_memory.zero(); !s) return s;
+    } else {
+      std::memset(p->host, 0, p->bytes);
+    }
+  }
   return Status::ok();
 }
 
 std::size_t ConnectionArena::most_bytes() const {
+  std::map<int, std::size_t> per_device;
+  for (const Local& l : locals_) per_device[l.device] += l.fifo.bytes() + l.counters.bytes();
+  for (const auto& p : placed_)
+    if (p->device >= 0) per_device[p->device] += p->bytes;
   std::size_t most = 0;
-  for (const Local& l : locals_) most = std::max(most, l.fifo.bytes() + l.counters.bytes());
+  for (const auto& [device, bytes] : per_device) most = std::max(most, bytes);
   return most;
 }
 

@@ -8,7 +8,9 @@
 //   consumer: thread 0 acquire-loads until ready -> __syncthreads -> all threads read
 // A release by thread 0 after the barrier covers the whole CTA's writes (PTX memory model:
 // bar.sync is morally strong and release is cumulative). Counters cross devices and processes:
-// system scope. LL and LL128 connections (WireFormat) carry flags inside the data instead of
+// system scope, which covers every memory a connection's slots may live in: the receiver's GPU,
+// pinned host memory, or a third GPU's (ef::SlotLocation; the handles do not know which). LL
+// and LL128 connections (WireFormat) carry flags inside the data instead of
 // `tail` (prims_flagged.cuh). Freeing a slot (`head`): all threads read -> __syncthreads ->
 // thread 0 stores head, relaxed (see post_free_slot).
 //
@@ -23,12 +25,14 @@
 namespace efccl::device {
 
 /// The sending end of a connection; lives on the sender's device. Slots and `tail` are in the
-/// receiver's memory (written here through peer access or CUDA IPC); `head` is in the sender's
-/// memory and written by the receiver.
+/// connection's slot memory (the receiver's GPU, or where the program placed them: pinned host
+/// memory or a slot device), written here through peer access, CUDA IPC or a host mapping;
+/// `head` is in the sender's memory (with the slots for placed connections) and written by the
+/// receiver.
 struct SendConnectionDeviceHandle {
-  char* slots;           ///< receiver's memory: `nslots` slots of `slot_stride` bytes
-  uint64_t* tail;        ///< receiver's memory: units pushed so far (Simple only)
-  uint64_t* head;        ///< sender's memory: units popped so far (written by the receiver)
+  char* slots;           ///< slot memory: `nslots` slots of `slot_stride` bytes
+  uint64_t* tail;        ///< slot memory: units pushed so far (Simple only)
+  uint64_t* head;        ///< sender's (or slot) memory: units popped (written by the receiver)
   uint64_t* position;    ///< sender's memory: this side's push count, persisted between calls
   uint64_t slot_stride;  ///< wire bytes per slot
   uint32_t nslots;
@@ -56,7 +60,7 @@ struct SendConnectionDeviceHandle {
     return bound.spin_until(waiting_for_slot(site),
                             [&] { return position - load_acquire_system(head) < nslots; });
   }
-  /// The slot that push number `position` fills (in the receiver's memory).
+  /// The slot that push number `position` fills (in the slot memory).
   __device__ __forceinline__ char* slot(uint64_t position) const {
     return slots + (position % nslots) * slot_stride;
   }
@@ -69,9 +73,9 @@ struct SendConnectionDeviceHandle {
 
 /// The receiving end of a connection; lives on the receiver's device.
 struct RecvConnectionDeviceHandle {
-  char* slots;           ///< this device's memory (read; LL slots are also zeroed here)
-  uint64_t* tail;        ///< this device's memory: units pushed (Simple only)
-  uint64_t* head;        ///< sender's memory: units popped so far (written by this side)
+  char* slots;           ///< slot memory (read; LL slots are also zeroed here)
+  uint64_t* tail;        ///< slot memory: units pushed (Simple only)
+  uint64_t* head;        ///< sender's (or slot) memory: units popped so far (written here)
   uint64_t* position;    ///< this device's memory: this side's pop count, persisted
   uint64_t slot_stride;  ///< wire bytes per slot
   uint32_t nslots;

@@ -2,6 +2,8 @@
 #include "connection_layout.h"
 
 #include <algorithm>
+#include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 
@@ -28,13 +30,36 @@ StatusOr<std::vector<ConnectionPlan>> plan_connections(const ef::Program& progra
       }
     }
   }
+  const auto name = [](int sender, int receiver, int channel) {
+    return "connection " + std::to_string(sender) + "->" + std::to_string(receiver) + " ch " +
+           std::to_string(channel);
+  };
   std::vector<ConnectionPlan> connections;
   for (auto& [key, c] : by_key) {
     if (c.send_tb < 0 || c.recv_tb < 0)
-      return Status::error("connection " + std::to_string(c.sender) + "->" +
-                           std::to_string(c.receiver) + " ch " + std::to_string(c.channel) +
-                           " has only one side");
+      return Status::error(name(c.sender, c.receiver, c.channel) + " has only one side");
     connections.push_back(c);
+  }
+  std::set<std::tuple<int, int, int>> placed;
+  for (const ef::ConnectionPlacement& pl : program.placements) {
+    const std::string what = "the placement of " + name(pl.sender, pl.receiver, pl.channel);
+    auto it = by_key.find({pl.sender, pl.receiver, pl.channel});
+    if (it == by_key.end()) return Status::error(what + ": the program has no such connection");
+    if (!placed.insert(it->first).second) return Status::error(what + " is listed twice");
+    if (pl.location != ef::SlotLocation::kReceiver && pl.location != ef::SlotLocation::kHost &&
+        pl.location != ef::SlotLocation::kDevice)
+      return Status::error(what + " has an unknown slot location");
+    if (pl.location == ef::SlotLocation::kDevice &&
+        (pl.device < 0 || pl.device >= program.slot_devices))
+      return Status::error(what + " names slot device " + std::to_string(pl.device) +
+                           "; the program has " + std::to_string(program.slot_devices));
+    // `connections` is in by_key's order.
+    auto at = std::lower_bound(connections.begin(), connections.end(), it->first,
+                               [](const ConnectionPlan& c, const std::tuple<int, int, int>& k) {
+                                 return std::tuple{c.sender, c.receiver, c.channel} < k;
+                               });
+    at->placement = pl.location;
+    at->slot_device = pl.location == ef::SlotLocation::kDevice ? pl.device : -1;
   }
   return connections;
 }
@@ -78,19 +103,29 @@ StatusOr<ConnectionLayout> lay_out_connections(std::vector<ConnectionPlan>& conn
                          std::to_string(slot_stride) + " bytes overflows 64-bit sizes");
   layout.connection_fifo_bytes = *aligned;
   for (int64_t loc : location) layout.fifo_bytes[loc] = layout.counter_bytes[loc] = 0;
-  // Offsets per location, in connection order.
+  // Places `bytes` at the end of an arena: its offset, or nullopt on overflow.
+  const auto take = [](std::size_t& end, std::size_t bytes) -> std::optional<std::size_t> {
+    const auto next = checked_add(end, bytes);
+    if (!next) return std::nullopt;
+    const std::size_t offset = end;
+    end = *next;
+    return offset;
+  };
+  // Offsets per arena, in connection order.
   for (ConnectionPlan& c : connections) {
-    std::size_t& fifo_end = layout.fifo_bytes.at(location.at(c.receiver));
-    std::size_t& counter_end = layout.counter_bytes.at(location.at(c.sender));
-    const auto fifo_next = checked_add(fifo_end, layout.connection_fifo_bytes);
-    const auto counter_next = checked_add(counter_end, kSendEndBytes);
-    if (!fifo_next || !counter_next)
+    std::size_t& fifo_end = c.placed() ? layout.placed_bytes[c.placed_arena(location)]
+                                       : layout.fifo_bytes.at(location.at(c.receiver));
+    const auto fifo = take(fifo_end, layout.connection_fifo_bytes);
+    const auto send = take(layout.counter_bytes.at(location.at(c.sender)), kSendEndBytes);
+    const auto recv_end =
+        c.placed() ? take(layout.counter_bytes.at(location.at(c.receiver)), kRecvEndBytes)
+                   : std::optional<std::size_t>(0);
+    if (!fifo || !send || !recv_end)
       return Status::error("the connection memory of " + std::to_string(connections.size()) +
                            " connections overflows 64-bit sizes");
-    c.recv_offset = fifo_end;
-    c.send_offset = counter_end;
-    fifo_end = *fifo_next;
-    counter_end = *counter_next;
+    c.recv_offset = *fifo;
+    c.send_offset = *send;
+    c.recv_end_offset = *recv_end;
   }
   return layout;
 }

@@ -1,11 +1,15 @@
 // Where the memory of every connection of a program lies (pure C++, no CUDA): per location (a
 // GPU of this process, or of another process of a multi-process executor) one FIFO arena with,
 // per connection received there, `tail`, the receiver's position and the slots, and one counter
-// arena with, per connection sent from there, `head` and the sender's position. The layout
-// depends only on the program, the locations and the slot geometry, so that every process of a
-// multi-process executor derives the same offsets without exchanging them.
+// arena with, per connection sent from there, `head` and the sender's position. A connection the
+// program places elsewhere (ef::ConnectionPlacement: pinned host memory, or a slot device) has
+// its FIFO entry (`tail`, `head`, slots) in a placed arena instead, and its receiver's position
+// in the receiver location's counter arena. The layout depends only on the program, the
+// locations and the slot geometry, so that every process of a multi-process executor derives
+// the same offsets without exchanging them.
 #pragma once
 
+#include <compare>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -20,14 +24,31 @@ namespace efccl::device {
 /// Distance between counters written by different agents (avoids false sharing across links).
 inline constexpr std::size_t kCounterStride = 128;
 
-// One connection's memory in the receiver's FIFO arena: tail, position, slots.
+// One connection's FIFO entry, in the receiver's FIFO arena or in a placed arena: tail, the
+// receiver's position (placed connections: head), slots.
 inline constexpr std::size_t kTailOffset = 0;                       ///< written by the sender
 inline constexpr std::size_t kRecvPositionOffset = kCounterStride;  ///< the receiver's pops
+inline constexpr std::size_t kPlacedHeadOffset = kCounterStride;    ///< placed: the receiver's pops
 inline constexpr std::size_t kSlotsOffset = 2 * kCounterStride;
-// And in the sender's counter arena: head, position.
+// In the sender's counter arena: head (not for placed connections), position.
 inline constexpr std::size_t kHeadOffset = 0;                       ///< written by the receiver
 inline constexpr std::size_t kSendPositionOffset = kCounterStride;  ///< the sender's pushes
 inline constexpr std::size_t kSendEndBytes = 2 * kCounterStride;
+// Placed connections, in the receiver's counter arena: the receiver's position.
+inline constexpr std::size_t kRecvEndPositionOffset = 0;
+inline constexpr std::size_t kRecvEndBytes = kCounterStride;
+
+/// A placed arena: the FIFO entries of the placed connections from the ranks of location
+/// `sender` to those of location `receiver` that share one slot memory, pinned host memory
+/// (`slot_device` -1) or slot device `slot_device` (0 .. Program::slot_devices - 1). The
+/// receiver location's process owns it; per sender location, so that a host arena shared
+/// between processes is mapped by exactly one other process.
+struct PlacedArenaKey {
+  int64_t receiver = 0;
+  int64_t sender = 0;
+  int32_t slot_device = -1;  ///< -1: pinned host memory
+  auto operator<=>(const PlacedArenaKey&) const = default;
+};
 
 /// A connection (sender, receiver, channel): its two threadblocks, its wire format, and where
 /// its memory lies.
@@ -35,12 +56,27 @@ struct ConnectionPlan {
   int sender = 0, receiver = 0, channel = 0;
   int send_tb = -1, recv_tb = -1;
   WireFormat wire = kWireSimple;
-  std::size_t recv_offset = 0;  ///< in the receiver location's FIFO arena
-  std::size_t send_offset = 0;  ///< in the sender location's counter arena
+  /// Where its FIFO entry lies (Program::placements): the receiver's GPU, pinned host memory,
+  /// or slot device `slot_device`.
+  ef::SlotLocation placement = ef::SlotLocation::kReceiver;
+  int slot_device = -1;  ///< kDevice only
+  /// The FIFO entry: in the receiver location's FIFO arena, or in placed_arena()'s.
+  std::size_t recv_offset = 0;
+  std::size_t send_offset = 0;      ///< the sender's end, in the sender location's counter arena
+  std::size_t recv_end_offset = 0;  ///< placed only: in the receiver location's counter arena
+
+  bool placed() const { return placement != ef::SlotLocation::kReceiver; }
+  /// The placed arena of a placed connection, given the ranks' locations.
+  PlacedArenaKey placed_arena(const std::vector<int64_t>& location) const {
+    return {location.at(receiver), location.at(sender),
+            placement == ef::SlotLocation::kHost ? -1 : slot_device};
+  }
 };
 
-/// Every connection of `program`, ordered by (sender, receiver, channel); an error names a
-/// connection with only one side (validation rules those out).
+/// Every connection of `program`, ordered by (sender, receiver, channel), with its placement;
+/// an error names a connection with only one side, and a placement of a connection the program
+/// does not have, listed twice, or on a slot device it does not name (validation rules those
+/// out; the executor must not trust it to).
 StatusOr<std::vector<ConnectionPlan>> plan_connections(const ef::Program& program);
 
 /// Wire bytes of a slot that carries `slot_bytes` data bytes in `wire` (a tile has at most
@@ -57,16 +93,18 @@ std::size_t connection_slot_stride(ef::Protocol protocol, std::size_t slot_bytes
 
 /// The sizes of every location's arenas.
 struct ConnectionLayout {
-  std::size_t slot_stride = 0;                   ///< wire bytes per slot
-  uint32_t nslots = 0;                           ///< slots per connection
-  std::size_t connection_fifo_bytes = 0;         ///< one connection's part of a FIFO arena
-  std::map<int64_t, std::size_t> fifo_bytes;     ///< per location
-  std::map<int64_t, std::size_t> counter_bytes;  ///< per location
+  std::size_t slot_stride = 0;                         ///< wire bytes per slot
+  uint32_t nslots = 0;                                 ///< slots per connection
+  std::size_t connection_fifo_bytes = 0;               ///< one connection's FIFO entry
+  std::map<int64_t, std::size_t> fifo_bytes;           ///< per location
+  std::map<int64_t, std::size_t> counter_bytes;        ///< per location
+  std::map<PlacedArenaKey, std::size_t> placed_bytes;  ///< per placed arena that has entries
 };
 
 /// Lays out `connections` (fills their offsets, in their order) over the locations of their
-/// ranks (`location[rank]`); every location of a rank gets an entry, possibly 0 bytes. Fails
-/// when a size does not fit in 64 bits.
+/// ranks (`location[rank]`) and their placed arenas; every location of a rank gets an entry,
+/// possibly 0 bytes; placed arenas only where a connection is placed. Fails when a size does
+/// not fit in 64 bits.
 StatusOr<ConnectionLayout> lay_out_connections(std::vector<ConnectionPlan>& connections,
                                                const std::vector<int64_t>& location,
                                                std::size_t slot_stride, int nslots);

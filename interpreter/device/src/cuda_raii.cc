@@ -101,6 +101,31 @@ Status MappedHostBuffer::allocate(std::size_t bytes) {
   return Status::ok();
 }
 
+HostRegistration::~HostRegistration() {
+  if (data_ != nullptr) cudaHostUnregister(data_);
+}
+
+Status HostRegistration::register_range(char* data, std::size_t bytes) {
+  const cudaError_t e =
+      cudaHostRegister(data, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: the next launch must not report it as its own
+    return cuda_error("cudaHostRegister of " + std::to_string(bytes) + " bytes of shared memory",
+                      e);
+  }
+  data_ = data;
+  return Status::ok();
+}
+
+StatusOr<char*> HostRegistration::device_pointer(char* host, int device) {
+  DeviceScope scope(device);
+  void* p = nullptr;
+  EFCCL_CUDA_RETURN(
+      cudaHostGetDevicePointer(&p, host, 0),
+      "cudaHostGetDevicePointer of pinned host memory on device " + std::to_string(device));
+  return static_cast<char*>(p);
+}
+
 DeviceEvent& DeviceEvent::operator=(DeviceEvent&& o) noexcept {
   std::swap(event_, o.event_);
   std::swap(device_, o.device_);

@@ -1,6 +1,6 @@
 // Owning wrappers of the CUDA resources the device executor uses: the thread's capture mode,
-// the current device, device memory, mapped host memory and events. Each undoes what it did
-// when it goes.
+// the current device, device memory, mapped host memory (allocated, or registered) and events. Each
+// undoes what it did when it goes.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -89,6 +89,23 @@ class MappedHostBuffer {
  private:
   void* ptr_ = nullptr;
   std::size_t bytes_ = 0;
+};
+
+/// Host memory allocated elsewhere (a shared segment), pinned and mapped into every device's
+/// address space for a scope (cudaHostRegister, portable and mapped).
+class HostRegistration {
+ public:
+  HostRegistration() = default;
+  HostRegistration(const HostRegistration&) = delete;
+  HostRegistration& operator=(const HostRegistration&) = delete;
+  ~HostRegistration();
+  /// Registers [data, data + bytes).
+  Status register_range(char* data, std::size_t bytes);
+  /// Where device `device` reaches `host` (inside the range; cudaHostGetDevicePointer).
+  static StatusOr<char*> device_pointer(char* host, int device);
+
+ private:
+  char* data_ = nullptr;
 };
 
 /// A CUDA event on one device, created on first use, destroyed with its owner.

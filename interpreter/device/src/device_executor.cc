@@ -66,6 +66,10 @@ StatusOr<std::unique_ptr<DeviceExecutor>> DeviceExecutor::create(const ef::Progr
   if (config.connection_slots < 1 || config.connection_slots > 1024)
     return Status::error("connection_slots must be in [1, 1024], got " +
                          std::to_string(config.connection_slots));
+  if (config.slot_devices.size() != static_cast<std::size_t>(std::max(program.slot_devices, 0)))
+    return Status::error("the program names " + std::to_string(program.slot_devices) +
+                         " slot devices; ExecutorConfig::slot_devices gives " +
+                         std::to_string(config.slot_devices.size()) + " CUDA devices");
   if (config.max_threads_per_block < 64 || config.max_threads_per_block > kMaxThreadsPerBlock ||
       config.max_threads_per_block % 32 != 0)
     return Status::error("max_threads_per_block must be a multiple of 32 in [64, " +
@@ -199,6 +203,7 @@ Status DeviceExecutor::Impl::build() {
   auto planned = plan_connections(p);
   if (!planned) return planned.status();
   connections = std::move(*planned);
+  if (Status s = check_slot_devices(); !s) return s;
   if (Status s = enable_peer_access_between_connected_devices(); !s) return s;
   auto note = choose_wire_formats(p, local_rank, rank_devices, connections);
   if (!note) return note.status();
@@ -215,7 +220,8 @@ Status DeviceExecutor::Impl::build() {
   if (!layout) return layout.status();
   std::vector<int64_t> device_locations;
   for (const LocalDevice& local : locals) device_locations.push_back(location[local.ranks.front()]);
-  if (Status s = arena.allocate(*layout, devices, device_locations); !s) return s;
+  if (Status s = arena.allocate(*layout, devices, device_locations, config.slot_devices); !s)
+    return s;
   if (Status s = arena.write_first_positions(config.first_position, connections, location,
                                              local_rank);
       !s)
@@ -223,6 +229,7 @@ Status DeviceExecutor::Impl::build() {
   if (multiprocess) {
     ArenaSharing sharing;
     sharing.program = &program;
+    sharing.connections = &connections;
     sharing.local = &local_rank;
     sharing.location = &location;
     sharing.rank_devices = &rank_devices;
@@ -252,27 +259,63 @@ Status DeviceExecutor::Impl::build() {
   return Status::ok();
 }
 
-/// Peer access both ways between connected devices of this process: the sender writes slots
-/// and tail into the receiver's memory, the receiver writes head into the sender's. (Other
+/// The slot devices of the connections this process's ranks receive (their memory is allocated
+/// here) must be GPUs this process sees.
+Status DeviceExecutor::Impl::check_slot_devices() const {
+  int ndevices = 0;
+  EFCCL_CUDA_RETURN(cudaGetDeviceCount(&ndevices), "cudaGetDeviceCount");
+  for (const ConnectionPlan& c : connections) {
+    if (c.placement != ef::SlotLocation::kDevice || !local_rank[c.receiver]) continue;
+    const int d = config.slot_devices[static_cast<std::size_t>(c.slot_device)];
+    if (d < 0 || d >= ndevices)
+      return Status::error(
+          "slot device " + std::to_string(c.slot_device) + " is CUDA device " + std::to_string(d) +
+          ", which this process does not see (" + std::to_string(ndevices) +
+          " visible); it holds the slots of connection " + std::to_string(c.sender) + "->" +
+          std::to_string(c.receiver) + " ch " + std::to_string(c.channel) +
+          ", which the receiver's process allocates (ExecutorConfig::slot_devices)");
+  }
+  return Status::ok();
+}
+
+/// Peer access for the connections of this process's devices: both ways between the devices of
+/// a connection at the receiver (the sender writes slots and tail into the receiver's memory,
+/// the receiver writes head into the sender's); from each device of a connection on a slot
+/// device to that device (both ends read and write its memory). Host memory needs none. (Other
 /// processes' GPUs: share_arenas.)
 Status DeviceExecutor::Impl::enable_peer_access_between_connected_devices() {
-  std::set<std::pair<int, int>> pairs;
+  // (from, to) -> why, for the error.
+  std::map<std::pair<int, int>, std::string> accesses;
   for (const auto& c : connections) {
-    if (!local_rank[c.sender] || !local_rank[c.receiver]) continue;
-    const int a = rank_devices[c.sender], b = rank_devices[c.receiver];
-    if (a != b) pairs.insert({std::min(a, b), std::max(a, b)});
-  }
-  for (const auto& [a, b] : pairs) {
-    for (const auto& [from, to] : {std::pair{a, b}, std::pair{b, a}}) {
-      int can = 0;
-      EFCCL_CUDA_RETURN(cudaDeviceCanAccessPeer(&can, from, to), "cudaDeviceCanAccessPeer");
-      if (can == 0)
-        return Status::error("device " + std::to_string(from) + " cannot access device " +
-                             std::to_string(to) +
-                             " directly (peer access); host-staged connections are not "
-                             "implemented");
-      if (Status s = enable_peer_access(from, to); !s) return s;
+    const std::string name = "connection " + std::to_string(c.sender) + "->" +
+                             std::to_string(c.receiver) + " ch " + std::to_string(c.channel);
+    if (c.placement == ef::SlotLocation::kReceiver) {
+      if (!local_rank[c.sender] || !local_rank[c.receiver]) continue;
+      const int a = rank_devices[c.sender], b = rank_devices[c.receiver];
+      if (a == b) continue;
+      accesses.emplace(std::pair{a, b}, name + " (sender to receiver)");
+      accesses.emplace(std::pair{b, a}, name + " (receiver to sender)");
+    } else if (c.placement == ef::SlotLocation::kDevice && local_rank[c.receiver]) {
+      // A remote sender maps the slot device's memory itself (share_arenas).
+      const int slot = config.slot_devices[static_cast<std::size_t>(c.slot_device)];
+      for (const int rank : {c.sender, c.receiver}) {
+        if (!local_rank[rank] || rank_devices[rank] == slot) continue;
+        accesses.emplace(std::pair{rank_devices[rank], slot},
+                         name + " (rank " + std::to_string(rank) + " to slot device " +
+                             std::to_string(c.slot_device) + ")");
+      }
     }
+  }
+  for (const auto& [pair, why] : accesses) {
+    const auto [from, to] = pair;
+    int can = 0;
+    EFCCL_CUDA_RETURN(cudaDeviceCanAccessPeer(&can, from, to), "cudaDeviceCanAccessPeer");
+    if (can == 0)
+      return Status::error("device " + std::to_string(from) + " cannot access device " +
+                           std::to_string(to) + " directly (no peer access), which " + why +
+                           " needs; a connection between GPUs without peer access can be "
+                           "placed in pinned host memory (ef::SlotLocation::kHost)");
+    if (Status s = enable_peer_access(from, to); !s) return s;
   }
   return Status::ok();
 }
@@ -286,12 +329,16 @@ Status DeviceExecutor::Impl::build_device(LocalDevice& local, const ef::PremulMa
   ConnectionIndex send_of, recv_of;  // (rank, tb) -> table index
   for (const auto& c : connections) {
     if (rank_local_device[c.sender] == index) {
+      auto handle = arena.send_handle(c, location, local.device);
+      if (!handle) return handle.status();
       send_of[{c.sender, c.send_tb}] = static_cast<int>(sends.size());
-      sends.push_back(arena.send_handle(c, location, local.device));
+      sends.push_back(*handle);
     }
     if (rank_local_device[c.receiver] == index) {
+      auto handle = arena.recv_handle(c, location, local.device);
+      if (!handle) return handle.status();
       recv_of[{c.receiver, c.recv_tb}] = static_cast<int>(recvs.size());
-      recvs.push_back(arena.recv_handle(c, location, local.device));
+      recvs.push_back(*handle);
     }
   }
   auto tables = build_program_tables(program, local.ranks, send_of, recv_of, outofplace, inplace);

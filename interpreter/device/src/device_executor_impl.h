@@ -93,7 +93,7 @@ struct DeviceExecutor::Impl {
   std::size_t slot_bytes = 0;          ///< data bytes per slot (the config's, or the protocol's)
   bool flagged = false;                ///< LL or LL128 program: the kernel's flagged instantiation
   std::vector<ConnectionPlan> connections;  ///< every connection of the program
-  ConnectionArena arena;                    ///< their memory on this process's devices
+  ConnectionArena arena;  ///< their memory on this process's devices, in host memory, on slot devices
   std::string protocol_note;                ///< see DeviceExecutor::protocol_note
   /// Per mode (out-of-place, in-place): the first operand premulsum/avg cannot scale because
   /// it mixes pristine and written input chunks (ef::describe_mixed_operand); empty if none.
@@ -105,6 +105,7 @@ struct DeviceExecutor::Impl {
 
   // Construction (device_executor.cc).
   Status build();
+  Status check_slot_devices() const;
   Status enable_peer_access_between_connected_devices();
   Status build_device(LocalDevice& local, const ef::PremulMap* outofplace,
                       const ef::PremulMap* inplace);

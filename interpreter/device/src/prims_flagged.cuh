@@ -41,8 +41,8 @@ __device__ __forceinline__ void store_wire(char* p, uint64_t a, uint64_t b) {
 
 // ---- One unit ----
 
-/// A flagged unit's connection ends: where it pops (this device's slot) and pushes (the peer's
-/// slot), in which format, and the flags of those slot uses.
+/// A flagged unit's connection ends: where it pops and pushes (slots in each connection's slot
+/// memory), in which format, and the flags of those slot uses.
 struct Wire {
   const char* in = nullptr;  ///< null when the op does not pop (then UnitOperands::left is memory)
   char* out = nullptr;       ///< null when the op does not push

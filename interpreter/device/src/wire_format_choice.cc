@@ -54,7 +54,12 @@ StatusOr<std::string> choose_wire_formats(const ef::Program& program,
     c.wire = kWireLL;
     if (protocol == ef::Protocol::kLL) continue;
     std::string why;
-    if (!local[c.sender] || !local[c.receiver]) {
+    if (c.placement == ef::SlotLocation::kHost) {
+      why = "its slots are in pinned host memory (PCIe does not deliver a 128-byte store whole)";
+    } else if (c.placement == ef::SlotLocation::kDevice) {
+      why = "its slots are on slot device " + std::to_string(c.slot_device) +
+            " (LL128 lines are read only from the receiver's own memory)";
+    } else if (!local[c.sender] || !local[c.receiver]) {
       why = "rank " + std::to_string(local[c.sender] ? c.receiver : c.sender) +
             " runs in another process";
     } else {

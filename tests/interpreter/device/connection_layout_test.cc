@@ -1,11 +1,13 @@
 // The device executor's connection layout (interpreter/device/src/connection_layout.h): which
-// connections a program has, the wire bytes of a slot, and where every connection's memory
-// lies, with sizes checked for overflow.
+// connections a program has and where the program places them, the wire bytes of a slot, and
+// where every connection's memory lies (the receiver's arenas, pinned host memory, slot
+// devices), with sizes checked for overflow.
 #include "connection_layout.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -145,6 +147,166 @@ TEST(ConnectionLayout, TooManyLargeConnectionsAreAnError) {
   // Each connection fits (2^60 bytes), sixteen into one location do not.
   std::vector<ConnectionPlan> connections(16);
   for (ConnectionPlan& c : connections) c.receiver = 1;
+  auto layout = lay_out_connections(connections, {0, 1}, uint64_t{1} << 50, 1024);
+  ASSERT_FALSE(layout.is_ok());
+  EXPECT_NE(layout.status().message().find("16 connections overflows 64-bit sizes"),
+            std::string::npos)
+      << layout.status().message();
+}
+
+// ---- Placed connections (ef::ConnectionPlacement) ----
+
+ef::ConnectionPlacement placement(int sender, int receiver, int channel, ef::SlotLocation where,
+                                  int device = 0) {
+  ef::ConnectionPlacement pl;
+  pl.sender = sender;
+  pl.receiver = receiver;
+  pl.channel = channel;
+  pl.location = where;
+  pl.device = device;
+  return pl;
+}
+
+/// The ring of 3 ranks over 2 channels with 0->1 ch 1 in host memory and 1->2 ch 0 and
+/// 2->0 ch 1 on slot devices 0 and 1.
+ef::Program placed_ring() {
+  ef::Program p = ring_program(3, 2);
+  p.slot_devices = 2;
+  p.placements = {placement(0, 1, 1, ef::SlotLocation::kHost),
+                  placement(1, 2, 0, ef::SlotLocation::kDevice, 0),
+                  placement(2, 0, 1, ef::SlotLocation::kDevice, 1)};
+  return p;
+}
+
+TEST(ConnectionLayout, PlanCarriesEachConnectionsPlacement) {
+  auto planned = plan_connections(placed_ring());
+  ASSERT_TRUE(planned.is_ok()) << planned.status().message();
+  ASSERT_EQ(planned->size(), 6u);
+  // Order: 0->1 ch0, 0->1 ch1, 1->2 ch0, 1->2 ch1, 2->0 ch0, 2->0 ch1.
+  const std::vector<ef::SlotLocation> want = {
+      ef::SlotLocation::kReceiver, ef::SlotLocation::kHost,     ef::SlotLocation::kDevice,
+      ef::SlotLocation::kReceiver, ef::SlotLocation::kReceiver, ef::SlotLocation::kDevice};
+  const std::vector<int> want_device = {-1, -1, 0, -1, -1, 1};
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ((*planned)[i].placement, want[i]) << "connection " << i;
+    EXPECT_EQ((*planned)[i].slot_device, want_device[i]) << "connection " << i;
+    EXPECT_EQ((*planned)[i].placed(), want[i] != ef::SlotLocation::kReceiver);
+  }
+}
+
+TEST(ConnectionLayout, AListedReceiverPlacementIsTheDefault) {
+  ef::Program p = ring_program(2, 1);
+  p.placements = {placement(0, 1, 0, ef::SlotLocation::kReceiver)};
+  auto planned = plan_connections(p);
+  ASSERT_TRUE(planned.is_ok()) << planned.status().message();
+  EXPECT_FALSE((*planned)[0].placed());
+}
+
+TEST(ConnectionLayout, BadPlacementsAreNamed) {
+  struct Bad {
+    ef::ConnectionPlacement placement;
+    const char* message;
+  };
+  const Bad cases[] = {
+      {placement(0, 2, 0, ef::SlotLocation::kHost),
+       "the placement of connection 0->2 ch 0: the program has no such connection"},
+      {placement(0, 1, 5, ef::SlotLocation::kHost),
+       "the placement of connection 0->1 ch 5: the program has no such connection"},
+      {placement(1, 2, 1, ef::SlotLocation::kDevice, 2),
+       "the placement of connection 1->2 ch 1 names slot device 2; the program has 2"},
+      {placement(1, 2, 1, ef::SlotLocation::kDevice, -1),
+       "the placement of connection 1->2 ch 1 names slot device -1; the program has 2"},
+      {placement(1, 2, 1, static_cast<ef::SlotLocation>(7)),
+       "the placement of connection 1->2 ch 1 has an unknown slot location"},
+  };
+  for (const Bad& bad : cases) {
+    ef::Program p = placed_ring();
+    p.placements.push_back(bad.placement);
+    auto planned = plan_connections(p);
+    ASSERT_FALSE(planned.is_ok()) << bad.message;
+    EXPECT_EQ(planned.status().message(), bad.message);
+  }
+  ef::Program twice = placed_ring();
+  twice.placements.push_back(placement(0, 1, 1, ef::SlotLocation::kDevice, 0));
+  auto planned = plan_connections(twice);
+  ASSERT_FALSE(planned.is_ok());
+  EXPECT_EQ(planned.status().message(), "the placement of connection 0->1 ch 1 is listed twice");
+}
+
+TEST(ConnectionLayout, PlacedConnectionsLieInPlacedArenas) {
+  auto planned = plan_connections(placed_ring());
+  ASSERT_TRUE(planned.is_ok());
+  std::vector<ConnectionPlan> c = *planned;
+  // Ranks 0 and 1 share location 7, rank 2 has location 9.
+  const std::vector<int64_t> location = {7, 7, 9};
+  auto layout = lay_out_connections(c, location, /*slot_stride=*/1024, /*nslots=*/4);
+  ASSERT_TRUE(layout.is_ok()) << layout.status().message();
+  const std::size_t entry = 2 * kCounterStride + 4 * 1024;
+  ASSERT_EQ(layout->connection_fifo_bytes, entry);
+
+  // FIFO arenas hold only the connections placed at their receivers: at 7, 0->1 ch0 and
+  // 2->0 ch0; at 9, 1->2 ch1.
+  EXPECT_EQ(layout->fifo_bytes.at(7), 2 * entry);
+  EXPECT_EQ(layout->fifo_bytes.at(9), entry);
+  EXPECT_EQ(c[0].recv_offset, 0u);     // 0->1 ch0
+  EXPECT_EQ(c[4].recv_offset, entry);  // 2->0 ch0
+  EXPECT_EQ(c[3].recv_offset, 0u);     // 1->2 ch1
+  // One placed arena per (receiver location, sender location, slot memory), one entry each.
+  const std::map<PlacedArenaKey, std::size_t> want = {
+      {PlacedArenaKey{7, 7, -1}, entry},  // 0->1 ch1: host memory
+      {PlacedArenaKey{9, 7, 0}, entry},   // 1->2 ch0: slot device 0
+      {PlacedArenaKey{7, 9, 1}, entry},   // 2->0 ch1: slot device 1
+  };
+  EXPECT_EQ(layout->placed_bytes, want);
+  EXPECT_EQ(c[1].placed_arena(location), (PlacedArenaKey{7, 7, -1}));
+  EXPECT_EQ(c[2].placed_arena(location), (PlacedArenaKey{9, 7, 0}));
+  EXPECT_EQ(c[5].placed_arena(location), (PlacedArenaKey{7, 9, 1}));
+  EXPECT_EQ(c[1].recv_offset, 0u);
+  EXPECT_EQ(c[2].recv_offset, 0u);
+  EXPECT_EQ(c[5].recv_offset, 0u);
+
+  // Counter arenas: every sender's end (head, position), then, for placed connections, the
+  // receiver's end (its position) at the receiver's location, in connection order.
+  // Location 7: sends 0->1 ch0, 0->1 ch1, 1->2 ch0, 1->2 ch1 (4 ends); receives 0->1 ch1 and
+  // 2->0 ch1 placed (2 receiver ends). Location 9: sends 2->0 ch0, ch1; receives 1->2 ch0.
+  EXPECT_EQ(layout->counter_bytes.at(7), 4 * kSendEndBytes + 2 * kRecvEndBytes);
+  EXPECT_EQ(layout->counter_bytes.at(9), 2 * kSendEndBytes + kRecvEndBytes);
+  EXPECT_EQ(c[0].send_offset, 0u);
+  EXPECT_EQ(c[1].send_offset, kSendEndBytes);
+  EXPECT_EQ(c[1].recv_end_offset, 2 * kSendEndBytes);  // after 0->1's two sender ends
+  EXPECT_EQ(c[2].send_offset, 2 * kSendEndBytes + kRecvEndBytes);
+  EXPECT_EQ(c[2].recv_end_offset, 0u);  // the first thing at location 9
+  EXPECT_EQ(c[3].send_offset, 3 * kSendEndBytes + kRecvEndBytes);
+  EXPECT_EQ(c[4].send_offset, kRecvEndBytes);
+  EXPECT_EQ(c[5].send_offset, kRecvEndBytes + kSendEndBytes);
+  EXPECT_EQ(c[5].recv_end_offset, 4 * kSendEndBytes + kRecvEndBytes);
+}
+
+TEST(ConnectionLayout, EveryProcessDerivesTheSameLayout) {
+  // Two processes laying out the same program over the same locations get the same offsets,
+  // whatever else they know (the layout takes nothing else).
+  std::vector<ConnectionPlan> a = *plan_connections(placed_ring());
+  std::vector<ConnectionPlan> b = *plan_connections(placed_ring());
+  auto la = lay_out_connections(a, {3, 4, 5}, 4096, 8);
+  auto lb = lay_out_connections(b, {3, 4, 5}, 4096, 8);
+  ASSERT_TRUE(la.is_ok() && lb.is_ok());
+  EXPECT_EQ(la->placed_bytes, lb->placed_bytes);
+  EXPECT_EQ(la->fifo_bytes, lb->fifo_bytes);
+  EXPECT_EQ(la->counter_bytes, lb->counter_bytes);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].recv_offset, b[i].recv_offset);
+    EXPECT_EQ(a[i].send_offset, b[i].send_offset);
+    EXPECT_EQ(a[i].recv_end_offset, b[i].recv_end_offset);
+  }
+}
+
+TEST(ConnectionLayout, TooManyLargePlacedConnectionsAreAnError) {
+  // Sixteen connections of 2^60 bytes each into one host arena do not fit 64-bit sizes.
+  std::vector<ConnectionPlan> connections(16);
+  for (ConnectionPlan& c : connections) {
+    c.receiver = 1;
+    c.placement = ef::SlotLocation::kHost;
+  }
   auto layout = lay_out_connections(connections, {0, 1}, uint64_t{1} << 50, 1024);
   ASSERT_FALSE(layout.is_ok());
   EXPECT_NE(layout.status().message().find("16 connections overflows 64-bit sizes"),

@@ -10,7 +10,8 @@
 // device's launch, and the grid must be co-resident (checked before launching: a CTA spins on
 // others). Connections are FIFOs of `connection_slots` slots in the receiver's memory, filled
 // by the sender through peer access, in the program's protocol (Simple, LL, LL128; see
-// docs/ef-format.md §5). Their counters and the dependency flags are never reset between
+// docs/ef-format.md §5); a program may place a connection's slots in pinned host memory or on
+// a slot device instead (ef::ConnectionPlacement, ExecutorConfig::slot_devices). Their counters and the dependency flags are never reset between
 // calls, so a call can be captured in a CUDA graph and replayed.
 #pragma once
 
@@ -58,14 +59,26 @@ struct ExecutorConfig {
   /// Tests only: every connection's counters (push and pop positions, head, tail) start here
   /// instead of 0, e.g. just below where LL flags wrap (2^31) or LL slots are cleared (2^30).
   uint64_t first_position = 0;
+  /// The CUDA device of each slot device the program names (one per Program::slot_devices).
+  /// A connection placed on slot device k keeps its slots, tail and head in that GPU's memory:
+  /// the sender writes them and the receiver reads them through peer access (each must have
+  /// it to that GPU), and no kernel runs there for it. Any visible GPU may serve, also a GPU
+  /// of one of the connection's ranks (on one GPU, every slot device is that GPU). A
+  /// multi-process executor reads only the entries of slot devices holding connections that
+  /// this process's ranks receive (the receiver's process allocates the memory); the others
+  /// may be -1.
+  std::vector<int> slot_devices;
 };
 
 /// Multi-process executors: the program's ranks are served by several processes, each running
 /// an executor for its own ranks. Connection memory lives where the single-process executor
-/// puts it (FIFO slots and tail at the receiver, head at the sender); each process allocates
-/// its part and shares it through CUDA IPC. The layout is computed from the program and
-/// `location` alone, so every process derives the same offsets; only one IPC handle per
-/// (process, device) arena is exchanged.
+/// puts it (FIFO slots and tail at the receiver, head at the sender; a placed connection's
+/// slots, tail and head in pinned host memory or on a slot device, owned by the receiver's
+/// process); each process allocates its part and shares it, GPU memory through CUDA IPC and
+/// host memory through POSIX shared memory (a name in /dev/shm that is removed as soon as the
+/// sender's process has mapped it, or when the executor goes). The layout is computed from the
+/// program and `location` alone, so every process derives the same offsets; only one handle
+/// per arena is exchanged.
 struct PeerProcesses {
   /// Per rank: true where this process runs the rank (its `rank_devices` entry is its GPU;
   /// other ranks' entries are ignored).
