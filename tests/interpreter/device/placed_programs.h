@@ -159,7 +159,7 @@ inline ef::Program placed_round_robin(ef::Program p, int slot_devices) {
   p.placements.clear();
   int i = 0;
   for (const auto& [s, r, ch] : connections) {
-    const int turn = i++ % (2 + slot_devices);
+    const int turn = (i++ + 1) % (2 + slot_devices);  // the first one placed: one-connection programs too
     if (turn == 0) continue;  // at the receiver
     p.placements.push_back(turn == 1 ? placed(s, r, ch, ef::SlotLocation::kHost)
                                      : placed(s, r, ch, ef::SlotLocation::kDevice, turn - 2));
