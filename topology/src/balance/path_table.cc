@@ -278,41 +278,70 @@ std::vector<Walk> PathTable::State::walks(NodeIndex a, NodeIndex b) {
 std::shared_ptr<detail::CandidateSet> PathTable::State::make_set(std::vector<Walk> walks) {
   const topo::Topology& t = *topology;
   auto set = std::make_shared<detail::CandidateSet>();
-  set->link_begin.push_back(0);
-  for (Walk& w : walks) {
-    Candidate c;
-    c.gbps = t.path_of(w.links).gbps;
-    set->links.insert(set->links.end(), w.links.begin(), w.links.end());
-    set->link_begin.push_back(static_cast<uint32_t>(set->links.size()));
-    c.links = std::move(w.links);
-    c.via = std::move(w.via);
-    set->candidates.push_back(std::move(c));
-  }
-  const uint32_t n = set->size();
-  const std::size_t base = n == 0 ? 0 : set->candidates[0].links.size();
+  const uint32_t n = static_cast<uint32_t>(walks.size());
+  const std::size_t base = n == 0 ? 0 : walks[0].links.size();
+  std::vector<uint32_t> flags(n);
+  std::vector<LinkIndex> united;
+  uint32_t shortest = 0;
   for (uint32_t c = 0; c < n; ++c) {
-    const auto mine = set->links_of(c);
+    const auto& mine = walks[c].links;
     bool dominated = false;
     for (uint32_t o = 0; o < n && !dominated; ++o) {
-      const auto other = set->links_of(o);
+      const auto& other = walks[o].links;
       if (o == c || other.size() > mine.size() || (other.size() == mine.size() && o > c)) continue;
       dominated = std::all_of(other.begin(), other.end(), [&](LinkIndex l) {
         return std::find(mine.begin(), mine.end(), l) != mine.end();
       });
     }
-    set->useful.push_back(dominated ? 0 : 1);
-    set->extra_links.push_back(mine.size() > base ? static_cast<uint32_t>(mine.size() - base) : 0);
+    const uint32_t extra = mine.size() > base ? static_cast<uint32_t>(mine.size() - base) : 0;
+    flags[c] = extra << 1 | (dominated ? 0 : 1);
     if (dominated) continue;
-    set->union_links.insert(set->union_links.end(), mine.begin(), mine.end());
-    if (!set->useful[set->shortest_useful] ||
-        set->extra_links[c] < set->extra_links[set->shortest_useful])
-      set->shortest_useful = c;
+    united.insert(united.end(), mine.begin(), mine.end());
+    if ((flags[shortest] & 1) == 0 || extra < (flags[shortest] >> 1)) shortest = c;
   }
-  std::sort(set->union_links.begin(), set->union_links.end());
-  set->union_links.erase(std::unique(set->union_links.begin(), set->union_links.end()),
-                         set->union_links.end());
+  std::sort(united.begin(), united.end());
+  united.erase(std::unique(united.begin(), united.end()), united.end());
+  std::vector<uint32_t> v = {n, shortest, static_cast<uint32_t>(united.size())};
+  v.insert(v.end(), flags.begin(), flags.end());
+  uint32_t at = static_cast<uint32_t>(3 + 2 * n + 1 + united.size());
+  for (uint32_t c = 0; c <= n; ++c) {
+    v.push_back(at);
+    if (c < n) at += static_cast<uint32_t>(walks[c].links.size());
+  }
+  v.insert(v.end(), united.begin(), united.end());
+  for (Walk& w : walks) {
+    v.insert(v.end(), w.links.begin(), w.links.end());
+    Candidate c;
+    c.gbps = t.path_of(w.links).gbps;
+    c.links = std::move(w.links);
+    c.via = std::move(w.via);
+    set->candidates.push_back(std::move(c));
+  }
+  uint32_t* space = view_space(v.size());
+  std::copy(v.begin(), v.end(), space);
+  set->view.v = space;
   sets.push_back(set);
   return set;
+}
+
+uint32_t* PathTable::State::view_space(std::size_t n) {
+  constexpr std::size_t kChunk = 1 << 16;  // words
+  if (n > kChunk) return view_chunks.emplace_back(std::make_unique<uint32_t[]>(n)).get();
+  if (n > view_chunk_left) {
+    view_chunks.push_back(std::make_unique<uint32_t[]>(kChunk));
+    view_chunk_left = kChunk;
+  }
+  uint32_t* space = view_chunks.back().get() + (kChunk - view_chunk_left);
+  view_chunk_left -= n;
+  return space;
+}
+
+const detail::CandidateSet* PathTable::State::publish(const detail::Row& row, int32_t dst,
+                                                      std::shared_ptr<detail::CandidateSet> set) {
+  const auto d = static_cast<std::size_t>(dst);
+  row.full[d].store(set.get(), std::memory_order_release);
+  row.full_view[d].store(set->view.v, std::memory_order_release);  // after: a view implies a set
+  return set.get();
 }
 
 Status PathTable::State::no_path(NodeIndex a, NodeIndex b) const {
@@ -328,6 +357,7 @@ const detail::Row* PathTable::State::row(int32_t slot) {
   auto r = std::make_unique<detail::Row>();
   const std::size_t nslots = slot_gpu.size();
   r->full = std::make_unique<std::atomic<const detail::CandidateSet*>[]>(nslots);
+  r->full_view = std::make_unique<std::atomic<const uint32_t*>[]>(nslots);
   r->only_default = std::make_unique<std::atomic<const detail::CandidateSet*>[]>(nslots);
   r->begin.push_back(0);
   const NodeIndex a = slot_gpu[static_cast<std::size_t>(slot)];
@@ -338,7 +368,7 @@ const detail::Row* PathTable::State::row(int32_t slot) {
     } else if (auto all = walks(a, slot_gpu[d]); !all.empty()) {
       // No default of the usual shape: candidates[0] of the whole set is the default.
       r->links.insert(r->links.end(), all[0].links.begin(), all[0].links.end());
-      r->full[d].store(make_set(std::move(all)).get(), std::memory_order_relaxed);
+      publish(*r, static_cast<int32_t>(d), make_set(std::move(all)));
       w.emplace();
     }
     r->reachable.push_back(w ? 1 : 0);
@@ -360,9 +390,17 @@ StatusOr<const detail::CandidateSet*> PathTable::State::full_set(int32_t src, in
   const NodeIndex b = slot_gpu[static_cast<std::size_t>(dst)];
   auto all = walks(a, b);
   if (all.empty()) return no_path(a, b);
-  const detail::CandidateSet* s = make_set(std::move(all)).get();
-  slot.store(s, std::memory_order_release);
-  return s;
+  return publish(*r, dst, make_set(std::move(all)));
+}
+
+StatusOr<detail::CandidateView> PathTable::State::full_view(int32_t src, int32_t dst) {
+  const detail::Row* r = row(src);
+  if (const uint32_t* v =
+          r->full_view[static_cast<std::size_t>(dst)].load(std::memory_order_acquire))
+    return detail::CandidateView{v};
+  auto set = full_set(src, dst);
+  if (!set) return set.status();
+  return (*set)->view;
 }
 
 StatusOr<const detail::CandidateSet*> PathTable::State::default_set(int32_t src, int32_t dst) {

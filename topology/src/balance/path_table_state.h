@@ -22,27 +22,41 @@ struct Walk {
   std::string via;
 };
 
-/// One GPU pair's candidates: the public list and the flat view the planner reads.
-struct CandidateSet : std::enable_shared_from_this<CandidateSet> {
-  std::vector<Candidate> candidates;
-  /// Candidate c's links are links[link_begin[c] .. link_begin[c + 1]).
-  std::vector<uint32_t> link_begin;
-  std::vector<LinkIndex> links;
-  /// 0 where another candidate's links are a subset of this one's: such a candidate never
+/// The planner's view of one GPU pair's candidates, packed in one block of the table's arena
+/// (a plan reads thousands of them; one block is a few adjacent cache lines):
+///   [n, shortest_useful, union_size, flags[n], link_begin[n + 1], union links, links]
+/// with flags[c] = extra_links << 1 | useful and link_begin relative to the block.
+struct CandidateView {
+  const uint32_t* v = nullptr;
+
+  uint32_t size() const { return v[0]; }
+  /// The useful candidate with the fewest extra links (the lowest index of those).
+  uint32_t shortest_useful() const { return v[1]; }
+  /// false where another candidate's links are a subset of this one's: such a candidate never
   /// lowers a load that the other would not (on NVSwitch, a relay is the direct path plus a
   /// detour), so the planner leaves it out. The optimum over the rest is the same.
-  std::vector<uint8_t> useful;
+  bool useful(uint32_t c) const { return (v[3 + c] & 1) != 0; }
   /// Links beyond candidates[0]'s (the hop penalty counts these).
-  std::vector<uint32_t> extra_links;
-  /// Every link of a useful candidate, once, ascending.
-  std::vector<LinkIndex> union_links;
-  /// The useful candidate with the fewest extra links (the lowest index of those).
-  uint32_t shortest_useful = 0;
-
+  uint32_t extra_links(uint32_t c) const { return v[3 + c] >> 1; }
   std::span<const LinkIndex> links_of(uint32_t c) const {
-    return {links.data() + link_begin[c], links.data() + link_begin[c + 1]};
+    const uint32_t* begin = v + 3 + size();
+    return {v + begin[c], v + begin[c + 1]};
   }
-  uint32_t size() const { return static_cast<uint32_t>(candidates.size()); }
+  /// Every link of a useful candidate, once, ascending.
+  std::span<const LinkIndex> union_links() const {
+    return {v + 3 + 2 * size() + 1, v + 3 + 2 * size() + 1 + v[2]};
+  }
+  /// The number of links over all candidates.
+  uint32_t total_links() const {
+    const uint32_t* begin = v + 3 + size();
+    return begin[size()] - begin[0];
+  }
+};
+
+/// One GPU pair's candidates: the public list and the planner's view of it.
+struct CandidateSet : std::enable_shared_from_this<CandidateSet> {
+  std::vector<Candidate> candidates;
+  CandidateView view;
 };
 
 /// Everything a planner needs about one source GPU: the default path (candidates[0]) to every
@@ -55,6 +69,7 @@ struct Row {
   std::vector<LinkIndex> links;
   std::vector<uint8_t> reachable;
   std::unique_ptr<std::atomic<const CandidateSet*>[]> full;          ///< every candidate
+  std::unique_ptr<std::atomic<const uint32_t*>[]> full_view;         ///< their CandidateView
   std::unique_ptr<std::atomic<const CandidateSet*>[]> only_default;  ///< candidates[0] alone
 
   std::span<const LinkIndex> default_links(int32_t d) const {
@@ -77,6 +92,8 @@ struct PathTable::State {
   const detail::Row* row(int32_t slot);
   /// Every candidate of (src, dst) slots / candidates[0] alone (every candidate when known).
   StatusOr<const detail::CandidateSet*> full_set(int32_t src, int32_t dst);
+  /// full_set's view, without touching the set.
+  StatusOr<detail::CandidateView> full_view(int32_t src, int32_t dst);
   StatusOr<const detail::CandidateSet*> default_set(int32_t src, int32_t dst);
 
   const topo::Topology* topology = nullptr;  ///< the table's
@@ -113,6 +130,9 @@ struct PathTable::State {
   std::mutex mu;  ///< guards everything below and the filling of rows and slots
   std::vector<std::unique_ptr<detail::Row>> row_storage;
   std::vector<std::shared_ptr<detail::CandidateSet>> sets;
+  /// Storage of the views, in chunks that never move.
+  std::vector<std::unique_ptr<uint32_t[]>> view_chunks;
+  std::size_t view_chunk_left = 0;
   /// Routes inside one host (whole links), by (from, to) nodes.
   std::unordered_map<uint64_t, std::optional<std::vector<LinkIndex>>> routes;
 
@@ -131,6 +151,11 @@ struct PathTable::State {
   /// Every candidate of (a, b), candidates[0] first.
   std::vector<detail::Walk> walks(NodeIndex a, NodeIndex b);
   std::shared_ptr<detail::CandidateSet> make_set(std::vector<detail::Walk> walks);
+  /// Space for `n` words of views.
+  uint32_t* view_space(std::size_t n);
+  /// Publishes a complete set in slot `dst` of `row`.
+  const detail::CandidateSet* publish(const detail::Row& row, int32_t dst,
+                                      std::shared_ptr<detail::CandidateSet> set);
   Status no_path(NodeIndex a, NodeIndex b) const;
 };
 

@@ -54,8 +54,8 @@ struct Planner::Solution {
     std::size_t position = 0;  ///< src * nranks + dst
     uint64_t bytes = 0;
     int32_t src_slot = 0, dst_slot = 0;
-    const detail::CandidateSet* set = nullptr;  ///< null while every pair is on its default
-    uint32_t begin = 0;        ///< its bytes per candidate: share_bytes[begin .. + set->size())
+    detail::CandidateView view;  ///< its candidates, when it has bytes off candidates[0]
+    uint32_t begin = 0;        ///< its bytes per candidate: share_bytes[begin .. + view.size())
     bool off_default = false;  ///< some bytes off candidates[0]
   };
   std::vector<Split> split;  ///< src-major
@@ -200,7 +200,7 @@ StatusOr<Planner::Solution> Planner::compute(const Demand& demand,
       const bool small = bytes < options_.min_split_bytes;
       std::vector<double>& load = small ? fixed : movable;
       for (LinkIndex l : row.default_links(b)) load[l] += v;
-      if (!small) sol.split.push_back({s * n + d, bytes, a, b, nullptr, 0, false});
+      if (!small) sol.split.push_back({s * n + d, bytes, a, b, {}, 0, false});
       if (a == b) continue;
       slot_out[static_cast<std::size_t>(a)] += v;
       slot_in[static_cast<std::size_t>(b)] += v;
@@ -256,11 +256,11 @@ StatusOr<Planner::Solution> Planner::compute(const Demand& demand,
     in.direct = direct;
     in.lower_bound_us = bound;
     in.pairs = pairs;
-    in.candidates = [&](uint32_t i) -> StatusOr<const detail::CandidateSet*> {
+    in.candidates = [&](uint32_t i) -> StatusOr<detail::CandidateView> {
       const Solution::Split& sp = sol.split[i];
-      auto set = st.full_set(sp.src_slot, sp.dst_slot);
-      if (!set) return error_of(sp.position / n, sp.position % n, sp.src_slot, sp.dst_slot);
-      return set;
+      auto view = st.full_view(sp.src_slot, sp.dst_slot);
+      if (!view) return error_of(sp.position / n, sp.position % n, sp.src_slot, sp.dst_slot);
+      return view;
     };
     in.piece_bytes = options_.piece_bytes;
     in.max_pieces = options_.max_pieces;
@@ -272,14 +272,14 @@ StatusOr<Planner::Solution> Planner::compute(const Demand& demand,
     sol.share_bytes = std::move(split->bytes);
     for (std::size_t k = 0; k < split->pairs.size(); ++k) {
       Solution::Split& sp = sol.split[split->pairs[k]];
-      sp.set = split->sets[k];
+      sp.view = split->views[k];
       sp.begin = split->begin[k];
       sp.off_default = true;
       const double bytes = static_cast<double>(sp.bytes);
-      for (LinkIndex l : sp.set->links_of(0)) load[l] -= bytes;
-      for (uint32_t c = 0; c < sp.set->size(); ++c)
+      for (LinkIndex l : sp.view.links_of(0)) load[l] -= bytes;
+      for (uint32_t c = 0; c < sp.view.size(); ++c)
         if (const uint64_t share = sol.share_bytes[sp.begin + c]; share > 0)
-          for (LinkIndex l : sp.set->links_of(c)) load[l] += static_cast<double>(share);
+          for (LinkIndex l : sp.view.links_of(c)) load[l] += static_cast<double>(share);
     }
   }
   sol.max_load_us = max_us(inv, bg, load);
@@ -311,18 +311,14 @@ StatusOr<Plan> Planner::materialize(const Solution& sol, const Demand& demand,
     p.src = static_cast<int32_t>(sp.position / n);
     p.dst = static_cast<int32_t>(sp.position % n);
     p.bytes = sp.bytes;
-    const detail::CandidateSet* set = sp.set;
-    if (set == nullptr) {
-      auto full = st.full_set(sp.src_slot, sp.dst_slot);
-      if (!full) return full.status();
-      set = *full;
-    }
-    p.candidates = detail::candidates_of(set);
+    auto set = st.full_set(sp.src_slot, sp.dst_slot);
+    if (!set) return set.status();
+    p.candidates = detail::candidates_of(*set);
     if (!sp.off_default) {
       p.paths.push_back({0, sp.bytes});
       return p;
     }
-    for (uint32_t c = 0; c < set->size(); ++c)
+    for (uint32_t c = 0; c < sp.view.size(); ++c)
       if (const uint64_t bytes = sol.share_bytes[sp.begin + c]; bytes > 0) p.paths.push_back({c, bytes});
     return p;
   };

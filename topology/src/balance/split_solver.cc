@@ -108,7 +108,7 @@ struct Problem {
 struct Placement {
   static constexpr uint32_t kUnplaced = ~uint32_t{0};
   std::vector<uint32_t> offset;
-  std::vector<const CandidateSet*> set;
+  std::vector<CandidateView> set;
   std::vector<double> x;
   double* of(uint32_t p) { return x.data() + offset[p]; }
 };
@@ -195,11 +195,11 @@ void greedy(const Problem& pb, uint32_t pieces, std::vector<uint32_t>& order,
       uint32_t chosen = pb.cand_begin[p];
       double chosen_cost = std::numeric_limits<double>::infinity();
       for (uint32_t c = pb.cand_begin[p]; c < pb.cand_begin[p + 1]; ++c) {
-        double worst = 0;
-        for (const LinkIndex* l = pb.first[c]; l != pb.last[c]; ++l)
-          worst = std::max(worst, (load[*l] + piece) * pb.inv[*l]);
-        if (worst + pb.penalty_us[c] < chosen_cost) {
-          chosen_cost = worst + pb.penalty_us[c];
+        double cost = pb.penalty_us[c];  // + the busiest link; stop once it cannot win
+        for (const LinkIndex* l = pb.first[c]; l != pb.last[c] && cost < chosen_cost; ++l)
+          cost = std::max(cost, (load[*l] + piece) * pb.inv[*l] + pb.penalty_us[c]);
+        if (cost < chosen_cost) {
+          chosen_cost = cost;
           chosen = c;
         }
       }
@@ -237,6 +237,7 @@ std::pair<LinkIndex, double> hottest(const Problem& pb, const std::vector<double
 bool level(const Problem& pb, std::size_t nlinks, double limit, Workspace& w) {
   std::vector<double>& x = w.x;
   std::vector<double>& load = w.load;
+  if (hottest(pb, load).second <= limit) return true;
   index_users(pb, nlinks, w);
   const std::size_t max_moves = kLevelMoves + 2 * pb.npairs();
   for (std::size_t move = 0; move < max_moves; ++move) {
@@ -395,9 +396,10 @@ void round_and_refine(const Problem& pb, const SplitInput& in, std::size_t nlink
     }
     // The pieces left over to the largest remainders (then the lower candidate); floating-point
     // drift the other way takes them back from the smallest.
-    std::sort(w.fractions.begin(), w.fractions.end(), [](const auto& a, const auto& b) {
-      return a.first > b.first || (a.first == b.first && a.second < b.second);
-    });
+    if (assigned != whole)
+      std::sort(w.fractions.begin(), w.fractions.end(), [](const auto& a, const auto& b) {
+        return a.first > b.first || (a.first == b.first && a.second < b.second);
+      });
     for (std::size_t i = 0; assigned < whole; i = (i + 1) % w.fractions.size(), ++assigned)
       ++w.units[w.fractions[i].second];
     for (std::size_t i = w.fractions.size(); assigned > whole;) {
@@ -409,7 +411,9 @@ void round_and_refine(const Problem& pb, const SplitInput& in, std::size_t nlink
     w.remainder_at[p] = largest;
     const double rest = static_cast<double>(bytes - whole * in.piece_bytes);
     for (uint32_t c = pb.cand_begin[p]; c < pb.cand_begin[p + 1]; ++c)
-      add_path(pb, c, static_cast<double>(w.units[c]) * unit + (c == largest ? rest : 0.0), load);
+      if (const double on = static_cast<double>(w.units[c]) * unit + (c == largest ? rest : 0.0);
+          on > 0)
+        add_path(pb, c, on, load);
   }
   if (max_us(pb, load) <= bound * (1 + kCertified)) return;
   index_users(pb, nlinks, w);
@@ -452,7 +456,7 @@ Status look_up(const SplitInput& in, std::span<const uint32_t> members, Placemen
     if (!set) return set.status();
     placement.set[m] = *set;
     placement.offset[m] = static_cast<uint32_t>(placement.x.size());
-    placement.x.resize(placement.x.size() + (*set)->size(), 0.0);
+    placement.x.resize(placement.x.size() + set->size(), 0.0);
   }
   return Status::ok();
 }
@@ -473,13 +477,13 @@ void build(const SplitInput& in, std::span<const uint32_t> members,
   w.relevant.assign(nlinks, 1);
   std::size_t total_candidates = 0, total_links = 0;
   for (uint32_t m : members) {
-    total_candidates += placement.set[m]->size();
-    total_links += placement.set[m]->links.size();
+    total_candidates += placement.set[m].size();
+    total_links += placement.set[m].total_links();
   }
   if (filtered) {
     w.reach.assign(outside.begin(), outside.end());
     for (uint32_t m : members)
-      for (LinkIndex l : placement.set[m]->union_links)
+      for (LinkIndex l : placement.set[m].union_links())
         w.reach[l] += static_cast<double>(in.pairs[m].bytes);
     for (LinkIndex l = 0; l < nlinks; ++l)
       w.relevant[l] = w.reach[l] * in.us_per_byte[l] > in.lower_bound_us ? 1 : 0;
@@ -491,19 +495,19 @@ void build(const SplitInput& in, std::span<const uint32_t> members,
   pb.first.reserve(total_candidates);
   pb.last.reserve(total_candidates);
   for (uint32_t m : members) {
-    const CandidateSet& set = *placement.set[m];
+    const CandidateView set = placement.set[m];
     const double bytes = static_cast<double>(in.pairs[m].bytes);
     double* x = placement.of(m);
     if (!filtered) {
       std::fill(x, x + set.size(), 0.0);
       for (uint32_t c = 0; c < set.size(); ++c) {
-        if (!set.useful[c]) continue;
+        if (!set.useful(c)) continue;
         const auto links = set.links_of(c);
         pb.cand_index.push_back(c);
         pb.cand_pair.push_back(static_cast<uint32_t>(pb.bytes.size()));
         pb.first.push_back(links.data());
         pb.last.push_back(links.data() + links.size());
-        pb.penalty_us.push_back(set.extra_links[c] * in.hop_penalty_us);
+        pb.penalty_us.push_back(set.extra_links(c) * in.hop_penalty_us);
       }
       pb.bytes.push_back(bytes);
       pb.member.push_back(m);
@@ -516,26 +520,26 @@ void build(const SplitInput& in, std::span<const uint32_t> members,
       for (LinkIndex l : set.links_of(c)) pb.base[l] += bytes;
     };
     // Clear of every link that matters: the shortest useful candidate.
-    if (std::none_of(set.union_links.begin(), set.union_links.end(),
+    if (std::none_of(set.union_links().begin(), set.union_links().end(),
                      [&](LinkIndex l) { return w.relevant[l] != 0; })) {
-      place(set.shortest_useful);
+      place(set.shortest_useful());
       continue;
     }
     const std::size_t first_cand = pb.ncandidates();
     const std::size_t first_link = pb.own_links.size();
     int32_t clear = -1;
     for (uint32_t c = 0; c < set.size(); ++c) {
-      if (!set.useful[c]) continue;
+      if (!set.useful(c)) continue;
       const std::size_t before = pb.own_links.size();
       for (LinkIndex l : set.links_of(c))
         if (w.relevant[l]) pb.own_links.push_back(l);
       if (pb.own_links.size() == before &&
-          (clear < 0 || set.extra_links[c] < set.extra_links[static_cast<uint32_t>(clear)]))
+          (clear < 0 || set.extra_links(c) < set.extra_links(static_cast<uint32_t>(clear))))
         clear = static_cast<int32_t>(c);
       pb.cand_index.push_back(c);
       pb.first.push_back(pb.own_links.data() + before);
       pb.last.push_back(pb.own_links.data() + pb.own_links.size());
-      pb.penalty_us.push_back(set.extra_links[c] * in.hop_penalty_us);
+      pb.penalty_us.push_back(set.extra_links(c) * in.hop_penalty_us);
     }
     if (clear >= 0 || pb.ncandidates() - first_cand == 1) {
       const uint32_t c = clear >= 0 ? static_cast<uint32_t>(clear) : pb.cand_index[first_cand];
@@ -574,7 +578,7 @@ StatusOr<SplitOutput> split(const SplitInput& in) {
   const double limit = in.lower_bound_us * (1 + kCertified);
   Placement& placement = w.placement;
   placement.offset.assign(npairs, Placement::kUnplaced);
-  placement.set.assign(npairs, nullptr);
+  placement.set.assign(npairs, CandidateView{});
   placement.x.clear();
   // 1. The core: pairs whose default path crosses a link above the limit.
   w.over.assign(nlinks, 0);
@@ -628,8 +632,8 @@ StatusOr<SplitOutput> split(const SplitInput& in) {
     if (Status s = look_up(in, w.members, placement); !s) return s;
     for (uint32_t p = 0; p < npairs; ++p) {
       if (w.core[p]) continue;
-      const CandidateSet& set = *placement.set[p];
-      placement.of(p)[set.useful[0] ? 0 : set.shortest_useful] =
+      const CandidateView set = placement.set[p];
+      placement.of(p)[set.useful(0) ? 0 : set.shortest_useful()] =
           static_cast<double>(in.pairs[p].bytes);
     }
     build(in, w.members, in.base, /*filtered=*/true, w);
@@ -654,7 +658,7 @@ StatusOr<SplitOutput> split(const SplitInput& in) {
   SplitOutput out;
   for (uint32_t m = 0; m < npairs; ++m) {
     if (placement.offset[m] == Placement::kUnplaced) continue;
-    const CandidateSet& set = *placement.set[m];
+    const CandidateView set = placement.set[m];
     const std::size_t begin = out.bytes.size();
     out.bytes.resize(begin + set.size(), 0);
     const uint64_t bytes = in.pairs[m].bytes;
@@ -673,7 +677,7 @@ StatusOr<SplitOutput> split(const SplitInput& in) {
       continue;
     }
     out.pairs.push_back(m);
-    out.sets.push_back(&set);
+    out.views.push_back(set);
     out.begin.push_back(static_cast<uint32_t>(begin));
   }
   return out;

@@ -25,7 +25,7 @@ struct SplitInput {
   std::span<const SplitPair> pairs;
   /// The candidates of pair p (at least one; candidates[0] is `path`), asked for only when
   /// the pair may have to leave its default path.
-  std::function<StatusOr<const CandidateSet*>(uint32_t p)> candidates;
+  std::function<StatusOr<CandidateView>(uint32_t p)> candidates;
   uint64_t piece_bytes = 1;
   uint32_t max_pieces = 1;
   double hop_penalty_us = 0;
@@ -35,7 +35,7 @@ struct SplitInput {
 /// The pairs with bytes off candidates[0], ascending; every other pair stays there.
 struct SplitOutput {
   std::vector<uint32_t> pairs;
-  std::vector<const CandidateSet*> sets;
+  std::vector<CandidateView> views;
   /// Pair pairs[i]'s bytes on its candidate c: bytes[begin[i] + c] (whole pieces but one).
   std::vector<uint32_t> begin;
   std::vector<uint64_t> bytes;
