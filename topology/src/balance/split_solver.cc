@@ -50,6 +50,8 @@ constexpr int kNewtonSteps = 2;
 /// that prove lower bounds.
 constexpr double kBetaFirst = 0.5;
 constexpr double kBetaLast = 512;
+/// Sweeps from the first sharpness to the last; the sweeps after that stay at the last.
+constexpr int kRamp = 16;
 constexpr double kBetaBound = 256;
 /// Moves of the final refinement, at most, beyond 4 per pair.
 constexpr std::size_t kRefineMoves = 64;
@@ -121,8 +123,8 @@ struct Workspace {
   std::vector<uint8_t> over, core, relevant;
   std::vector<uint32_t> members, order, user_begin, users, fill, remainder_at, minus, plus;
   std::vector<int32_t> in_problem;
-  std::vector<uint64_t> units;
-  std::vector<std::pair<double, uint32_t>> fractions;
+  std::vector<uint64_t> units, leftover;
+  std::vector<double> fraction;
 };
 
 Workspace& workspace() {
@@ -282,8 +284,8 @@ double descend(const Problem& pb, int sweeps, double known_bound, Workspace& w) 
     const double umax = max_us(pb, load);
     if (!(umax > 0)) break;
     const double beta =
-        kBetaFirst * std::pow(kBetaLast / kBetaFirst,
-                              static_cast<double>(sweep) / std::max(1, sweeps - 1));
+        kBetaFirst * std::pow(kBetaLast / kBetaFirst, static_cast<double>(std::min(sweep, kRamp - 1)) /
+                                                          (kRamp - 1));
     const double k = beta / umax;
     weigh(pb, load, beta, umax, weight, cost);
     for (std::size_t p = 0; p < pb.npairs(); ++p) {
@@ -373,7 +375,10 @@ double descend(const Problem& pb, int sweeps, double known_bound, Workspace& w) 
   return bound;
 }
 
-/// Step 5: whole pieces (w.units), then the busiest link relieved piece by piece.
+/// Step 5: whole pieces (w.units), then the busiest link relieved piece by piece. Each share
+/// is rounded down; the pieces left over go, one per pair per round, to the candidate with a
+/// fractional part whose busiest link takes one best (with coarse pieces the rounding decides
+/// much of the plan); a pair's last, partial piece goes with its largest share.
 void round_and_refine(const Problem& pb, const SplitInput& in, std::size_t nlinks, double bound,
                       Workspace& w) {
   const double unit = static_cast<double>(in.piece_bytes);
@@ -381,39 +386,59 @@ void round_and_refine(const Problem& pb, const SplitInput& in, std::size_t nlink
   load = pb.base;
   w.units.assign(pb.ncandidates(), 0);
   w.remainder_at.assign(pb.npairs(), 0);
+  w.fraction.assign(pb.ncandidates(), 0.0);
+  w.leftover.assign(pb.npairs(), 0);
   for (std::size_t p = 0; p < pb.npairs(); ++p) {
     const uint64_t bytes = in.pairs[pb.member[p]].bytes;
     const uint64_t whole = bytes / in.piece_bytes;
     uint64_t assigned = 0;
-    w.fractions.clear();
     uint32_t largest = pb.cand_begin[p];
     for (uint32_t c = pb.cand_begin[p]; c < pb.cand_begin[p + 1]; ++c) {
       const double q = std::max(0.0, w.x[c]) / unit;
       w.units[c] = std::min<uint64_t>(static_cast<uint64_t>(q), whole);
+      w.fraction[c] = q - static_cast<double>(w.units[c]);
       assigned += w.units[c];
-      w.fractions.push_back({q - static_cast<double>(w.units[c]), c});
       if (w.x[c] > w.x[largest]) largest = c;
     }
-    // The pieces left over to the largest remainders (then the lower candidate); floating-point
-    // drift the other way takes them back from the smallest.
-    if (assigned != whole)
-      std::sort(w.fractions.begin(), w.fractions.end(), [](const auto& a, const auto& b) {
-        return a.first > b.first || (a.first == b.first && a.second < b.second);
-      });
-    for (std::size_t i = 0; assigned < whole; i = (i + 1) % w.fractions.size(), ++assigned)
-      ++w.units[w.fractions[i].second];
-    for (std::size_t i = w.fractions.size(); assigned > whole;) {
-      i = (i + w.fractions.size() - 1) % w.fractions.size();
-      if (w.units[w.fractions[i].second] == 0) continue;
-      --w.units[w.fractions[i].second];
+    // Floating-point drift the other way: back from the smallest fractions.
+    while (assigned > whole) {
+      uint32_t smallest = pb.cand_begin[p + 1];
+      for (uint32_t c = pb.cand_begin[p]; c < pb.cand_begin[p + 1]; ++c)
+        if (w.units[c] > 0 && (smallest == pb.cand_begin[p + 1] || w.fraction[c] < w.fraction[smallest]))
+          smallest = c;
+      --w.units[smallest];
       --assigned;
     }
+    w.leftover[p] = whole - assigned;
     w.remainder_at[p] = largest;
     const double rest = static_cast<double>(bytes - whole * in.piece_bytes);
     for (uint32_t c = pb.cand_begin[p]; c < pb.cand_begin[p + 1]; ++c)
       if (const double on = static_cast<double>(w.units[c]) * unit + (c == largest ? rest : 0.0);
           on > 0)
         add_path(pb, c, on, load);
+  }
+  for (bool more = true; more;) {
+    more = false;
+    for (std::size_t p = 0; p < pb.npairs(); ++p) {
+      if (w.leftover[p] == 0) continue;
+      uint32_t chosen = pb.cand_begin[p + 1];
+      double chosen_cost = std::numeric_limits<double>::infinity();
+      for (int any = 0; any < 2 && chosen == pb.cand_begin[p + 1]; ++any)
+        for (uint32_t c = pb.cand_begin[p]; c < pb.cand_begin[p + 1]; ++c) {
+          if (any == 0 && !(w.fraction[c] > 0)) continue;
+          double cost = pb.penalty_us[c];
+          for (const LinkIndex* l = pb.first[c]; l != pb.last[c] && cost < chosen_cost; ++l)
+            cost = std::max(cost, (load[*l] + unit) * pb.inv[*l] + pb.penalty_us[c]);
+          if (cost < chosen_cost) {
+            chosen_cost = cost;
+            chosen = c;
+          }
+        }
+      ++w.units[chosen];
+      w.fraction[chosen] = 0;
+      add_path(pb, chosen, unit, load);
+      more = --w.leftover[p] > 0 || more;
+    }
   }
   if (max_us(pb, load) <= bound * (1 + kCertified)) return;
   index_users(pb, nlinks, w);
