@@ -53,8 +53,10 @@ constexpr double kBetaLast = 512;
 /// Sweeps from the first sharpness to the last; the sweeps after that stay at the last.
 constexpr int kRamp = 16;
 constexpr double kBetaBound = 256;
-/// Moves of the final refinement, at most, beyond 4 per pair.
+/// Moves of the final refinement, at most, beyond 4 per pair; its finest move, in parts of a
+/// piece.
 constexpr std::size_t kRefineMoves = 64;
+constexpr uint64_t kFinest = 64;
 
 /// e^x by range reduction and a polynomial: only + and *, so the same bits on every machine
 /// (libm's exp may differ between versions); relative error below 1e-9, 0 below e^-700.
@@ -121,9 +123,9 @@ struct Workspace {
   Placement placement;
   std::vector<double> x, load, outside, reach, weight, cost;
   std::vector<uint8_t> over, core, relevant;
-  std::vector<uint32_t> members, order, user_begin, users, fill, remainder_at, minus, plus;
+  std::vector<uint32_t> members, order, user_begin, users, fill, minus, plus;
   std::vector<int32_t> in_problem;
-  std::vector<uint64_t> units, leftover;
+  std::vector<uint64_t> share, leftover;
   std::vector<double> fraction;
 };
 
@@ -375,17 +377,19 @@ double descend(const Problem& pb, int sweeps, double known_bound, Workspace& w) 
   return bound;
 }
 
-/// Step 5: whole pieces (w.units), then the busiest link relieved piece by piece. Each share
-/// is rounded down; the pieces left over go, one per pair per round, to the candidate with a
-/// fractional part whose busiest link takes one best (with coarse pieces the rounding decides
-/// much of the plan); a pair's last, partial piece goes with its largest share.
+/// Step 5: bytes per candidate (w.share). Each share is rounded down to whole pieces; the
+/// pieces left over go, one per pair per round, to the candidate with a fractional part whose
+/// busiest link takes one best (with coarse pieces the rounding decides much of the plan); a
+/// pair's last, partial piece goes with its largest share. Then, while the busiest link is
+/// above the certified limit, a piece of a pair crossing it moves to another of its candidates
+/// that stays below: a whole piece, else half of one, ..., down to 1/kFinest of one (whole
+/// pieces of a small pair can be too coarse to come near the optimum).
 void round_and_refine(const Problem& pb, const SplitInput& in, std::size_t nlinks, double bound,
                       Workspace& w) {
   const double unit = static_cast<double>(in.piece_bytes);
   std::vector<double>& load = w.load;
   load = pb.base;
-  w.units.assign(pb.ncandidates(), 0);
-  w.remainder_at.assign(pb.npairs(), 0);
+  w.share.assign(pb.ncandidates(), 0);
   w.fraction.assign(pb.ncandidates(), 0.0);
   w.leftover.assign(pb.npairs(), 0);
   for (std::size_t p = 0; p < pb.npairs(); ++p) {
@@ -395,27 +399,25 @@ void round_and_refine(const Problem& pb, const SplitInput& in, std::size_t nlink
     uint32_t largest = pb.cand_begin[p];
     for (uint32_t c = pb.cand_begin[p]; c < pb.cand_begin[p + 1]; ++c) {
       const double q = std::max(0.0, w.x[c]) / unit;
-      w.units[c] = std::min<uint64_t>(static_cast<uint64_t>(q), whole);
-      w.fraction[c] = q - static_cast<double>(w.units[c]);
-      assigned += w.units[c];
+      w.share[c] = std::min<uint64_t>(static_cast<uint64_t>(q), whole);
+      w.fraction[c] = q - static_cast<double>(w.share[c]);
+      assigned += w.share[c];
       if (w.x[c] > w.x[largest]) largest = c;
     }
     // Floating-point drift the other way: back from the smallest fractions.
     while (assigned > whole) {
       uint32_t smallest = pb.cand_begin[p + 1];
       for (uint32_t c = pb.cand_begin[p]; c < pb.cand_begin[p + 1]; ++c)
-        if (w.units[c] > 0 && (smallest == pb.cand_begin[p + 1] || w.fraction[c] < w.fraction[smallest]))
+        if (w.share[c] > 0 && (smallest == pb.cand_begin[p + 1] || w.fraction[c] < w.fraction[smallest]))
           smallest = c;
-      --w.units[smallest];
+      --w.share[smallest];
       --assigned;
     }
     w.leftover[p] = whole - assigned;
-    w.remainder_at[p] = largest;
-    const double rest = static_cast<double>(bytes - whole * in.piece_bytes);
+    for (uint32_t c = pb.cand_begin[p]; c < pb.cand_begin[p + 1]; ++c) w.share[c] *= in.piece_bytes;
+    w.share[largest] += bytes - whole * in.piece_bytes;
     for (uint32_t c = pb.cand_begin[p]; c < pb.cand_begin[p + 1]; ++c)
-      if (const double on = static_cast<double>(w.units[c]) * unit + (c == largest ? rest : 0.0);
-          on > 0)
-        add_path(pb, c, on, load);
+      if (w.share[c] > 0) add_path(pb, c, static_cast<double>(w.share[c]), load);
   }
   for (bool more = true; more;) {
     more = false;
@@ -434,40 +436,47 @@ void round_and_refine(const Problem& pb, const SplitInput& in, std::size_t nlink
             chosen = c;
           }
         }
-      ++w.units[chosen];
+      w.share[chosen] += in.piece_bytes;
       w.fraction[chosen] = 0;
       add_path(pb, chosen, unit, load);
       more = --w.leftover[p] > 0 || more;
     }
   }
-  if (max_us(pb, load) <= bound * (1 + kCertified)) return;
+  const double limit = bound * (1 + kCertified);
+  if (max_us(pb, load) <= limit) return;
   index_users(pb, nlinks, w);
+  const uint64_t finest = std::max<uint64_t>(1, in.piece_bytes / kFinest);
   const std::size_t max_moves = kRefineMoves + 4 * pb.npairs();
   for (std::size_t move = 0; move < max_moves; ++move) {
     const auto [hot, hot_us] = hottest(pb, load);
+    if (hot_us <= limit) break;
     bool moved = false;
-    for (uint32_t i = w.user_begin[hot]; i < w.user_begin[hot + 1] && !moved; ++i) {
-      const uint32_t from = w.users[i];
-      if (w.units[from] == 0) continue;
-      const uint32_t p = pb.cand_pair[from];
-      uint32_t to = from;
-      double to_cost = std::numeric_limits<double>::infinity();
-      for (uint32_t c = pb.cand_begin[p]; c < pb.cand_begin[p + 1]; ++c) {
-        if (c == from || contains(pb, c, hot)) continue;
-        double worst = 0;
-        for (const LinkIndex* l = pb.first[c]; l != pb.last[c]; ++l)
-          worst = std::max(worst, (load[*l] + unit) * pb.inv[*l]);
-        if (worst < hot_us * (1 - 1e-9) && worst + pb.penalty_us[c] < to_cost) {
-          to_cost = worst + pb.penalty_us[c];
-          to = c;
+    for (uint64_t step = in.piece_bytes; step >= finest && !moved; step /= 2) {
+      const double amount = static_cast<double>(step);
+      for (uint32_t i = w.user_begin[hot]; i < w.user_begin[hot + 1] && !moved; ++i) {
+        const uint32_t from = w.users[i];
+        if (w.share[from] < step) continue;
+        const uint32_t p = pb.cand_pair[from];
+        uint32_t to = from;
+        double to_cost = std::numeric_limits<double>::infinity();
+        for (uint32_t c = pb.cand_begin[p]; c < pb.cand_begin[p + 1]; ++c) {
+          if (c == from || contains(pb, c, hot)) continue;
+          double worst = 0;
+          for (const LinkIndex* l = pb.first[c]; l != pb.last[c]; ++l)
+            worst = std::max(worst, (load[*l] + amount) * pb.inv[*l]);
+          if (worst < hot_us * (1 - 1e-9) && worst + pb.penalty_us[c] < to_cost) {
+            to_cost = worst + pb.penalty_us[c];
+            to = c;
+          }
         }
+        if (to == from) continue;
+        w.share[from] -= step;
+        w.share[to] += step;
+        add_path(pb, from, -amount, load);
+        add_path(pb, to, amount, load);
+        moved = true;
       }
-      if (to == from) continue;
-      --w.units[from];
-      ++w.units[to];
-      add_path(pb, from, -unit, load);
-      add_path(pb, to, unit, load);
-      moved = true;
+      if (step == 1) break;
     }
     if (!moved) break;
   }
@@ -689,10 +698,8 @@ StatusOr<SplitOutput> split(const SplitInput& in) {
     const uint64_t bytes = in.pairs[m].bytes;
     if (const int32_t p = w.in_problem[m]; p >= 0) {
       const auto i = static_cast<std::size_t>(p);
-      const uint64_t rest = bytes - bytes / in.piece_bytes * in.piece_bytes;
       for (uint32_t c = pb.cand_begin[i]; c < pb.cand_begin[i + 1]; ++c)
-        out.bytes[begin + pb.cand_index[c]] =
-            w.units[c] * in.piece_bytes + (c == w.remainder_at[i] ? rest : 0);
+        out.bytes[begin + pb.cand_index[c]] = w.share[c];
     } else {  // placed whole on one candidate
       const double* px = placement.of(m);
       for (uint32_t c = 0; c < set.size(); ++c) out.bytes[begin + c] = static_cast<uint64_t>(px[c]);
