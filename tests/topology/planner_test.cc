@@ -225,6 +225,46 @@ TEST(Planner, PlansAreTheSameEverywhere) {
   }
 }
 
+TEST(Planner, ThreadsFillingOneTableGetTheSamePlans) {
+  // Rows and candidate sets are filled on first use and read without a lock: planners in
+  // several threads over one fresh table must see complete entries and agree with a table
+  // filled by one thread.
+  auto shared = table_of("dgx-h100", 2);
+  const std::vector<Demand> demands = {hotspot(16, 512 * MiB, 0.6), moe(16), sparse(16, 3),
+                                       uniform(16, 64 * MiB)};
+  std::vector<std::vector<Plan>> got(4);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i)
+    threads.emplace_back([&, i] {
+      balance::Planner p(shared, {});
+      for (std::size_t k = 0; k < demands.size(); ++k)
+        got[static_cast<std::size_t>(i)].push_back(
+            *p.plan(demands[(k + static_cast<std::size_t>(i)) % demands.size()]));
+    });
+  for (auto& t : threads) t.join();
+  auto alone = table_of("dgx-h100", 2);
+  for (int i = 0; i < 4; ++i)
+    for (std::size_t k = 0; k < demands.size(); ++k) {
+      const Plan want = *balance::Planner(alone, {}).plan(demands[(k + static_cast<std::size_t>(i)) % demands.size()]);
+      const Plan& have = got[static_cast<std::size_t>(i)][k];
+      EXPECT_EQ(have.max_load_us, want.max_load_us);
+      ASSERT_EQ(have.pairs.size(), want.pairs.size());
+      for (std::size_t j = 0; j < want.pairs.size(); ++j) {
+        // (A small pair lists candidates[0] alone, or all of them when some plan needed them
+        // before: that history differs between the tables; the walks used may not.)
+        const auto& h = have.pairs[j];
+        const auto& w = want.pairs[j];
+        ASSERT_EQ(h.paths.size(), w.paths.size());
+        for (std::size_t q = 0; q < w.paths.size(); ++q) {
+          EXPECT_EQ(h.paths[q].candidate, w.paths[q].candidate);
+          EXPECT_EQ(h.paths[q].bytes, w.paths[q].bytes);
+          EXPECT_EQ((*h.candidates)[h.paths[q].candidate].links,
+                    (*w.candidates)[w.paths[q].candidate].links);
+        }
+      }
+    }
+}
+
 TEST(Planner, ARepeatingDemandKeepsItsPlanUnlessANewOneIsClearlyBetter) {
   auto table = table_of("nimble-h100", 1);
   balance::PlannerOptions o;

@@ -1,11 +1,12 @@
 // The planner (efccl/balance/planner.h; docs/balancer.md gives the method).
 //
-// Per call: every pair's bytes are checked, the pairs under the threshold (and those with one
-// candidate) put on candidates[0] through the table's flat default paths, a lower bound on the
-// optimum taken from cuts (what must leave or enter each GPU and each host), and the other
-// pairs handed to the split solver (split_solver.h). The result is kept compact (the split
-// pairs' shares and the link loads) and listed as a Plan at the end; the hysteresis cache keeps
-// that compact form, not the listing.
+// Per call: every pair's bytes are checked and put on its default path through the table's
+// flat rows (the pairs under the threshold stay there), a lower bound on the optimum is taken
+// from the load that cannot move and from cuts (what must leave or enter each GPU and each
+// host), and unless every pair on its default path is already within 1% of it, the pairs at
+// or above the threshold go to the split solver (split_solver.h). The result is kept compact
+// (the shares of the pairs off their default path, and the link loads) and listed as a Plan
+// at the end; the hysteresis cache keeps the compact form, not the listing.
 #include "efccl/balance/planner.h"
 
 #include <algorithm>

@@ -46,12 +46,12 @@ constexpr std::size_t kLevelMoves = 32;
 /// Moves per pair per sweep of the descent, and Newton steps per move.
 constexpr int kMovesPerVisit = 2;
 constexpr int kNewtonSteps = 2;
-/// Sharpness of the smoothed maximum, from the first sweep to the last; and of the weights
-/// that prove lower bounds.
+/// Sharpness of the smoothed maximum: kBetaFirst, times kBetaStep each sweep up to kBetaLast
+/// (0.5 to 512 over 16 sweeps), then held; and the sharpness of the weights that prove lower
+/// bounds. Products of constants, not pow(): the same bits on every machine.
 constexpr double kBetaFirst = 0.5;
+constexpr double kBetaStep = 1.5874010519681994;  // 2^(2/3)
 constexpr double kBetaLast = 512;
-/// Sweeps from the first sharpness to the last; the sweeps after that stay at the last.
-constexpr int kRamp = 16;
 constexpr double kBetaBound = 256;
 /// Moves of the final refinement, at most, beyond 4 per pair; its finest move, in parts of a
 /// piece.
@@ -282,12 +282,10 @@ double descend(const Problem& pb, int sweeps, double known_bound, Workspace& w) 
   std::vector<double>& weight = w.weight;
   std::vector<double>& cost = w.cost;
   double bound = known_bound;
-  for (int sweep = 0; sweep < sweeps; ++sweep) {
+  double beta = kBetaFirst;
+  for (int sweep = 0; sweep < sweeps; ++sweep, beta = std::min(kBetaLast, beta * kBetaStep)) {
     const double umax = max_us(pb, load);
     if (!(umax > 0)) break;
-    const double beta =
-        kBetaFirst * std::pow(kBetaLast / kBetaFirst, static_cast<double>(std::min(sweep, kRamp - 1)) /
-                                                          (kRamp - 1));
     const double k = beta / umax;
     weigh(pb, load, beta, umax, weight, cost);
     for (std::size_t p = 0; p < pb.npairs(); ++p) {
