@@ -275,7 +275,8 @@ std::vector<Walk> PathTable::State::walks(NodeIndex a, NodeIndex b) {
   return out;
 }
 
-std::shared_ptr<detail::CandidateSet> PathTable::State::make_set(std::vector<Walk> walks) {
+std::shared_ptr<detail::CandidateSet> PathTable::State::make_set(const detail::Row& row,
+                                                                std::vector<Walk> walks) {
   const topo::Topology& t = *topology;
   auto set = std::make_shared<detail::CandidateSet>();
   const uint32_t n = static_cast<uint32_t>(walks.size());
@@ -317,23 +318,22 @@ std::shared_ptr<detail::CandidateSet> PathTable::State::make_set(std::vector<Wal
     c.via = std::move(w.via);
     set->candidates.push_back(std::move(c));
   }
-  uint32_t* space = view_space(v.size());
+  constexpr std::size_t kChunk = 1 << 12;  // words
+  uint32_t* space = nullptr;
+  if (v.size() > kChunk) {
+    space = row.view_chunks.emplace_back(std::make_unique<uint32_t[]>(v.size())).get();
+  } else {
+    if (v.size() > row.view_left) {
+      row.view_chunks.push_back(std::make_unique<uint32_t[]>(kChunk));
+      row.view_left = kChunk;
+    }
+    space = row.view_chunks.back().get() + (kChunk - row.view_left);
+    row.view_left -= v.size();
+  }
   std::copy(v.begin(), v.end(), space);
   set->view.v = space;
   sets.push_back(set);
   return set;
-}
-
-uint32_t* PathTable::State::view_space(std::size_t n) {
-  constexpr std::size_t kChunk = 1 << 16;  // words
-  if (n > kChunk) return view_chunks.emplace_back(std::make_unique<uint32_t[]>(n)).get();
-  if (n > view_chunk_left) {
-    view_chunks.push_back(std::make_unique<uint32_t[]>(kChunk));
-    view_chunk_left = kChunk;
-  }
-  uint32_t* space = view_chunks.back().get() + (kChunk - view_chunk_left);
-  view_chunk_left -= n;
-  return space;
 }
 
 const detail::CandidateSet* PathTable::State::publish(const detail::Row& row, int32_t dst,
@@ -368,7 +368,7 @@ const detail::Row* PathTable::State::row(int32_t slot) {
     } else if (auto all = walks(a, slot_gpu[d]); !all.empty()) {
       // No default of the usual shape: candidates[0] of the whole set is the default.
       r->links.insert(r->links.end(), all[0].links.begin(), all[0].links.end());
-      publish(*r, static_cast<int32_t>(d), make_set(std::move(all)));
+      publish(*r, static_cast<int32_t>(d), make_set(*r, std::move(all)));
       w.emplace();
     }
     r->reachable.push_back(w ? 1 : 0);
@@ -390,7 +390,7 @@ StatusOr<const detail::CandidateSet*> PathTable::State::full_set(int32_t src, in
   const NodeIndex b = slot_gpu[static_cast<std::size_t>(dst)];
   auto all = walks(a, b);
   if (all.empty()) return no_path(a, b);
-  return publish(*r, dst, make_set(std::move(all)));
+  return publish(*r, dst, make_set(*r, std::move(all)));
 }
 
 StatusOr<detail::CandidateView> PathTable::State::full_view(int32_t src, int32_t dst) {
@@ -418,7 +418,7 @@ StatusOr<const detail::CandidateSet*> PathTable::State::default_set(int32_t src,
     if (auto w = default_walk(a, b)) {
       std::vector<Walk> one;
       one.push_back(std::move(*w));
-      const detail::CandidateSet* s = make_set(std::move(one)).get();
+      const detail::CandidateSet* s = make_set(*r, std::move(one)).get();
       slot.store(s, std::memory_order_release);
       return s;
     }

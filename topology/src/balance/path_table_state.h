@@ -71,6 +71,10 @@ struct Row {
   std::unique_ptr<std::atomic<const CandidateSet*>[]> full;          ///< every candidate
   std::unique_ptr<std::atomic<const uint32_t*>[]> full_view;         ///< their CandidateView
   std::unique_ptr<std::atomic<const CandidateSet*>[]> only_default;  ///< candidates[0] alone
+  /// Storage of this row's CandidateViews, in chunks that never move (written under the
+  /// table's mutex): the views of one source lie together, as the planner reads them.
+  mutable std::vector<std::unique_ptr<uint32_t[]>> view_chunks;
+  mutable std::size_t view_left = 0;
 
   std::span<const LinkIndex> default_links(int32_t d) const {
     return {links.data() + begin[static_cast<std::size_t>(d)],
@@ -130,9 +134,6 @@ struct PathTable::State {
   std::mutex mu;  ///< guards everything below and the filling of rows and slots
   std::vector<std::unique_ptr<detail::Row>> row_storage;
   std::vector<std::shared_ptr<detail::CandidateSet>> sets;
-  /// Storage of the views, in chunks that never move.
-  std::vector<std::unique_ptr<uint32_t[]>> view_chunks;
-  std::size_t view_chunk_left = 0;
   /// Routes inside one host (whole links), by (from, to) nodes.
   std::unordered_map<uint64_t, std::optional<std::vector<LinkIndex>>> routes;
 
@@ -150,9 +151,9 @@ struct PathTable::State {
   std::optional<detail::Walk> default_walk(NodeIndex a, NodeIndex b);
   /// Every candidate of (a, b), candidates[0] first.
   std::vector<detail::Walk> walks(NodeIndex a, NodeIndex b);
-  std::shared_ptr<detail::CandidateSet> make_set(std::vector<detail::Walk> walks);
-  /// Space for `n` words of views.
-  uint32_t* view_space(std::size_t n);
+  /// A set of `walks`, its view stored in `row`'s chunks.
+  std::shared_ptr<detail::CandidateSet> make_set(const detail::Row& row,
+                                                 std::vector<detail::Walk> walks);
   /// Publishes a complete set in slot `dst` of `row`.
   const detail::CandidateSet* publish(const detail::Row& row, int32_t dst,
                                       std::shared_ptr<detail::CandidateSet> set);

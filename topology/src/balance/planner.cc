@@ -49,17 +49,26 @@ double max_us(std::span<const double> us_per_byte, std::span<const double> a,
 
 }  // namespace
 
-/// A plan without its listing: the shares of the pairs the planner may split and the loads.
+namespace detail {
+
+/// A pair at or above the threshold, and where its shares are once planned.
+struct PairSplit {
+  std::size_t position = 0;  ///< src * nranks + dst
+  uint64_t bytes = 0;
+  int32_t src_slot = 0, dst_slot = 0;
+  CandidateView view;        ///< its candidates, when it has bytes off candidates[0]
+  uint32_t begin = 0;        ///< its bytes per candidate: share_bytes[begin .. + view.size())
+  bool off_default = false;  ///< some bytes off candidates[0]
+};
+
+}  // namespace detail
+
+/// A plan without its listing: the shares of the pairs off their default path, and the loads.
 struct Planner::Solution {
-  struct Split {
-    std::size_t position = 0;  ///< src * nranks + dst
-    uint64_t bytes = 0;
-    int32_t src_slot = 0, dst_slot = 0;
-    detail::CandidateView view;  ///< its candidates, when it has bytes off candidates[0]
-    uint32_t begin = 0;        ///< its bytes per candidate: share_bytes[begin .. + view.size())
-    bool off_default = false;  ///< some bytes off candidates[0]
-  };
-  std::vector<Split> split;  ///< src-major
+  using Split = detail::PairSplit;
+  /// The pairs at or above the threshold (only those off their default path unless every
+  /// pair is listed), src-major.
+  std::vector<Split> split;
   std::vector<uint64_t> share_bytes;
   std::vector<double> pair_bytes;  ///< per link: every pair's bytes under the plan (no background)
   std::size_t pairs_with_bytes = 0;
@@ -73,6 +82,25 @@ struct Planner::Kept {
   std::vector<double> background;
   Solution solution;
 };
+
+namespace {
+
+/// compute()'s buffers, kept from one plan to the next (per thread): a planner that plans
+/// again touches no fresh memory but for the plan it keeps and the one it returns.
+struct ComputeScratch {
+  std::vector<double> fixed, movable, fixed_direct, base, direct;
+  std::vector<double> slot_out, slot_in, host_out, host_in;
+  std::vector<detail::PairSplit> big;
+  std::vector<detail::SplitPair> pairs;
+  detail::SplitOutput out;
+};
+
+ComputeScratch& compute_scratch() {
+  thread_local ComputeScratch scratch;
+  return scratch;
+}
+
+}  // namespace
 
 uint64_t Demand::hash() const {
   // Four lanes a word at a time (a matrix of a thousand ranks is 8 MB), then folded.
@@ -177,11 +205,20 @@ StatusOr<Planner::Solution> Planner::compute(const Demand& demand,
                          " links; the topology has " + std::to_string(nlinks));
   const std::vector<double> bg = base_load(background, nlinks);
   const std::span<const double> inv = st.us_per_byte;
+  ComputeScratch& w = compute_scratch();
   Solution sol;
-  // Every pair: onto its default path (the base load if it stays there), into the cuts.
-  std::vector<double> fixed(nlinks, 0.0), movable(nlinks, 0.0);
-  std::vector<double> slot_out(st.slot_gpu.size(), 0.0), slot_in(st.slot_gpu.size(), 0.0);
-  std::vector<double> host_out(st.hosts.size(), 0.0), host_in(st.hosts.size(), 0.0);
+  // Every pair: onto its default path (the base load if it stays there), into the cuts. The
+  // pairs at or above the threshold, in order, in `big`.
+  std::vector<double>& fixed = w.fixed;
+  std::vector<double>& movable = w.movable;
+  fixed.assign(nlinks, 0.0);
+  movable.assign(nlinks, 0.0);
+  w.slot_out.assign(st.slot_gpu.size(), 0.0);
+  w.slot_in.assign(st.slot_gpu.size(), 0.0);
+  w.host_out.assign(st.hosts.size(), 0.0);
+  w.host_in.assign(st.hosts.size(), 0.0);
+  std::vector<Solution::Split>& big = w.big;
+  big.clear();
   const auto error_of = [&](std::size_t s, std::size_t d, int32_t a, int32_t b) {
     auto set = st.full_set(a, b);
     return Status::error("ranks " + std::to_string(s) + " -> " + std::to_string(d) + ": " +
@@ -201,20 +238,21 @@ StatusOr<Planner::Solution> Planner::compute(const Demand& demand,
       const bool small = bytes < options_.min_split_bytes;
       std::vector<double>& load = small ? fixed : movable;
       for (LinkIndex l : row.default_links(b)) load[l] += v;
-      if (!small) sol.split.push_back({s * n + d, bytes, a, b, {}, 0, false});
+      if (!small) big.push_back({s * n + d, bytes, a, b, {}, 0, false});
       if (a == b) continue;
-      slot_out[static_cast<std::size_t>(a)] += v;
-      slot_in[static_cast<std::size_t>(b)] += v;
+      w.slot_out[static_cast<std::size_t>(a)] += v;
+      w.slot_in[static_cast<std::size_t>(b)] += v;
       const int32_t ha = st.slot_host[static_cast<std::size_t>(a)];
       const int32_t hb = st.slot_host[static_cast<std::size_t>(b)];
       if (ha != hb) {
-        host_out[static_cast<std::size_t>(ha)] += v;
-        host_in[static_cast<std::size_t>(hb)] += v;
+        w.host_out[static_cast<std::size_t>(ha)] += v;
+        w.host_in[static_cast<std::size_t>(hb)] += v;
       }
     }
   }
   sol.direct_max_load_us = 0;
-  std::vector<double> fixed_direct(nlinks);  // every pair's bytes on its default path
+  std::vector<double>& fixed_direct = w.fixed_direct;  // every pair on its default path
+  fixed_direct.resize(nlinks);
   for (std::size_t l = 0; l < nlinks; ++l) {
     fixed_direct[l] = fixed[l] + movable[l];
     sol.direct_max_load_us = std::max(sol.direct_max_load_us, (bg[l] + fixed_direct[l]) * inv[l]);
@@ -232,33 +270,31 @@ StatusOr<Planner::Solution> Planner::compute(const Demand& demand,
       bound = std::max(bound, us(bytes, gbps[i]));
     }
   };
-  cut(slot_out, st.slot_out_links, st.slot_out_begin, st.slot_out_gbps);
-  cut(slot_in, st.slot_in_links, st.slot_in_begin, st.slot_in_gbps);
-  cut(host_out, st.host_out_links, st.host_out_begin, st.host_out_gbps);
-  cut(host_in, st.host_in_links, st.host_in_begin, st.host_in_gbps);
+  cut(w.slot_out, st.slot_out_links, st.slot_out_begin, st.slot_out_gbps);
+  cut(w.slot_in, st.slot_in_links, st.slot_in_begin, st.slot_in_gbps);
+  cut(w.host_out, st.host_out_links, st.host_out_begin, st.host_out_gbps);
+  cut(w.host_in, st.host_in_links, st.host_in_begin, st.host_in_gbps);
   // Every pair on its default path when that is provably good enough (uniform traffic on a
   // symmetric machine); else the solver, which asks for candidates only where it needs them.
-  std::vector<double>& load = fixed;  // becomes every pair's bytes under the plan
-  for (std::size_t l = 0; l < nlinks; ++l) load[l] += movable[l];
-  if (!sol.split.empty() && sol.direct_max_load_us > bound * (1 + kCertified)) {
-    std::vector<double> base(nlinks), direct(nlinks);
+  std::vector<double> load = fixed_direct;  // becomes every pair's bytes under the plan
+  if (!big.empty() && sol.direct_max_load_us > bound * (1 + kCertified)) {
+    w.base.resize(nlinks);
+    w.direct.resize(nlinks);
     for (std::size_t l = 0; l < nlinks; ++l) {
-      direct[l] = bg[l] + load[l];
-      base[l] = direct[l] - movable[l];
+      w.direct[l] = bg[l] + load[l];
+      w.base[l] = w.direct[l] - movable[l];
     }
-    std::vector<detail::SplitPair> pairs(sol.split.size());
-    for (std::size_t i = 0; i < pairs.size(); ++i) {
-      const Solution::Split& sp = sol.split[i];
-      pairs[i] = {sp.bytes, st.row(sp.src_slot)->default_links(sp.dst_slot)};
-    }
+    w.pairs.resize(big.size());
+    for (std::size_t i = 0; i < big.size(); ++i)
+      w.pairs[i] = {big[i].bytes, st.row(big[i].src_slot)->default_links(big[i].dst_slot)};
     detail::SplitInput in;
     in.us_per_byte = inv;
-    in.base = base;
-    in.direct = direct;
+    in.base = w.base;
+    in.direct = w.direct;
     in.lower_bound_us = bound;
-    in.pairs = pairs;
+    in.pairs = w.pairs;
     in.candidates = [&](uint32_t i) -> StatusOr<detail::CandidateView> {
-      const Solution::Split& sp = sol.split[i];
+      const Solution::Split& sp = big[i];
       auto view = st.full_view(sp.src_slot, sp.dst_slot);
       if (!view) return error_of(sp.position / n, sp.position % n, sp.src_slot, sp.dst_slot);
       return view;
@@ -267,15 +303,15 @@ StatusOr<Planner::Solution> Planner::compute(const Demand& demand,
     in.max_pieces = options_.max_pieces;
     in.hop_penalty_us = options_.hop_penalty_us;
     in.max_sweeps = options_.iterations;
-    auto split = detail::split(in);
-    if (!split) return split.status();
+    if (Status s = detail::split(in, w.out); !s) return s;
     // The pairs off their default path: off it, onto their shares.
-    sol.share_bytes = std::move(split->bytes);
-    for (std::size_t k = 0; k < split->pairs.size(); ++k) {
-      Solution::Split& sp = sol.split[split->pairs[k]];
-      sp.view = split->views[k];
-      sp.begin = split->begin[k];
+    for (std::size_t k = 0; k < w.out.pairs.size(); ++k) {
+      Solution::Split& sp = big[w.out.pairs[k]];
+      sp.view = w.out.views[k];
+      sp.begin = static_cast<uint32_t>(sol.share_bytes.size());
       sp.off_default = true;
+      sol.share_bytes.insert(sol.share_bytes.end(), w.out.bytes.begin() + w.out.begin[k],
+                             w.out.bytes.begin() + w.out.begin[k] + sp.view.size());
       const double bytes = static_cast<double>(sp.bytes);
       for (LinkIndex l : sp.view.links_of(0)) load[l] -= bytes;
       for (uint32_t c = 0; c < sp.view.size(); ++c)
@@ -287,9 +323,17 @@ StatusOr<Planner::Solution> Planner::compute(const Demand& demand,
   if (sol.max_load_us >= sol.direct_max_load_us) {
     // Balancing did not help (uniform traffic, rounding): every pair on its default path.
     sol.share_bytes.clear();
-    for (Solution::Split& sp : sol.split) sp.off_default = false;
-    for (std::size_t l = 0; l < nlinks; ++l) load[l] = fixed_direct[l];
+    for (Solution::Split& sp : big) sp.off_default = false;
+    load = fixed_direct;
     sol.max_load_us = sol.direct_max_load_us;
+  }
+  // Kept: the pairs a listing shows with their candidates (all at or above the threshold when
+  // every pair is listed; else those off their default path).
+  if (options_.list_direct_pairs) {
+    sol.split = big;
+  } else {
+    for (const Solution::Split& sp : big)
+      if (sp.off_default) sol.split.push_back(sp);
   }
   sol.pair_bytes = std::move(load);
   return sol;

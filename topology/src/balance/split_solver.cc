@@ -199,9 +199,17 @@ void greedy(const Problem& pb, uint32_t pieces, std::vector<uint32_t>& order,
       uint32_t chosen = pb.cand_begin[p];
       double chosen_cost = std::numeric_limits<double>::infinity();
       for (uint32_t c = pb.cand_begin[p]; c < pb.cand_begin[p + 1]; ++c) {
-        double cost = pb.penalty_us[c];  // + the busiest link; stop once it cannot win
-        for (const LinkIndex* l = pb.first[c]; l != pb.last[c] && cost < chosen_cost; ++l)
-          cost = std::max(cost, (load[*l] + piece) * pb.inv[*l] + pb.penalty_us[c]);
+        // The busiest link with the piece, two links at a time (two independent maxima), until
+        // it cannot win.
+        const double penalty = pb.penalty_us[c];
+        double even = 0, odd = 0;
+        const LinkIndex* l = pb.first[c];
+        for (; l + 1 < pb.last[c] && std::max(even, odd) + penalty < chosen_cost; l += 2) {
+          even = std::max(even, (load[l[0]] + piece) * pb.inv[l[0]]);
+          odd = std::max(odd, (load[l[1]] + piece) * pb.inv[l[1]]);
+        }
+        if (l + 1 == pb.last[c]) even = std::max(even, (load[*l] + piece) * pb.inv[*l]);
+        const double cost = std::max(even, odd) + penalty;
         if (cost < chosen_cost) {
           chosen_cost = cost;
           chosen = c;
@@ -603,7 +611,7 @@ uint32_t greedy_pieces(const Problem& pb, uint32_t max_pieces) {
 
 }  // namespace
 
-StatusOr<SplitOutput> split(const SplitInput& in) {
+Status split(const SplitInput& in, SplitOutput& out) {
   Workspace& w = workspace();
   const std::size_t nlinks = in.us_per_byte.size();
   const uint32_t npairs = static_cast<uint32_t>(in.pairs.size());
@@ -687,7 +695,10 @@ StatusOr<SplitOutput> split(const SplitInput& in) {
   // elsewhere on the way.
   w.in_problem.assign(npairs, -1);
   for (std::size_t p = 0; p < pb.npairs(); ++p) w.in_problem[pb.member[p]] = static_cast<int32_t>(p);
-  SplitOutput out;
+  out.pairs.clear();
+  out.views.clear();
+  out.begin.clear();
+  out.bytes.clear();
   for (uint32_t m = 0; m < npairs; ++m) {
     if (placement.offset[m] == Placement::kUnplaced) continue;
     const CandidateView set = placement.set[m];
@@ -710,7 +721,7 @@ StatusOr<SplitOutput> split(const SplitInput& in) {
     out.views.push_back(set);
     out.begin.push_back(static_cast<uint32_t>(begin));
   }
-  return out;
+  return Status::ok();
 }
 
 }  // namespace efccl::balance::detail

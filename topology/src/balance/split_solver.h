@@ -41,7 +41,8 @@ struct SplitOutput {
   std::vector<uint64_t> bytes;
 };
 
-StatusOr<SplitOutput> split(const SplitInput& in);
+/// Fills `out` (its buffers reused).
+Status split(const SplitInput& in, SplitOutput& out);
 
 
 }  // namespace efccl::balance::detail
