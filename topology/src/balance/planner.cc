@@ -368,6 +368,7 @@ StatusOr<Plan> Planner::materialize(const Solution& sol, const Demand& demand,
     return p;
   };
   if (!options_.list_direct_pairs) {
+    plan.pairs.reserve(sol.split.size());
     for (const Solution::Split& sp : sol.split) {
       if (!sp.off_default) continue;
       auto p = split_pair(sp);
