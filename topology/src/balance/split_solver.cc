@@ -3,7 +3,7 @@
 // 1. The core: the pairs whose default path crosses a link that, with every pair on its
 //    default path, is above the limit (the proven lower bound plus kCertified). Only they are
 //    placed; every other pair stays on its default path, part of the load outside.
-// 2. Greedy: each core pair's bytes in a few pieces, largest pair first, round-robin; each
+// 2. Greedy: each core pair's bytes in two pieces, largest pair first, round-robin; each
 //    piece to the candidate whose busiest link, with the piece added, is lightest (the
 //    bottleneck metric of pipelined paths) plus the hop penalty.
 // 3. Levelling: while the busiest link is above the limit, the largest move of one pair's bytes
@@ -36,11 +36,8 @@ namespace {
 
 /// A plan provably within this fraction of the optimum is final.
 constexpr double kCertified = 0.01;
-/// The greedy's pieces per pair: as many as about kGreedyVisits link visits allow, within
-/// these bounds (levelling does the fine work).
-constexpr std::size_t kGreedyVisits = 16384;
-constexpr std::size_t kGreedyPiecesMin = 2;
-constexpr std::size_t kGreedyPiecesMax = 4;
+/// The greedy's pieces per pair (levelling does the fine work).
+constexpr uint32_t kGreedyPieces = 2;
 /// Levelling moves, at most, beyond 2 per pair.
 constexpr std::size_t kLevelMoves = 32;
 /// Moves per pair per sweep of the descent, and Newton steps per move.
@@ -599,16 +596,6 @@ void build(const SplitInput& in, std::span<const uint32_t> members,
   }
 }
 
-/// The greedy's pieces per pair for this problem (about kGreedyVisits link visits).
-uint32_t greedy_pieces(const Problem& pb, uint32_t max_pieces) {
-  std::size_t per_round = 1;
-  for (std::size_t c = 0; c < pb.ncandidates(); ++c)
-    per_round += static_cast<std::size_t>(pb.last[c] - pb.first[c]);
-  const std::size_t pieces =
-      std::clamp<std::size_t>(kGreedyVisits / per_round, kGreedyPiecesMin, kGreedyPiecesMax);
-  return static_cast<uint32_t>(std::min<std::size_t>(pieces, std::max<uint32_t>(max_pieces, 1)));
-}
-
 }  // namespace
 
 Status split(const SplitInput& in, SplitOutput& out) {
@@ -653,7 +640,7 @@ Status split(const SplitInput& in, SplitOutput& out) {
     build(in, w.members, w.outside, /*filtered=*/false, w);
     w.x.assign(pb.ncandidates(), 0.0);
     w.load = pb.base;
-    greedy(pb, greedy_pieces(pb, in.max_pieces), w.order, w.x, w.load);
+    greedy(pb, std::clamp<uint32_t>(in.max_pieces, 1, kGreedyPieces), w.order, w.x, w.load);
     if (level(pb, nlinks, limit, w)) {
       certified = true;
       break;
