@@ -61,7 +61,7 @@ struct CandidateSet : std::enable_shared_from_this<CandidateSet> {
 
 /// Everything a planner needs about one source GPU: the default path (candidates[0]) to every
 /// GPU, flat, and the candidate sets computed so far. Immutable once published, apart from
-/// the atomic slots.
+/// the atomic slots and the view chunks (both filled under the table's mutex).
 struct Row {
   /// The default path to slot d is links[begin[d] .. begin[d + 1]); reachable[d] == 0 when
   /// there is none (an error for a pair with bytes).
