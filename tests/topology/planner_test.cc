@@ -225,6 +225,46 @@ TEST(Planner, PlansAreTheSameEverywhere) {
   }
 }
 
+TEST(Planner, ThreadsFillingOneTableGetTheSamePlans) {
+  // Rows and candidate sets are filled on first use and read without a lock: planners in
+  // several threads over one fresh table must see complete entries and agree with a table
+  // filled by one thread.
+  auto shared = table_of("dgx-h100", 2);
+  const std::vector<Demand> demands = {hotspot(16, 512 * MiB, 0.6), moe(16), sparse(16, 3),
+                                       uniform(16, 64 * MiB)};
+  std::vector<std::vector<Plan>> got(4);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i)
+    threads.emplace_back([&, i] {
+      balance::Planner p(shared, {});
+      for (std::size_t k = 0; k < demands.size(); ++k)
+        got[static_cast<std::size_t>(i)].push_back(
+            *p.plan(demands[(k + static_cast<std::size_t>(i)) % demands.size()]));
+    });
+  for (auto& t : threads) t.join();
+  auto alone = table_of("dgx-h100", 2);
+  for (int i = 0; i < 4; ++i)
+    for (std::size_t k = 0; k < demands.size(); ++k) {
+      const Plan want = *balance::Planner(alone, {}).plan(demands[(k + static_cast<std::size_t>(i)) % demands.size()]);
+      const Plan& have = got[static_cast<std::size_t>(i)][k];
+      EXPECT_EQ(have.max_load_us, want.max_load_us);
+      ASSERT_EQ(have.pairs.size(), want.pairs.size());
+      for (std::size_t j = 0; j < want.pairs.size(); ++j) {
+        // (A small pair lists candidates[0] alone, or all of them when some plan needed them
+        // before: that history differs between the tables; the walks used may not.)
+        const auto& h = have.pairs[j];
+        const auto& w = want.pairs[j];
+        ASSERT_EQ(h.paths.size(), w.paths.size());
+        for (std::size_t q = 0; q < w.paths.size(); ++q) {
+          EXPECT_EQ(h.paths[q].candidate, w.paths[q].candidate);
+          EXPECT_EQ(h.paths[q].bytes, w.paths[q].bytes);
+          EXPECT_EQ((*h.candidates)[h.paths[q].candidate].links,
+                    (*w.candidates)[w.paths[q].candidate].links);
+        }
+      }
+    }
+}
+
 TEST(Planner, ARepeatingDemandKeepsItsPlanUnlessANewOneIsClearlyBetter) {
   auto table = table_of("nimble-h100", 1);
   balance::PlannerOptions o;
@@ -243,6 +283,149 @@ TEST(Planner, ARepeatingDemandKeepsItsPlanUnlessANewOneIsClearlyBetter) {
   for (std::size_t k = 0; k < first->pairs[0].paths.size(); ++k)
     EXPECT_EQ(second->pairs[0].paths[k].bytes, first->pairs[0].paths[k].bytes);
   EXPECT_GT(second->max_load_us, first->max_load_us) << "the kept plan, under today's load";
+}
+
+TEST(Planner, TheDefaultPathIsCandidatesZeroOfTheWholeSet) {
+  // The planner adds small pairs onto a row's flat default paths and splits the big ones over
+  // their whole candidate sets: both must agree on candidates[0].
+  for (auto [preset, hosts] : {std::pair{"nimble-h100", 3}, std::pair{"dgx-h100", 2},
+                               std::pair{"hgx-h200", 1}, std::pair{"h200-nv18-x2", 1}}) {
+    auto table = table_of(preset, hosts);
+    for (int s = 0; s < table->nranks(); ++s)
+      for (int d = 0; d < table->nranks(); ++d) {
+        auto alone = table->candidates(s, d, /*only_default=*/true);
+        auto all = table->candidates(s, d);
+        ASSERT_TRUE(alone && all) << preset << " " << s << "->" << d;
+        EXPECT_EQ((*alone)->front().links, (*all)->front().links) << preset << " " << s << "->" << d;
+        EXPECT_EQ((*alone)->front().via, (*all)->front().via) << preset << " " << s << "->" << d;
+      }
+  }
+}
+
+TEST(Planner, ACompactPlanListsThePairsOffTheirDefaultPath) {
+  auto table = table_of("nimble-h100", 2);
+  const Demand d = hotspot(8, 512 * MiB, 0.6);
+  balance::PlannerOptions compact;
+  compact.list_direct_pairs = false;
+  auto full = balance::Planner(table, {}).plan(d);
+  auto some = balance::Planner(table, compact).plan(d);
+  ASSERT_TRUE(full && some);
+  EXPECT_TRUE(full->lists_direct_pairs);
+  EXPECT_FALSE(some->lists_direct_pairs);
+  EXPECT_EQ(some->max_load_us, full->max_load_us);
+  EXPECT_EQ(some->link_bytes, full->link_bytes);
+  std::size_t k = 0;
+  for (const auto& p : full->pairs) {
+    if (p.paths.size() == 1 && p.paths[0].candidate == 0) continue;
+    ASSERT_LT(k, some->pairs.size());
+    const auto& q = some->pairs[k++];
+    EXPECT_EQ(q.src, p.src);
+    EXPECT_EQ(q.dst, p.dst);
+    EXPECT_EQ(q.bytes, p.bytes);
+    EXPECT_EQ(q.candidates, p.candidates);
+    ASSERT_EQ(q.paths.size(), p.paths.size());
+    for (std::size_t i = 0; i < p.paths.size(); ++i) {
+      EXPECT_EQ(q.paths[i].candidate, p.paths[i].candidate);
+      EXPECT_EQ(q.paths[i].bytes, p.paths[i].bytes);
+    }
+  }
+  EXPECT_EQ(k, some->pairs.size());
+  EXPECT_GT(k, 0u);
+}
+
+TEST(Planner, ARepeatUnderTheSameLoadIsThePlanInForce) {
+  auto table = table_of("dgx-h100", 2);
+  balance::Planner planner(table, {});
+  const Demand d = hotspot(16, 256 * MiB, 0.5);
+  auto first = planner.plan(d);
+  auto again = planner.plan(d);
+  ASSERT_TRUE(first && again);
+  EXPECT_EQ(again->max_load_us, first->max_load_us);
+  EXPECT_EQ(again->link_bytes, first->link_bytes);
+  ASSERT_EQ(again->pairs.size(), first->pairs.size());
+  for (std::size_t i = 0; i < first->pairs.size(); ++i) {
+    ASSERT_EQ(again->pairs[i].paths.size(), first->pairs[i].paths.size());
+    for (std::size_t k = 0; k < first->pairs[i].paths.size(); ++k)
+      EXPECT_EQ(again->pairs[i].paths[k].bytes, first->pairs[i].paths[k].bytes);
+  }
+}
+
+TEST(Planner, RandomDemandsWithinFivePercentOfTheOptimum) {
+  // Shapes the named tests do not cover: random sizes from 1 KiB to 1 GiB, hot sources and
+  // destinations, partial densities, background load.
+  std::mt19937_64 rng(20261127);
+  const std::vector<std::pair<const char*, int>> presets = {
+      {"nimble-h100", 1}, {"nimble-h100", 2}, {"dgx-h100", 1}, {"hgx-h200", 1}, {"h200-nv18-x2", 1}};
+  std::vector<std::shared_ptr<const balance::PathTable>> tables;
+  for (auto [name, hosts] : presets) tables.push_back(table_of(name, hosts));
+  for (int k = 0; k < 60; ++k) {
+    const std::size_t which = rng() % tables.size();
+    const auto& table = tables[which];
+    const int n = table->nranks();
+    Demand d = zeros(n);
+    const int shape = static_cast<int>(rng() % 4);
+    const double density = 0.1 + static_cast<double>(rng() % 90) / 100.0;
+    for (int s = 0; s < n; ++s)
+      for (int t = 0; t < n; ++t) {
+        if (s == t || static_cast<double>(rng() % 1000) / 1000.0 > density) continue;
+        const uint64_t bytes = shape == 0   ? (rng() % 1024 + 1) * MiB
+                               : shape == 1 ? (t < 2 ? 512 : 16) * MiB
+                               : shape == 2 ? (s == 0 ? 512 : 8) * MiB
+                                            : uint64_t{1} << (10 + rng() % 21);
+        set(d, s, t, bytes);
+      }
+    std::vector<double> background;
+    if (rng() % 3 == 0) {
+      background.assign(table->topology().links().size(), 0.0);
+      for (double& b : background)
+        if (rng() % 8 == 0) b = static_cast<double>(rng() % (512 * MiB));
+    }
+    const std::string what = std::string(presets[which].first) + " x" +
+                             std::to_string(presets[which].second) + " case " + std::to_string(k);
+    balance::Planner planner(table, {});
+    auto plan = planner.plan(d, background);
+    ASSERT_TRUE(plan) << what << ": " << plan.status().message();
+    const double optimum = lp::optimum_max_load_us(table->topology(), *plan, background);
+    EXPECT_LE(plan->max_load_us, optimum * 1.05 + 1e-9)
+        << what << ": plan " << plan->max_load_us << " us, optimum " << optimum << " us";
+    EXPECT_LE(plan->max_load_us, plan->direct_max_load_us * (1 + 1e-12)) << what;
+    for (const auto& p : plan->pairs) {
+      uint64_t sum = 0;
+      for (const auto& s : p.paths) sum += s.bytes;
+      EXPECT_EQ(sum, p.bytes) << what;
+      if (p.bytes < plan->min_split_bytes) {
+        ASSERT_EQ(p.paths.size(), 1u) << what;
+        EXPECT_EQ(p.paths[0].candidate, 0u) << what;
+      }
+    }
+  }
+}
+
+TEST(Planner, AThousandRanksPlanTheirHotPairs) {
+  // 128 hosts x 8: a million pairs, NIMBLE's hotspot. Listing only the pairs off their default
+  // path keeps the plan small; every pair's bytes must still be accounted for in the loads.
+  auto table = table_of("dgx-h100", 128);
+  const int n = table->nranks();
+  ASSERT_EQ(n, 1024);
+  const Demand d = hotspot(n, 1024 * MiB, 0.5);
+  balance::PlannerOptions compact;
+  compact.list_direct_pairs = false;
+  auto plan = balance::Planner(table, compact).plan(d);
+  ASSERT_TRUE(plan) << plan.status().message();
+  EXPECT_LT(plan->max_load_us * 4, plan->direct_max_load_us);
+  ASSERT_FALSE(plan->pairs.empty());
+  uint64_t moved = 0;
+  for (const auto& p : plan->pairs) {
+    EXPECT_EQ(p.dst, 0) << "only the hot rank's senders need to spread";
+    uint64_t sum = 0;
+    for (const auto& s : p.paths) sum += s.bytes;
+    EXPECT_EQ(sum, p.bytes);
+    moved += p.bytes;
+  }
+  // The loads count every byte of every pair once per link of its path: the busiest of them
+  // is the plan's maximum.
+  EXPECT_DOUBLE_EQ(balance::max_load_us(table->topology(), plan->link_bytes), plan->max_load_us);
+  EXPECT_GT(moved, 0u);
 }
 
 TEST(Planner, BadInputsAreErrors) {

@@ -1,17 +1,12 @@
 // The planner (efccl/balance/planner.h; docs/balancer.md gives the method).
 //
-// 1. Pairs under the threshold, and pairs with one candidate, go on candidates[0]; with the
-//    background they are the base load of the links.
-// 2. The other pairs are cut into whole pieces and placed round-robin, largest pair first: each
-//    piece goes to the candidate whose most loaded link, with the piece added, is lightest (the
-//    bottleneck metric of pipelined paths), plus a penalty per link beyond candidates[0]'s.
-// 3. Block-coordinate descent, pair by pair, on a smoothed maximum of the link loads (the
-//    fractional problem), then shares rounded back to whole pieces.
-// 4. Refinement: while the most loaded link carries pieces that another candidate of their pair
-//    can take without reaching that load, move them (the moved amount halves when no whole
-//    piece fits).
-// 5. A plan no better than every pair on candidates[0] is replaced by that.
-// Floating-point work happens in one fixed order, so the plan is the same everywhere.
+// Per call: every pair's bytes are checked and put on its default path through the table's
+// flat rows (the pairs under the threshold stay there), a lower bound on the optimum is taken
+// from the load that cannot move and from cuts (what must leave or enter each GPU and each
+// host), and unless every pair on its default path is already within 1% of it, the pairs at
+// or above the threshold go to the split solver (split_solver.h). The result is kept compact
+// (the shares of the pairs off their default path, and the link loads) and listed as a Plan
+// at the end; the hysteresis cache keeps the compact form, not the listing.
 #include "efccl/balance/planner.h"
 
 #include <algorithm>
@@ -21,22 +16,20 @@
 #include <nlohmann/json.hpp>
 
 #include "efccl/common/hash.h"
+#include "path_table_state.h"
+#include "split_solver.h"
 
 namespace efccl::balance {
 namespace {
 
 constexpr std::size_t kMaxCachedPlans = 256;
 constexpr uint64_t kMaxPairBytes = uint64_t{1} << 50;
+/// Every pair stays on its default path when that is provably within this fraction of the
+/// optimum (the solver's own margin, split_solver.cc).
+constexpr double kCertified = 0.01;
 
 /// Microseconds to carry `bytes` at `gbps`.
 double us(double bytes, double gbps) { return bytes / (gbps * 1e3); }
-
-struct BigPair {
-  std::size_t plan_index;  ///< into Plan::pairs
-  const std::vector<Candidate>* candidates;
-  std::vector<double> on;  ///< bytes per candidate
-  uint64_t piece = 0;
-};
 
 /// The background load per link: finite, non-negative values of `background`, 0 elsewhere.
 std::vector<double> base_load(std::span<const double> background, std::size_t nlinks) {
@@ -46,22 +39,75 @@ std::vector<double> base_load(std::span<const double> background, std::size_t nl
   return load;
 }
 
-/// `background` plus every share of `pairs` on its links.
-std::vector<double> plan_load(const std::vector<PairPlan>& pairs,
-                              std::span<const double> background, std::size_t nlinks) {
-  std::vector<double> load = base_load(background, nlinks);
-  for (const PairPlan& p : pairs)
-    for (const PathShare& s : p.paths)
-      for (LinkIndex l : (*p.candidates)[s.candidate].links)
-        load[l] += static_cast<double>(s.bytes);
-  return load;
+double max_us(std::span<const double> us_per_byte, std::span<const double> a,
+              std::span<const double> b) {
+  double worst = 0;
+  for (std::size_t l = 0; l < us_per_byte.size(); ++l)
+    worst = std::max(worst, (a[l] + b[l]) * us_per_byte[l]);
+  return worst;
+}
+
+}  // namespace
+
+namespace detail {
+
+/// A pair at or above the threshold, and where its shares are once planned.
+struct PairSplit {
+  std::size_t position = 0;  ///< src * nranks + dst
+  uint64_t bytes = 0;
+  int32_t src_slot = 0, dst_slot = 0;
+  CandidateView view;        ///< its candidates, when it has bytes off candidates[0]
+  uint32_t begin = 0;        ///< its bytes per candidate: share_bytes[begin .. + view.size())
+  bool off_default = false;  ///< some bytes off candidates[0]
+};
+
+}  // namespace detail
+
+/// A plan without its listing: the shares of the pairs off their default path, and the loads.
+struct Planner::Solution {
+  using Split = detail::PairSplit;
+  /// The pairs at or above the threshold (only those off their default path unless every
+  /// pair is listed), src-major.
+  std::vector<Split> split;
+  std::vector<uint64_t> share_bytes;
+  std::vector<double> pair_bytes;  ///< per link: every pair's bytes under the plan (no background)
+  std::size_t pairs_with_bytes = 0;
+  double max_load_us = 0;  ///< under the background it was planned or last judged with
+  double direct_max_load_us = 0;
+};
+
+/// The plan in force for one demand, and the background it was judged under.
+struct Planner::Kept {
+  std::shared_ptr<const Demand> demand;
+  std::vector<double> background;
+  Solution solution;
+};
+
+namespace {
+
+/// compute()'s buffers, kept from one plan to the next (per thread): a planner that plans
+/// again touches no fresh memory but for the plan it keeps and the one it returns.
+struct ComputeScratch {
+  std::vector<double> fixed, movable, fixed_direct, base, direct;
+  std::vector<double> slot_out, slot_in, host_out, host_in;
+  std::vector<detail::PairSplit> big;
+  std::vector<detail::SplitPair> pairs;
+  detail::SplitOutput out;
+};
+
+ComputeScratch& compute_scratch() {
+  thread_local ComputeScratch scratch;
+  return scratch;
 }
 
 }  // namespace
 
 uint64_t Demand::hash() const {
+  // Four lanes a word at a time (a matrix of a thousand ranks is 8 MB), then folded.
+  uint64_t lane[4] = {kFnv1aOffset, kFnv1aOffset + 1, kFnv1aOffset + 2, kFnv1aOffset + 3};
+  for (std::size_t i = 0; i < bytes.size(); ++i) lane[i & 3] = mix64(lane[i & 3] ^ bytes[i]);
   uint64_t h = fnv1a_u64(static_cast<uint64_t>(nranks));
-  for (uint64_t b : bytes) h = fnv1a_u64(b, h);
+  for (uint64_t v : lane) h = fnv1a_u64(v, h);
   return mix64(h);
 }
 
@@ -138,312 +184,259 @@ Planner::Planner(std::shared_ptr<const PathTable> table, PlannerOptions options)
   options_.iterations = std::clamp(options_.iterations, 0, 4096);
 }
 
-StatusOr<Plan> Planner::compute(const Demand& demand, std::span<const double> background) const {
-  const topo::Topology& t = table_->topology();
+
+StatusOr<Planner::Solution> Planner::compute(const Demand& demand,
+                                             std::span<const double> background) const {
+  const PathTable& table = *table_;
+  PathTable::State& st = *table.state_;
+  const topo::Topology& t = table.topology();
   const std::size_t nlinks = t.links().size();
-  if (demand.nranks != table_->nranks())
+  if (demand.nranks != table.nranks())
     return Status::error("the demand has " + std::to_string(demand.nranks) +
-                         " ranks; the plan's placement has " + std::to_string(table_->nranks()));
-  if (demand.bytes.size() != static_cast<std::size_t>(demand.nranks) * demand.nranks)
-    return Status::error("the demand matrix is not nranks x nranks");
+                         " ranks; the plan's placement has " + std::to_string(table.nranks()));
+  const std::size_t n = static_cast<std::size_t>(demand.nranks);
+  if (demand.bytes.size() != n * n) return Status::error("the demand matrix is not nranks x nranks");
   for (std::size_t i = 0; i < demand.bytes.size(); ++i)
     if (demand.bytes[i] > kMaxPairBytes)
-      return Status::error("the demand of ranks " + std::to_string(i / demand.nranks) + " -> " +
-                           std::to_string(i % demand.nranks) + " is more than 2^50 bytes");
+      return Status::error("the demand of ranks " + std::to_string(i / n) + " -> " +
+                           std::to_string(i % n) + " is more than 2^50 bytes");
   if (!background.empty() && background.size() != nlinks)
     return Status::error("the background load has " + std::to_string(background.size()) +
                          " links; the topology has " + std::to_string(nlinks));
+  const std::vector<double> bg = base_load(background, nlinks);
+  const std::span<const double> inv = st.us_per_byte;
+  ComputeScratch& w = compute_scratch();
+  Solution sol;
+  // Every pair: onto its default path (the base load if it stays there), into the cuts. The
+  // pairs at or above the threshold, in order, in `big`.
+  std::vector<double>& fixed = w.fixed;
+  std::vector<double>& movable = w.movable;
+  fixed.assign(nlinks, 0.0);
+  movable.assign(nlinks, 0.0);
+  w.slot_out.assign(st.slot_gpu.size(), 0.0);
+  w.slot_in.assign(st.slot_gpu.size(), 0.0);
+  w.host_out.assign(st.hosts.size(), 0.0);
+  w.host_in.assign(st.hosts.size(), 0.0);
+  std::vector<Solution::Split>& big = w.big;
+  big.clear();
+  const auto error_of = [&](std::size_t s, std::size_t d, int32_t a, int32_t b) {
+    auto set = st.full_set(a, b);
+    return Status::error("ranks " + std::to_string(s) + " -> " + std::to_string(d) + ": " +
+                         (set ? std::string("no path") : set.status().message()));
+  };
+  for (std::size_t s = 0; s < n; ++s) {
+    const int32_t a = st.rank_slot[s];
+    const detail::Row& row = *st.row(a);
+    const uint64_t* demand_row = demand.bytes.data() + s * n;
+    for (std::size_t d = 0; d < n; ++d) {
+      const uint64_t bytes = demand_row[d];
+      if (bytes == 0) continue;
+      ++sol.pairs_with_bytes;
+      const int32_t b = st.rank_slot[d];
+      if (!row.reachable[static_cast<std::size_t>(b)]) return error_of(s, d, a, b);
+      const double v = static_cast<double>(bytes);
+      const bool small = bytes < options_.min_split_bytes;
+      std::vector<double>& load = small ? fixed : movable;
+      for (LinkIndex l : row.default_links(b)) load[l] += v;
+      if (!small) big.push_back({s * n + d, bytes, a, b, {}, 0, false});
+      if (a == b) continue;
+      w.slot_out[static_cast<std::size_t>(a)] += v;
+      w.slot_in[static_cast<std::size_t>(b)] += v;
+      const int32_t ha = st.slot_host[static_cast<std::size_t>(a)];
+      const int32_t hb = st.slot_host[static_cast<std::size_t>(b)];
+      if (ha != hb) {
+        w.host_out[static_cast<std::size_t>(ha)] += v;
+        w.host_in[static_cast<std::size_t>(hb)] += v;
+      }
+    }
+  }
+  sol.direct_max_load_us = 0;
+  std::vector<double>& fixed_direct = w.fixed_direct;  // every pair on its default path
+  fixed_direct.resize(nlinks);
+  for (std::size_t l = 0; l < nlinks; ++l) {
+    fixed_direct[l] = fixed[l] + movable[l];
+    sol.direct_max_load_us = std::max(sol.direct_max_load_us, (bg[l] + fixed_direct[l]) * inv[l]);
+  }
+  // A lower bound on any plan's maximum: the load that cannot move, and what must cross the
+  // links out of / into each GPU and each host.
+  double bound = 0;
+  for (std::size_t l = 0; l < nlinks; ++l) bound = std::max(bound, (bg[l] + fixed[l]) * inv[l]);
+  const auto cut = [&](const std::vector<double>& crossing, const std::vector<LinkIndex>& links,
+                       const std::vector<uint32_t>& begin, const std::vector<double>& gbps) {
+    for (std::size_t i = 0; i < crossing.size(); ++i) {
+      if (crossing[i] <= 0 || !(gbps[i] > 0)) continue;
+      double bytes = crossing[i];
+      for (uint32_t k = begin[i]; k < begin[i + 1]; ++k) bytes += bg[links[k]];
+      bound = std::max(bound, us(bytes, gbps[i]));
+    }
+  };
+  cut(w.slot_out, st.slot_out_links, st.slot_out_begin, st.slot_out_gbps);
+  cut(w.slot_in, st.slot_in_links, st.slot_in_begin, st.slot_in_gbps);
+  cut(w.host_out, st.host_out_links, st.host_out_begin, st.host_out_gbps);
+  cut(w.host_in, st.host_in_links, st.host_in_begin, st.host_in_gbps);
+  // Every pair on its default path when that is provably good enough (uniform traffic on a
+  // symmetric machine); else the solver, which asks for candidates only where it needs them.
+  std::vector<double> load = fixed_direct;  // becomes every pair's bytes under the plan
+  if (!big.empty() && sol.direct_max_load_us > bound * (1 + kCertified)) {
+    w.base.resize(nlinks);
+    w.direct.resize(nlinks);
+    for (std::size_t l = 0; l < nlinks; ++l) {
+      w.direct[l] = bg[l] + load[l];
+      w.base[l] = w.direct[l] - movable[l];
+    }
+    w.pairs.resize(big.size());
+    for (std::size_t i = 0; i < big.size(); ++i)
+      w.pairs[i] = {big[i].bytes, st.row(big[i].src_slot)->default_links(big[i].dst_slot)};
+    detail::SplitInput in;
+    in.us_per_byte = inv;
+    in.base = w.base;
+    in.direct = w.direct;
+    in.lower_bound_us = bound;
+    in.pairs = w.pairs;
+    in.candidates = [&](uint32_t i) -> StatusOr<detail::CandidateView> {
+      const Solution::Split& sp = big[i];
+      auto view = st.full_view(sp.src_slot, sp.dst_slot);
+      if (!view) return error_of(sp.position / n, sp.position % n, sp.src_slot, sp.dst_slot);
+      return view;
+    };
+    in.piece_bytes = options_.piece_bytes;
+    in.max_pieces = options_.max_pieces;
+    in.hop_penalty_us = options_.hop_penalty_us;
+    in.max_sweeps = options_.iterations;
+    if (Status s = detail::split(in, w.out); !s) return s;
+    // The pairs off their default path: off it, onto their shares.
+    for (std::size_t k = 0; k < w.out.pairs.size(); ++k) {
+      Solution::Split& sp = big[w.out.pairs[k]];
+      sp.view = w.out.views[k];
+      sp.begin = static_cast<uint32_t>(sol.share_bytes.size());
+      sp.off_default = true;
+      sol.share_bytes.insert(sol.share_bytes.end(), w.out.bytes.begin() + w.out.begin[k],
+                             w.out.bytes.begin() + w.out.begin[k] + sp.view.size());
+      const double bytes = static_cast<double>(sp.bytes);
+      for (LinkIndex l : sp.view.links_of(0)) load[l] -= bytes;
+      for (uint32_t c = 0; c < sp.view.size(); ++c)
+        if (const uint64_t share = sol.share_bytes[sp.begin + c]; share > 0)
+          for (LinkIndex l : sp.view.links_of(c)) load[l] += static_cast<double>(share);
+    }
+  }
+  sol.max_load_us = max_us(inv, bg, load);
+  if (sol.max_load_us >= sol.direct_max_load_us) {
+    // Balancing did not help (uniform traffic, rounding): every pair on its default path.
+    sol.share_bytes.clear();
+    for (Solution::Split& sp : big) sp.off_default = false;
+    load = fixed_direct;
+    sol.max_load_us = sol.direct_max_load_us;
+  }
+  // Kept: the pairs a listing shows with their candidates (all at or above the threshold when
+  // every pair is listed; else those off their default path).
+  if (options_.list_direct_pairs) {
+    sol.split = big;
+  } else {
+    for (const Solution::Split& sp : big)
+      if (sp.off_default) sol.split.push_back(sp);
+  }
+  sol.pair_bytes = std::move(load);
+  return sol;
+}
+
+StatusOr<Plan> Planner::materialize(const Solution& sol, const Demand& demand,
+                                    std::span<const double> background) const {
+  PathTable::State& st = *table_->state_;
   Plan plan;
   plan.min_split_bytes = options_.min_split_bytes;
-  plan.link_bytes = base_load(background, nlinks);
-  std::vector<double> direct = plan.link_bytes;
-  std::vector<double>& load = plan.link_bytes;
-  std::vector<BigPair> big;
-  for (int32_t s = 0; s < demand.nranks; ++s) {
-    for (int32_t d = 0; d < demand.nranks; ++d) {
-      const uint64_t bytes = demand.at(s, d);
+  plan.lists_direct_pairs = options_.list_direct_pairs;
+  plan.max_load_us = sol.max_load_us;
+  plan.direct_max_load_us = sol.direct_max_load_us;
+  plan.link_bytes = base_load(background, sol.pair_bytes.size());
+  for (std::size_t l = 0; l < plan.link_bytes.size(); ++l) plan.link_bytes[l] += sol.pair_bytes[l];
+  const std::size_t n = static_cast<std::size_t>(demand.nranks);
+  // A pair the planner may split: its shares, or all on candidates[0].
+  const auto split_pair = [&](const Solution::Split& sp) -> StatusOr<PairPlan> {
+    PairPlan p;
+    p.src = static_cast<int32_t>(sp.position / n);
+    p.dst = static_cast<int32_t>(sp.position % n);
+    p.bytes = sp.bytes;
+    auto set = st.full_set(sp.src_slot, sp.dst_slot);
+    if (!set) return set.status();
+    p.candidates = detail::candidates_of(*set);
+    if (!sp.off_default) {
+      p.paths.push_back({0, sp.bytes});
+      return p;
+    }
+    for (uint32_t c = 0; c < sp.view.size(); ++c)
+      if (const uint64_t bytes = sol.share_bytes[sp.begin + c]; bytes > 0) p.paths.push_back({c, bytes});
+    return p;
+  };
+  if (!options_.list_direct_pairs) {
+    plan.pairs.reserve(sol.split.size());
+    for (const Solution::Split& sp : sol.split) {
+      if (!sp.off_default) continue;
+      auto p = split_pair(sp);
+      if (!p) return p.status();
+      plan.pairs.push_back(std::move(*p));
+    }
+    return plan;
+  }
+  plan.pairs.reserve(sol.pairs_with_bytes);
+  std::size_t next = 0;
+  for (std::size_t s = 0; s < n; ++s) {
+    const int32_t a = st.rank_slot[s];
+    for (std::size_t d = 0; d < n; ++d) {
+      const uint64_t bytes = demand.bytes[s * n + d];
       if (bytes == 0) continue;
-      const bool small = bytes < options_.min_split_bytes;
-      auto candidates = table_->candidates(s, d, small);
-      if (!candidates) return candidates.status();
-      PairPlan p;
-      p.src = s;
-      p.dst = d;
+      if (next < sol.split.size() && sol.split[next].position == s * n + d) {
+        auto p = split_pair(sol.split[next++]);
+        if (!p) return p.status();
+        plan.pairs.push_back(std::move(*p));
+        continue;
+      }
+      auto set = st.default_set(a, st.rank_slot[d]);
+      if (!set) return set.status();
+      PairPlan& p = plan.pairs.emplace_back();
+      p.src = static_cast<int32_t>(s);
+      p.dst = static_cast<int32_t>(d);
       p.bytes = bytes;
-      p.candidates = *candidates;
-      for (LinkIndex l : p.candidates->front().links) direct[l] += static_cast<double>(bytes);
-      if (small || p.candidates->size() == 1) {
-        p.paths.push_back({0, bytes});
-        for (LinkIndex l : p.candidates->front().links) load[l] += static_cast<double>(bytes);
-      } else {
-        BigPair b;
-        b.plan_index = plan.pairs.size();
-        b.candidates = p.candidates.get();
-        b.on.assign(p.candidates->size(), 0.0);
-        const uint64_t per = (bytes + options_.max_pieces - 1) / options_.max_pieces;
-        b.piece = std::max<uint64_t>(options_.piece_bytes,
-                                     (per + options_.piece_bytes - 1) / options_.piece_bytes *
-                                         options_.piece_bytes);
-        big.push_back(std::move(b));
-      }
-      plan.pairs.push_back(std::move(p));
+      p.candidates = detail::candidates_of(*set);
+      p.paths.push_back({0, bytes});
     }
-  }
-  plan.direct_max_load_us = max_load_us(t, direct);
-  // Largest first; equal sizes in (src, dst) order, which plan_index already is.
-  std::stable_sort(big.begin(), big.end(), [&](const BigPair& x, const BigPair& y) {
-    return plan.pairs[x.plan_index].bytes > plan.pairs[y.plan_index].bytes;
-  });
-  const auto hop_penalty = [&](const BigPair& b, uint32_t c) {
-    const double extra = static_cast<double>((*b.candidates)[c].links.size()) -
-                         static_cast<double>(b.candidates->front().links.size());
-    return extra > 0 ? extra * options_.hop_penalty_us : 0.0;
-  };
-  /// The candidate of `b` whose busiest link, with `amount` added, is lightest (+ penalty).
-  const auto best = [&](const BigPair& b, double amount, uint32_t skip, double* cost) {
-    uint32_t chosen = 0;
-    double chosen_cost = std::numeric_limits<double>::infinity();
-    for (uint32_t c = 0; c < b.candidates->size(); ++c) {
-      if (c == skip) continue;
-      double worst = 0;
-      for (LinkIndex l : (*b.candidates)[c].links)
-        worst = std::max(worst, us(load[l] + amount, t.link(l).gbps));
-      const double value = worst + hop_penalty(b, c);
-      if (value < chosen_cost) {
-        chosen_cost = value;
-        chosen = c;
-      }
-    }
-    *cost = chosen_cost;
-    return chosen;
-  };
-  // 2. Round-robin placement of pieces.
-  std::vector<uint64_t> left(big.size());
-  for (std::size_t i = 0; i < big.size(); ++i) left[i] = plan.pairs[big[i].plan_index].bytes;
-  for (bool any = true; any;) {
-    any = false;
-    for (std::size_t i = 0; i < big.size(); ++i) {
-      if (left[i] == 0) continue;
-      any = true;
-      const uint64_t piece = std::min(left[i], big[i].piece);
-      double cost = 0;
-      const uint32_t c = best(big[i], static_cast<double>(piece), UINT32_MAX, &cost);
-      big[i].on[c] += static_cast<double>(piece);
-      for (LinkIndex l : (*big[i].candidates)[c].links) load[l] += static_cast<double>(piece);
-      left[i] -= piece;
-    }
-  }
-  // 3. Block-coordinate descent on a smoothed maximum (softmax of the link loads, sharpened
-  //    over the sweeps): pair by pair, the share on its costliest used candidate moves towards
-  //    its cheapest (costs: the smoothed maximum's gradient), by the amount that minimises the
-  //    smoothed maximum over the links the move touches (convex: a few Newton steps).
-  if (!big.empty()) {
-    std::vector<LinkIndex> minus, plus;
-    const int sweeps = options_.iterations;
-    double previous = std::numeric_limits<double>::infinity();
-    for (int sweep = 0; sweep < sweeps; ++sweep) {
-      double umax = 0;
-      for (LinkIndex l = 0; l < nlinks; ++l) umax = std::max(umax, us(load[l], t.link(l).gbps));
-      if (umax <= 0) break;
-      // Stop once a sweep (at the sharpest smoothing reached) no longer lowers the maximum.
-      if (sweep >= 4 && umax > previous * (1 - 1e-4)) break;
-      previous = umax;
-      const double beta = 8.0 * std::pow(64.0, static_cast<double>(sweep) / sweeps);
-      const auto term = [&](LinkIndex l, double bytes) {
-        return std::exp(beta * (us(bytes, t.link(l).gbps) / umax - 1));
-      };
-      for (BigPair& b : big) {
-        uint32_t best_c = 0, worst_c = 0;
-        double best_cost = std::numeric_limits<double>::infinity(), worst_cost = -1;
-        for (uint32_t c = 0; c < b.candidates->size(); ++c) {
-          double cost = 0;
-          for (LinkIndex l : (*b.candidates)[c].links) cost += term(l, load[l]) / t.link(l).gbps;
-          if (cost < best_cost) {
-            best_cost = cost;
-            best_c = c;
-          }
-          if (b.on[c] > 0 && cost > worst_cost) {
-            worst_cost = cost;
-            worst_c = c;
-          }
-        }
-        if (best_c == worst_c) continue;
-        const auto& from = (*b.candidates)[worst_c].links;
-        const auto& to = (*b.candidates)[best_c].links;
-        minus.clear();
-        plus.clear();
-        for (LinkIndex l : from)
-          if (std::find(to.begin(), to.end(), l) == to.end()) minus.push_back(l);
-        for (LinkIndex l : to)
-          if (std::find(from.begin(), from.end(), l) == from.end()) plus.push_back(l);
-        // f(d) = sum over touched links of exp(beta * u(d) / umax); Newton from d = 0 within
-        // [0, share] (f is convex), a few steps.
-        const double share = b.on[worst_c];
-        const auto f_and_derivatives = [&](double d, double* f1, double* f2) {
-          double f = 0, d1 = 0, d2 = 0;
-          for (LinkIndex l : minus) {
-            const double k = beta / (umax * t.link(l).gbps * 1e3);
-            const double e = term(l, load[l] - d);
-            f += e;
-            d1 -= k * e;
-            d2 += k * k * e;
-          }
-          for (LinkIndex l : plus) {
-            const double k = beta / (umax * t.link(l).gbps * 1e3);
-            const double e = term(l, load[l] + d);
-            f += e;
-            d1 += k * e;
-            d2 += k * k * e;
-          }
-          *f1 = d1;
-          *f2 = d2;
-          return f;
-        };
-        double d1 = 0, d2 = 0;
-        const double f0 = f_and_derivatives(0, &d1, &d2);
-        if (!(d1 < 0)) continue;  // moving does not lower the smoothed maximum
-        double moved = 0;
-        for (int k = 0; k < 6; ++k) {
-          double g1 = 0, g2 = 0;
-          f_and_derivatives(moved, &g1, &g2);
-          if (!(g2 > 0)) break;
-          const double next = std::clamp(moved - g1 / g2, 0.0, share);
-          if (std::fabs(next - moved) <= share * 1e-6) {
-            moved = next;
-            break;
-          }
-          moved = next;
-        }
-        double g1 = 0, g2 = 0;
-        if (!(moved > 0) || !(f_and_derivatives(moved, &g1, &g2) < f0)) continue;
-        b.on[worst_c] -= moved;
-        b.on[best_c] += moved;
-        for (LinkIndex l : minus) load[l] -= moved;
-        for (LinkIndex l : plus) load[l] += moved;
-      }
-    }
-    // Back to whole pieces: each share rounded down to a multiple of the piece size, the rest of
-    // the pair's bytes to its largest share.
-    load = base_load(background, nlinks);
-    for (const PairPlan& p : plan.pairs)
-      if (p.bytes < options_.min_split_bytes || p.candidates->size() == 1)
-        for (LinkIndex l : p.candidates->front().links) load[l] += static_cast<double>(p.bytes);
-    for (BigPair& b : big) {
-      const double bytes = static_cast<double>(plan.pairs[b.plan_index].bytes);
-      const double piece = static_cast<double>(options_.piece_bytes);
-      uint32_t largest = 0;
-      double sum = 0;
-      for (uint32_t c = 0; c < b.on.size(); ++c) {
-        if (b.on[c] > b.on[largest]) largest = c;
-        b.on[c] = std::floor(std::max(0.0, b.on[c]) / piece) * piece;
-        sum += b.on[c];
-      }
-      b.on[largest] += bytes - sum;
-      for (uint32_t c = 0; c < b.on.size(); ++c)
-        for (LinkIndex l : (*b.candidates)[c].links) load[l] += b.on[c];
-    }
-  }
-  // 4. Refinement: relieve the busiest link while some piece on it fits elsewhere.
-  const std::size_t max_moves = 64 + 64 * big.size();
-  for (std::size_t move = 0; move < max_moves && !big.empty(); ++move) {
-    LinkIndex hot = 0;
-    double hot_us = -1;
-    for (LinkIndex l = 0; l < nlinks; ++l)
-      if (const double v = us(load[l], t.link(l).gbps); v > hot_us) {
-        hot_us = v;
-        hot = l;
-      }
-    bool moved = false;
-    for (BigPair& b : big) {
-      for (uint32_t c = 0; c < b.candidates->size() && !moved; ++c) {
-        if (b.on[c] <= 0) continue;
-        const auto& links = (*b.candidates)[c].links;
-        if (std::find(links.begin(), links.end(), hot) == links.end()) continue;
-        // Try a whole piece, then halves down to 1/64 of one: the smallest move that helps.
-        for (double amount = std::min<double>(b.on[c], static_cast<double>(b.piece));
-             amount >= static_cast<double>(b.piece) / 64 && !moved; amount /= 2) {
-          const double whole = std::floor(amount / static_cast<double>(options_.piece_bytes)) *
-                               static_cast<double>(options_.piece_bytes);
-          const double step = whole > 0 ? whole : amount;  // keep multiples where possible
-          if (step > b.on[c]) continue;
-          double cost = 0;
-          const uint32_t to = best(b, step, c, &cost);
-          // The new home must avoid the hot link and stay below its load, penalty included.
-          const auto& to_links = (*b.candidates)[to].links;
-          const bool shares_hot = std::find(to_links.begin(), to_links.end(), hot) != to_links.end();
-          if (shares_hot || !(cost < hot_us * (1 - 1e-9))) continue;
-          b.on[c] -= step;
-          b.on[to] += step;
-          for (LinkIndex l : links) load[l] -= step;
-          for (LinkIndex l : (*b.candidates)[to].links) load[l] += step;
-          moved = true;
-        }
-      }
-      if (moved) break;
-    }
-    if (!moved) break;
-  }
-  // Shares become whole bytes: pieces are integers, halves of pieces may not be; the pair's
-  // remainder goes to its largest share so that the bytes add up exactly.
-  for (BigPair& b : big) {
-    PairPlan& p = plan.pairs[b.plan_index];
-    uint64_t assigned = 0;
-    uint32_t largest = 0;
-    for (uint32_t c = 0; c < b.on.size(); ++c) {
-      if (b.on[c] > b.on[largest]) largest = c;
-      const uint64_t bytes = static_cast<uint64_t>(std::llround(std::max(0.0, b.on[c])));
-      if (bytes > 0) p.paths.push_back({c, bytes});
-      assigned += bytes;
-    }
-    const int64_t fix = static_cast<int64_t>(p.bytes) - static_cast<int64_t>(assigned);
-    auto it = std::find_if(p.paths.begin(), p.paths.end(),
-                           [&](const PathShare& s) { return s.candidate == largest; });
-    if (it == p.paths.end()) {
-      p.paths.push_back({largest, 0});
-      it = p.paths.end() - 1;
-    }
-    it->bytes = static_cast<uint64_t>(static_cast<int64_t>(it->bytes) + fix);
-    std::sort(p.paths.begin(), p.paths.end(),
-              [](const PathShare& x, const PathShare& y) { return x.candidate < y.candidate; });
-  }
-  // The loads of the final, integral plan.
-  load = plan_load(plan.pairs, background, nlinks);
-  plan.max_load_us = max_load_us(t, load);
-  if (plan.max_load_us >= plan.direct_max_load_us) {
-    // Balancing did not help (uniform traffic, rounding): every pair on its default path.
-    for (BigPair& b : big) {
-      PairPlan& p = plan.pairs[b.plan_index];
-      p.paths.assign(1, PathShare{0, p.bytes});
-    }
-    plan.link_bytes = direct;
-    plan.max_load_us = plan.direct_max_load_us;
   }
   return plan;
 }
 
 StatusOr<Plan> Planner::plan(const Demand& demand, std::span<const double> background) {
-  auto fresh = compute(demand, background);
-  if (!fresh) return fresh;
   const uint64_t key = demand.hash();
   auto it = last_.find(key);
-  if (it != last_.end() && it->second.first.bytes != demand.bytes) {
+  if (it != last_.end() && (it->second->demand->nranks != demand.nranks ||
+                            it->second->demand->bytes != demand.bytes)) {
     last_.erase(it);  // another demand with the same hash: not this one's plan
     it = last_.end();
   }
+  if (it != last_.end() && std::equal(background.begin(), background.end(),
+                                      it->second->background.begin(),
+                                      it->second->background.end()))
+    return materialize(it->second->solution, demand, background);  // judged under this load
+  auto fresh = compute(demand, background);
+  if (!fresh) return fresh.status();
+  auto entry = std::make_shared<Kept>();
+  entry->background.assign(background.begin(), background.end());
   if (it != last_.end()) {
     // The plan in force, under today's background.
-    Plan kept = it->second.second;
-    kept.link_bytes = plan_load(kept.pairs, background, kept.link_bytes.size());
-    kept.max_load_us = max_load_us(table_->topology(), kept.link_bytes);
-    kept.direct_max_load_us = fresh->direct_max_load_us;
-    if (!(fresh->max_load_us < kept.max_load_us * (1 - options_.hysteresis))) {
-      it->second.second = kept;
-      return kept;
-    }
+    const Kept& kept = *it->second;
+    entry->demand = kept.demand;
+    entry->solution = kept.solution;
+    Solution& s = entry->solution;
+    const std::vector<double> bg = base_load(background, s.pair_bytes.size());
+    s.max_load_us = max_us(table_->state_->us_per_byte, bg, s.pair_bytes);
+    s.direct_max_load_us = fresh->direct_max_load_us;
+    if (fresh->max_load_us < s.max_load_us * (1 - options_.hysteresis))
+      entry->solution = std::move(*fresh);
+  } else {
+    entry->demand = std::make_shared<const Demand>(demand);
+    entry->solution = std::move(*fresh);
+    if (last_.size() >= kMaxCachedPlans) last_.clear();
   }
-  if (last_.size() >= kMaxCachedPlans && it == last_.end()) last_.clear();
-  last_[key] = {demand, *fresh};
-  return fresh;
+  last_[key] = entry;
+  return materialize(entry->solution, demand, background);
 }
 
 }  // namespace efccl::balance

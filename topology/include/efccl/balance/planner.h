@@ -55,12 +55,14 @@ struct Candidate {
 };
 
 /// Every pair's candidates over one topology and placement of ranks. Built once; candidates
-/// are computed on first use (thread-safe) from per-host subgraphs and cached.
+/// are computed on first use (thread-safe: lookups take no lock) from per-host subgraphs and
+/// cached per GPU pair in dense per-source rows.
 class PathTable {
  public:
   /// `rank_gpu[r]`: rank r's GPU node in `topology` (several ranks may share one).
   static StatusOr<std::shared_ptr<const PathTable>> build(const topo::Topology& topology,
                                                           std::vector<NodeIndex> rank_gpu);
+  ~PathTable();
   int32_t nranks() const { return static_cast<int32_t>(rank_gpu_.size()); }
   const topo::Topology& topology() const { return topology_; }
   NodeIndex rank_gpu(int32_t rank) const { return rank_gpu_[static_cast<std::size_t>(rank)]; }
@@ -70,24 +72,13 @@ class PathTable {
       int32_t src, int32_t dst, bool only_default = false) const;
 
  private:
-  PathTable() = default;
-  StatusOr<std::vector<Candidate>> compute(NodeIndex a, NodeIndex b, bool only_default) const;
-  /// Route inside one host (its subgraph), as links of the whole topology.
-  std::optional<topo::Path> host_route(NodeIndex a, NodeIndex b) const;
+  friend class Planner;
+  struct State;  // the lazily filled rows and caches (src/balance/path_table_state.h)
+  PathTable();
 
   topo::Topology topology_;
   std::vector<NodeIndex> rank_gpu_;
-  /// Per host: its subgraph and the maps between its node/link indices and the whole graph's.
-  struct HostGraph {
-    topo::Topology graph;
-    std::vector<LinkIndex> to_whole;       ///< local link -> whole link
-    std::vector<NodeIndex> to_whole_node;  ///< local node -> whole node
-  };
-  std::vector<HostGraph> hosts_;
-  std::vector<NodeIndex> local_of_;  ///< whole node -> its index in its host's subgraph
-  mutable std::mutex mu_;
-  mutable std::map<std::pair<NodeIndex, NodeIndex>, std::shared_ptr<const std::vector<Candidate>>>
-      cache_, default_cache_;
+  std::unique_ptr<State> state_;
 };
 
 struct PlannerOptions {
@@ -104,8 +95,14 @@ struct PlannerOptions {
   /// Microseconds charged per link a path has beyond candidates[0]'s: small transfers stay
   /// on short paths, large ones take extra hops when the load says so.
   double hop_penalty_us = 1.0;
-  /// Sweeps over the pairs of the fractional optimisation (docs/balancer.md).
+  /// Sweeps over the pairs of the fractional optimisation, at most (docs/balancer.md; it stops
+  /// once the plan is provably within 1% of the optimum, usually long before).
   int iterations = 64;
+  /// Whether Plan::pairs lists every pair with bytes (true) or only the pairs with bytes off
+  /// their candidates[0] (false; every other pair sends all its bytes on candidates[0]). A
+  /// communicator of a thousand ranks has a million pairs: listing them costs more than
+  /// planning them.
+  bool list_direct_pairs = true;
   /// EFCCL_BALANCE_MIN_BYTES and EFCCL_BALANCE_HYSTERESIS over the defaults; a bad value is
   /// an error naming the variable.
   static StatusOr<PlannerOptions> from_environment();
@@ -125,11 +122,14 @@ struct PairPlan {
 };
 
 struct Plan {
-  std::vector<PairPlan> pairs;     ///< every pair with bytes, src-major then dst
+  /// Every pair with bytes, src-major then dst; only those with bytes off candidates[0] when
+  /// `lists_direct_pairs` is false.
+  std::vector<PairPlan> pairs;
   std::vector<double> link_bytes;  ///< per link of the topology, background included
   double max_load_us = 0;          ///< max over links of bytes / capacity
   double direct_max_load_us = 0;   ///< the same with every pair on candidates[0]
   uint64_t min_split_bytes = 0;    ///< the threshold in force
+  bool lists_direct_pairs = true;  ///< PlannerOptions::list_direct_pairs in force
 };
 
 class Planner {
@@ -137,15 +137,20 @@ class Planner {
   Planner(std::shared_ptr<const PathTable> table, PlannerOptions options);
   /// A plan for `demand` (nranks must match the table's). `background_bytes`: recent load per
   /// link of the topology (empty: none). Repeating demands return their cached plan unless a
-  /// new one beats it by more than the hysteresis.
+  /// new one beats it by more than the hysteresis; a repeat under the same background returns
+  /// the plan in force without planning again.
   StatusOr<Plan> plan(const Demand& demand, std::span<const double> background_bytes = {});
   const PlannerOptions& options() const { return options_; }
 
  private:
-  StatusOr<Plan> compute(const Demand& demand, std::span<const double> background) const;
+  struct Solution;  // a plan without its listing (src/balance/planner.cc)
+  struct Kept;      // the plan in force for one demand
+  StatusOr<Solution> compute(const Demand& demand, std::span<const double> background) const;
+  StatusOr<Plan> materialize(const Solution& solution, const Demand& demand,
+                             std::span<const double> background) const;
   std::shared_ptr<const PathTable> table_;
   PlannerOptions options_;
-  std::map<uint64_t, std::pair<Demand, Plan>> last_;  ///< by demand hash: the plan in force
+  std::map<uint64_t, std::shared_ptr<const Kept>> last_;  ///< by demand hash: the plan in force
 };
 
 /// Max over links of bytes / capacity, in microseconds.
