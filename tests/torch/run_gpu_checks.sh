@@ -172,6 +172,11 @@ run_step "efccl_backend_checks.py --part core (works, graph, stats, DDP, FSDP2),
   "${diag[@]}" "${launch[@]}" --nproc_per_node=2 "${checks[@]}" --part core
 run_step "efccl_backend_checks.py --part groups (new_group, split_group, stats of a group, algorithm file, abort/shutdown), 2 ranks" 100 \
   "${diag[@]}" "${launch[@]}" --nproc_per_node=2 "${checks[@]}" --part groups
+# The first run's crash came at the first new_group after the works and the captured graph (core
+# and groups were one launch then): the same orders, without and with the graph.
+run_step "efccl_backend_checks.py --checks work_semantics,futures,new_group_is_split (a split after asynchronous works), 2 ranks" 80 \
+  "${diag[@]}" "${launch[@]}" --nproc_per_node=2 "${checks[@]}" \
+    --checks work_semantics,futures,new_group_is_split
 run_step "efccl_backend_checks.py --checks graph_async,new_group_is_split,new_group_stats (a split after a captured graph), 2 ranks" 80 \
   "${diag[@]}" "${launch[@]}" --nproc_per_node=2 "${checks[@]}" \
     --checks graph_async,new_group_is_split,new_group_stats
