@@ -1,29 +1,46 @@
 // crashtrace: an LD_PRELOAD helper for the GPU checks (run_gpu_checks.sh --crash-trace). On
 // SIGSEGV, SIGBUS, SIGABRT, SIGILL or SIGFPE it prints, to stderr, the signal, the faulting
 // address, the thread (id and name) and the native backtrace of the thread that received it,
-// one frame a line as "#N <object>+0x<offset> (<dynamic symbol or ?>)"; then the process dies of
-// the signal as it would have. run_gpu_checks.sh names the frames of objects built with symbols
-// (addr2line on <object> at <offset> - 1).
+// one frame a line as "#N <object>+0x<offset> (<dynamic symbol or ?>)"; then runs the handler
+// the process itself installed for that signal (Python's faulthandler: every thread's Python
+// traceback), then the process dies of the signal as it would have. run_gpu_checks.sh names the
+// frames of objects built with symbols (symbolize_crashtrace.py: addr2line at <offset> - 1).
 //
 //   gcc -shared -fPIC -O1 -g -o crashtrace.so tests/torch/crashtrace.c -ldl
 //   LD_PRELOAD=$PWD/crashtrace.so PYTHONFAULTHANDLER=1 python ...
 //
-// With PYTHONFAULTHANDLER=1 Python installs its own handler after this one: it prints every
-// thread's Python traceback first, then re-raises the signal, which lands here (the native
-// frames then include Python's handler and a signal frame above the faulting one).
+// To stay first (the faulting address is lost once another handler re-raises the signal), it
+// interposes sigaction(): a handler the process installs later for one of these signals is
+// recorded and chained after the trace instead of replacing it.
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <execinfo.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+typedef int (*sigaction_fn)(int, const struct sigaction*, struct sigaction*);
+
 static const int kSignals[] = {SIGSEGV, SIGBUS, SIGABRT, SIGILL, SIGFPE};
+static sigaction_fn real_sigaction;
+static struct sigaction chained[NSIG];  // what the process believes is installed
+static volatile sig_atomic_t armed;
+static volatile sig_atomic_t depth;
+
+static int traced(int sig) {
+  for (size_t i = 0; i < sizeof kSignals / sizeof kSignals[0]; ++i)
+    if (kSignals[i] == sig) return 1;
+  return 0;
+}
+
+static sigaction_fn resolve_sigaction(void) {
+  if (real_sigaction == NULL) real_sigaction = (sigaction_fn)dlsym(RTLD_NEXT, "sigaction");
+  return real_sigaction;
+}
 
 static void say(const char* text, int len) {
   while (len > 0) {
@@ -34,8 +51,20 @@ static void say(const char* text, int len) {
   }
 }
 
+static void die_of(int sig) {
+  struct sigaction dfl;
+  memset(&dfl, 0, sizeof dfl);
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  if (resolve_sigaction() != NULL) real_sigaction(sig, &dfl, NULL);
+  raise(sig);
+}
+
 static void handler(int sig, siginfo_t* info, void* context) {
-  (void)context;
+  if (depth++ > 0) {  // re-raised by a chained handler, or a second thread: no second trace
+    die_of(sig);
+    return;
+  }
   char buf[512];
   char thread[17] = {0};
   (void)prctl(PR_GET_NAME, thread, 0, 0, 0);
@@ -61,12 +90,28 @@ static void handler(int sig, siginfo_t* info, void* context) {
   len = snprintf(buf, sizeof buf, "=== crashtrace: end of pid %d thread %ld\n", (int)getpid(),
                  (long)syscall(SYS_gettid));
   say(buf, len);
-  // Die of the signal as before (the exit status and the launcher's report stay the same).
-  signal(sig, SIG_DFL);
-  raise(sig);
+  // The process's own handler (faulthandler re-raises: that lands in die_of above).
+  const struct sigaction next = chained[sig];
+  if ((next.sa_flags & SA_SIGINFO) != 0) {
+    if (next.sa_sigaction != NULL) next.sa_sigaction(sig, info, context);
+  } else if (next.sa_handler != SIG_DFL && next.sa_handler != SIG_IGN) {
+    next.sa_handler(sig);
+  }
+  die_of(sig);  // the exit status and the launcher's report stay as without this library
+}
+
+// Interposed: the traced signals keep this library's handler; what the process installs for
+// them is chained after the trace (and reported back as installed).
+int sigaction(int sig, const struct sigaction* act, struct sigaction* old) {
+  if (resolve_sigaction() == NULL) return -1;
+  if (!armed || sig <= 0 || sig >= NSIG || !traced(sig)) return real_sigaction(sig, act, old);
+  if (old != NULL) *old = chained[sig];
+  if (act != NULL) chained[sig] = *act;
+  return 0;
 }
 
 __attribute__((constructor)) static void crashtrace_install(void) {
+  if (resolve_sigaction() == NULL) return;
   // backtrace() loads the unwinder on first use (malloc inside): do it now, not in the handler.
   void* warm[4];
   (void)backtrace(warm, 4);
@@ -83,5 +128,6 @@ __attribute__((constructor)) static void crashtrace_install(void) {
   sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
   sigemptyset(&sa.sa_mask);
   for (size_t i = 0; i < sizeof kSignals / sizeof kSignals[0]; ++i)
-    (void)sigaction(kSignals[i], &sa, NULL);
+    (void)real_sigaction(kSignals[i], &sa, &chained[kSignals[i]]);
+  armed = 1;
 }
