@@ -15,7 +15,8 @@
 # names its frames with addr2line after a failed step (symbolize_crashtrace.py); every rank
 # prints START/END around each check; efccl logs its communicator creations and splits
 # (EFCCL_DEBUG=INFO, EFCCL_DEBUG_SUBSYS=INIT); C++ exceptions carry their stack
-# (TORCH_SHOW_CPP_STACKTRACES=1). The benchmark gets only the preload.
+# (TORCH_SHOW_CPP_STACKTRACES=1), and torch's NCCL its init (NCCL_DEBUG=INFO, INIT,ENV) in the
+# NCCL steps. The benchmark gets only the preload.
 #
 # Exit status 0 when every step passed. Logs stay in the directory printed at the start.
 set -uo pipefail
@@ -100,6 +101,9 @@ if (( crash_trace )); then
   fi
   build_flags=(--debug-symbols)
 fi
+# torch's own NCCL says how far its init got (efccl reads EFCCL_DEBUG first, so this is NCCL's).
+diag_nccl=("${diag[@]}")
+(( crash_trace )) && diag_nccl+=(NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV)
 
 # run_step NAME LIMIT COMMAND...: runs COMMAND with its output shown and logged; records
 # PASS/FAIL with its time and, for the checks, their SUMMARY line. A failed step's crash
@@ -234,18 +238,18 @@ run_step "efccl_backend_checks.py --part mixed (cpu:gloo,cuda:efccl, unbound), 2
   "${diag[@]}" "${launch[@]}" --nproc_per_node=2 "${checks[@]}" --part mixed
 nccl_alone_ok=1
 run_step "efccl_backend_checks.py --part nccl-alone (control: torch's NCCL one-rank groups, efccl not loaded), 2 ranks" 80 \
-  "${diag[@]}" "${launch[@]}" --nproc_per_node=2 "${checks[@]}" --part nccl-alone || nccl_alone_ok=0
+  "${diag_nccl[@]}" "${launch[@]}" --nproc_per_node=2 "${checks[@]}" --part nccl-alone || nccl_alone_ok=0
 nccl_ok=1
 run_step "efccl_backend_checks.py --part nccl (torch's NCCL one-rank groups beside efccl), 2 ranks" 80 \
-  "${diag[@]}" "${launch[@]}" --nproc_per_node=2 "${checks[@]}" --part nccl || nccl_ok=0
+  "${diag_nccl[@]}" "${launch[@]}" --nproc_per_node=2 "${checks[@]}" --part nccl || nccl_ok=0
 if (( ! nccl_alone_ok || ! nccl_ok )); then
   # NCCL >= 2.26 probes cuMem host allocations at its first init; that probe is known to crash
   # inside the driver on some machines (NVIDIA/nccl#2106). The same two launches without it
   # tell whether that is what failed (diagnostic only: the steps above stay as they were).
   run_step "diagnostic: --part nccl-alone with NCCL_CUMEM_HOST_ENABLE=0, 2 ranks" 80 \
-    "${diag[@]}" NCCL_CUMEM_HOST_ENABLE=0 "${launch[@]}" --nproc_per_node=2 "${checks[@]}" --part nccl-alone
+    "${diag_nccl[@]}" NCCL_CUMEM_HOST_ENABLE=0 "${launch[@]}" --nproc_per_node=2 "${checks[@]}" --part nccl-alone
   run_step "diagnostic: --part nccl with NCCL_CUMEM_HOST_ENABLE=0, 2 ranks" 80 \
-    "${diag[@]}" NCCL_CUMEM_HOST_ENABLE=0 "${launch[@]}" --nproc_per_node=2 "${checks[@]}" --part nccl
+    "${diag_nccl[@]}" NCCL_CUMEM_HOST_ENABLE=0 "${launch[@]}" --nproc_per_node=2 "${checks[@]}" --part nccl
 fi
 
 say ""
