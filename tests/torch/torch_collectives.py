@@ -24,6 +24,7 @@ summary on rank 0, and exits nonzero when any check failed on this rank.
 import datetime
 import faulthandler
 import os
+import signal
 import sys
 import time
 import traceback
@@ -51,8 +52,11 @@ passed = []
 failed = []
 skipped = []
 
-# A fatal signal (a crash in native code) prints every thread's Python traceback first.
+# A fatal signal (a crash in native code) prints every thread's Python traceback first; so
+# does the SIGTERM with which torchrun stops the other ranks after one failed (where each was).
 faulthandler.enable(all_threads=True)
+if hasattr(faulthandler, "register"):
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
 # EFCCL_TORCH_TRACE_CHECKS=1 (run_gpu_checks.sh --crash-trace): every rank says when it starts
 # and ends each check, so that a crash is placed even where its output is lost.
 TRACE_CHECKS = os.environ.get("EFCCL_TORCH_TRACE_CHECKS") == "1"
