@@ -3,22 +3,30 @@
 # libefccl.so built elsewhere, into BUILD_DIR/python (use it with PYTHONPATH=BUILD_DIR/python).
 #
 #   python/torch_backend/build.sh [--python PY] [--library LIBEFCCL] [--build-dir DIR] [--jobs N]
+#                                 [--debug-symbols]
 #
-# Defaults: python3, build/lib/libefccl.so, build-torch, all cores. CMake and Ninja are taken from
-# PATH, else from beside PY (a virtual environment's bin/); without Ninja, make.
+# Defaults: python3, build/lib/libefccl.so, build-torch, all cores, an optimised build without
+# symbols. --debug-symbols builds RelWithDebInfo with line tables (-O2 -g1), so that addr2line
+# names the extension's frames in a crash backtrace (tests/torch/symbolize_crashtrace.py).
+# CMake and Ninja are taken from PATH, else from beside PY (a virtual environment's bin/); without
+# Ninja, make.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 python=python3
 library="$repo/build/lib/libefccl.so"
 build_dir="$repo/build-torch"
 jobs="$(nproc)"
+build_type=(-DCMAKE_BUILD_TYPE=Release)
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --python) python="$2"; shift 2 ;;
     --library) library="$2"; shift 2 ;;
     --build-dir) build_dir="$2"; shift 2 ;;
     --jobs) jobs="$2"; shift 2 ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    --debug-symbols)
+      build_type=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG")
+      shift ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "build.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -37,6 +45,6 @@ if [[ -f "$build_dir/CMakeCache.txt" ]] && ! grep -q "CMAKE_HOME_DIRECTORY:INTER
   echo "build.sh: $build_dir holds another build; choose another --build-dir" >&2; exit 2
 fi
 "$cmake" -S "$repo/python/torch_backend" -B "$build_dir" "${generator[@]}" \
-  -DCMAKE_BUILD_TYPE=Release -DEFCCL_TORCH_PYTHON="$python" -DEFCCL_LIBRARY="$library"
+  "${build_type[@]}" -DEFCCL_TORCH_PYTHON="$python" -DEFCCL_LIBRARY="$library"
 "$cmake" --build "$build_dir" -j "$jobs"
 echo "build.sh: efccl.torch built: PYTHONPATH=$build_dir/python (libefccl.so: $library)"

@@ -4,19 +4,31 @@ operation) does not cover.
 
     PYTHONPATH=build-torch/python torchrun --nproc_per_node 2 tests/torch/efccl_backend_checks.py
     PYTHONPATH=build-torch/python torchrun --nproc_per_node 2 tests/torch/efccl_backend_checks.py --part mixed
+    PYTHONPATH=build-torch/python torchrun --nproc_per_node 2 tests/torch/efccl_backend_checks.py \
+        --checks graph_async,new_group_is_split
 
-`--part core` (default; init_process_group("efccl", device_id=...)): works (stream order, tensors
-kept alive, wait with a timeout, is_completed, get_future and its chains), a CUDA graph of an
-asynchronous all_reduce, new_group and split_group through ncclCommSplit, an algorithm file chosen
-for one group from Python, efccl.torch.stats, abort and shutdown, DDP (20 steps, 2 ranks or more)
-and FSDP2 (fully_shard, 10 steps) against a single-process reference, a group creation whose
-member never comes (init timeout, naming it), and last a collective a rank never calls (an
-error within the group's timeout, naming that rank).
-`--part mixed` (init "cpu:gloo,cuda:efccl" without device_id): efccl beside gloo and torch's own
-NCCL in one process.
+Parts (`--part`; each is one launch of run_gpu_checks.sh, so that a crash hides nothing else):
 
-Same output as torch_collectives.py: PASS/FAIL/SKIP lines, a SUMMARY line on rank 0, exit status
-nonzero when a check failed on this rank.
+* `core` (init_process_group("efccl", device_id=...)): works (stream order, tensors kept alive,
+  wait with a timeout, is_completed, get_future and its chains), a CUDA graph of an asynchronous
+  all_reduce, efccl.torch.stats of the default group, DDP (20 steps) and FSDP2 (fully_shard, 10
+  steps) against a single-process reference.
+* `groups` (the same init): new_group and split_group through ncclCommSplit (the default
+  group's split count), efccl.torch.stats of a new group, an algorithm file chosen for one group
+  from Python, abort and shutdown of a group.
+* `timeouts` (the same init): a group creation whose member never comes (init timeout, naming
+  it), then a collective a rank never calls (an error within the group's timeout, naming it).
+* `bound` (the default): core, groups and timeouts in one process, in that order.
+* `mixed` (init "cpu:gloo,cuda:efccl" without device_id): CPU tensors on gloo beside efccl, a
+  gloo group, a new group with a communicator of its own, efccl.torch.stats there.
+* `nccl` (the same init): one-rank groups of torch's own NCCL beside the efccl default group.
+* `nccl-alone` (init "gloo"; efccl is not even imported): the same one-rank NCCL groups without
+  efccl: the control for `nccl` (whether torch's NCCL itself works on this machine, e.g. under
+  MPS).
+
+`--checks NAME,...` runs the named checks instead of a part's (in the order given; names below,
+in CHECKS; all of one init). Same output as torch_collectives.py: PASS/FAIL/SKIP lines, a
+SUMMARY line on rank 0, exit status nonzero when a check failed on this rank.
 """
 
 import copy
@@ -30,7 +42,11 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-import efccl.torch
+PART = sys.argv[sys.argv.index("--part") + 1] if "--part" in sys.argv else "bound"
+ONLY = sys.argv[sys.argv.index("--checks") + 1].split(",") if "--checks" in sys.argv else None
+
+if PART != "nccl-alone":
+    import efccl.torch  # registers "efccl" (not in the control, which must not load efccl)
 from torch_collectives import (  # the same helpers, ranks and device
     DEVICE,
     DEVICE_INDEX,
@@ -48,7 +64,6 @@ from torch_collectives import (  # the same helpers, ranks and device
     value,
 )
 
-PART = sys.argv[sys.argv.index("--part") + 1] if "--part" in sys.argv else "core"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -163,20 +178,30 @@ def group_sum(group, members):
     return compare(t, torch.full((N,), float(sum(r + 1 for r in members)), device=DEVICE))
 
 
+def default_backend():
+    """The default group's efccl backend (ProcessGroupEfccl)."""
+    backend = dist.distributed_c10d._get_default_group()._get_backend(DEVICE)
+    if not isinstance(backend, efccl.torch.ProcessGroupEfccl):
+        raise AssertionError(f"the default group's CUDA backend is {type(backend).__name__}")
+    return backend
+
+
 def new_group_is_split():
     # Under a default group bound to a device, torch's new_group makes every rank take part
-    # and efccl splits the default communicator (the ranks outside call perform_nocolor_split).
+    # and efccl splits the default communicator (the ranks outside call perform_nocolor_split):
+    # the default group's split count grows by one per new group on every rank.
     halves = [list(range(0, WORLD // 2)), list(range(WORLD // 2, WORLD))]
+    before = default_backend().comm_split_count()
     groups = [dist.new_group(h) for h in halves]
     mine = next(i for i, h in enumerate(halves) if RANK in h)
     problem = group_sum(groups[mine], halves[mine])
-    origin = efccl.torch.stats(groups[mine])["communicator"]
+    splits = default_backend().comm_split_count() - before
     for g in groups:
         dist.destroy_process_group(g)
     if problem:
         return problem
-    if not origin.startswith("split"):
-        return f"the new group's communicator came from {origin!r}, not ncclCommSplit"
+    if splits != len(halves):
+        return f"{len(halves)} new groups made {splits} splits of the default communicator"
     return None
 
 
@@ -184,15 +209,38 @@ def split_group_is_split():
     if not hasattr(dist, "split_group"):
         raise Skip(f"torch {torch.__version__} has no split_group")
     parts = [[r for r in range(WORLD) if r % 2 == p] for p in (0, 1)]
+    before = default_backend().comm_split_count()
     group = dist.split_group(split_ranks=parts)
     members = next(p for p in parts if RANK in p)
     problem = group_sum(group, members)
-    origin = efccl.torch.stats(group)["communicator"]
+    splits = default_backend().comm_split_count() - before
     dist.destroy_process_group(group)
     if problem:
         return problem
-    if not origin.startswith("split"):
-        return f"the split group's communicator came from {origin!r}"
+    if splits != 1:
+        return f"split_group made {splits} splits of the default communicator, expected 1"
+    return None
+
+
+def new_group_stats():
+    # efccl.torch.stats of a group new_group split from the default one.
+    group = dist.new_group(list(range(WORLD)))
+    problem = group_sum(group, list(range(WORLD)))
+    s = efccl.torch.stats(group)
+    dist.destroy_process_group(group)
+    if problem:
+        return problem
+    if s["rank"] != RANK or s["size"] != WORLD or s["device"] != str(DEVICE):
+        return f"identity: rank {s['rank']} size {s['size']} device {s['device']}"
+    if s["global_ranks"] != list(range(WORLD)):
+        return f"global ranks {s['global_ranks']}"
+    if not s["communicator"].startswith("split"):
+        return f"the new group's communicator came from {s['communicator']!r}, not ncclCommSplit"
+    ar = s["collectives"].get("allreduce")
+    if not ar or ar["calls"] != 1 or ar["bytes"] != N * 4:
+        return f"allreduce counters of the new group: {ar}"
+    if s["failed"] is not None:
+        return f"the new group reports a failure: {s['failed']}"
     return None
 
 
@@ -427,101 +475,210 @@ def missing_rank_collective():
     return problem
 
 
-def core():
-    dist.init_process_group("efccl", device_id=DEVICE, timeout=datetime.timedelta(seconds=300))
-    if RANK == 0:
-        lib = efccl.torch.library()
-        print(f"torch {torch.__version__}, {WORLD} ranks, efccl.torch on {lib['path']} "
-              f"(NCCL ABI {lib['version']}), torch's own NCCL {torch.cuda.nccl.version()}", flush=True)
-    check("work: wait, result, is_completed, wait(timeout)", work_semantics)
-    check("work: ordered after the caller's stream", stream_order)
-    check("work: a dropped input's memory is not reused while the collective runs", tensors_kept_alive)
-    check("work: get_future value and a then() chain", futures)
-    check("asynchronous all_reduce captured in a CUDA graph, replayed", graph_async)
-    check("new_group through ncclCommSplit", new_group_is_split)
-    check("split_group through ncclCommSplit", split_group_is_split)
-    check("an algorithm file for one group (efccl.torch.Options)", algorithm_file_per_group)
-    check("efccl.torch.stats of the default group", stats_of_the_world)
-    check("abort() and shutdown() of a group", abort_and_shutdown)
-    check("DDP, 20 steps, losses as a single process", ddp_training)
-    check("FSDP2 fully_shard, 10 steps, losses as a single process", fsdp2_training)
-    check("group creation with a member that never comes: error at the timeout, naming it",
-          init_timeout_names_the_missing_rank)
-    dist.barrier(device_ids=[DEVICE_INDEX])
-    check("a rank that never calls: error within the timeout, naming it", missing_rank_collective)
+# ---- beside gloo and torch's NCCL (a default group not bound to a device) -----------------------
+
+def both_devices():
+    cpu = torch.full((5,), float(RANK + 1))
+    dist.all_reduce(cpu)
+    gpu = value(RANK, torch.float32, N)
+    dist.all_reduce(gpu)
+    return (compare(cpu, torch.full((5,), float(WORLD * (WORLD + 1) // 2)))
+            or compare(gpu, expected_reduction(dist.ReduceOp.SUM, torch.float32, N)))
 
 
-def mixed():
-    # Not bound to a device: torch would otherwise hand the efccl group to NCCL as its split
-    # parent. CPU tensors go to gloo, CUDA tensors to efccl.
-    dist.init_process_group("cpu:gloo,cuda:efccl", timeout=datetime.timedelta(seconds=300))
-    if RANK == 0:
-        print(f"torch {torch.__version__}, {WORLD} ranks, cpu:gloo,cuda:efccl; torch's NCCL "
-              f"{torch.cuda.nccl.version()}", flush=True)
+def gloo_group_beside():
+    g = dist.new_group(list(range(WORLD)), backend="gloo")
+    t = torch.full((3,), float(RANK))
+    dist.all_reduce(t, group=g)
+    dist.destroy_process_group(g)
+    return compare(t, torch.full((3,), float(WORLD * (WORLD - 1) // 2)))
 
-    def both_devices():
-        cpu = torch.full((5,), float(RANK + 1))
-        dist.all_reduce(cpu)
-        gpu = value(RANK, torch.float32, N)
-        dist.all_reduce(gpu)
-        return (compare(cpu, torch.full((5,), float(WORLD * (WORLD + 1) // 2)))
-                or compare(gpu, expected_reduction(dist.ReduceOp.SUM, torch.float32, N)))
 
-    def nccl_beside_efccl():
-        # torch's NCCL cannot put two ranks on one GPU, so each rank gets a one-rank NCCL group;
-        # its calls go to torch's libnccl.so.2 while efccl serves the default group, in turn.
-        if not dist.is_nccl_available():
-            raise Skip("this torch has no NCCL")
-        groups = [dist.new_group([r], backend="nccl") for r in range(WORLD)]
-        mine = groups[RANK]
-        if dist.get_backend(mine) != "nccl":
-            return f"the one-rank group's backend is {dist.get_backend(mine)}"
-        for round_ in range(3):
-            a = torch.full((N,), float(RANK + round_), device=DEVICE)
-            dist.all_reduce(a, group=mine)
+def fresh_group_not_split():
+    # Unbound: torch does not split (no perform_nocolor_split on the other ranks), so the
+    # group's communicator is created through the store; the default one was not split.
+    g = dist.new_group(list(range(WORLD)))
+    problem = group_sum(g, list(range(WORLD)))
+    backend = g._get_backend(torch.device("cuda"))
+    initialized = backend._is_initialized()
+    splits = default_backend().comm_split_count()
+    dist.destroy_process_group(g)
+    if problem:
+        return problem
+    if not initialized:
+        return "the group has no communicator after its all_reduce"
+    return None if splits == 0 else f"the default communicator was split {splits} times"
+
+
+def mixed_stats():
+    # efccl.torch.stats of the unbound default group (its all_reduce of both_devices, if run)
+    # and of a new group: a communicator of its own ("init").
+    before = efccl.torch.stats()["collectives"].get("allreduce", {"calls": 0})["calls"]
+    g = dist.new_group(list(range(WORLD)))
+    problem = group_sum(g, list(range(WORLD)))
+    t = torch.ones(4, device=DEVICE)
+    dist.all_reduce(t)
+    s = efccl.torch.stats(g)
+    after = efccl.torch.stats()["collectives"]["allreduce"]["calls"]
+    dist.destroy_process_group(g)
+    if problem:
+        return problem
+    if s["communicator"] != "init":
+        return f"communicator origin {s['communicator']!r}, expected 'init'"
+    if s["collectives"].get("allreduce", {}).get("calls") != 1:
+        return f"the new group's allreduce counters: {s['collectives']}"
+    if after != before + 1:
+        return f"the default group's all_reduce count went from {before} to {after}, expected +1"
+    return None
+
+
+def nccl_one_rank_groups(efccl_too):
+    # torch's NCCL cannot put two ranks on one GPU, so each rank gets a one-rank NCCL group;
+    # its calls go to torch's libnccl.so.2 while the default group (efccl, or gloo in the
+    # control) serves the others, in turn.
+    if not dist.is_nccl_available():
+        raise Skip("this torch has no NCCL")
+
+    def default_all_reduce():
+        if efccl_too:
             b = value(RANK, torch.float32, N)
-            dist.all_reduce(b)
-            problem = (compare(a, torch.full((N,), float(RANK + round_), device=DEVICE))
-                       or compare(b, expected_reduction(dist.ReduceOp.SUM, torch.float32, N)))
-            if problem:
-                return f"round {round_}: {problem}"
-        for g in groups:
-            dist.destroy_process_group(g)
-        calls = efccl.torch.stats()["collectives"]["allreduce"]["calls"]
-        if calls < 3:
-            return f"efccl counted {calls} all_reduce calls on the default group"
-        return None
+            dist.all_reduce(b)  # efccl
+            return compare(b, expected_reduction(dist.ReduceOp.SUM, torch.float32, N))
+        b = torch.full((5,), float(RANK + 1))
+        dist.all_reduce(b)  # gloo
+        return compare(b, torch.full((5,), float(WORLD * (WORLD + 1) // 2)))
 
-    def gloo_group_beside():
-        g = dist.new_group(list(range(WORLD)), backend="gloo")
-        t = torch.full((3,), float(RANK))
-        dist.all_reduce(t, group=g)
-        dist.destroy_process_group(g)
-        return compare(t, torch.full((3,), float(WORLD * (WORLD - 1) // 2)))
-
-    def fresh_group_not_split():
-        g = dist.new_group(list(range(WORLD)))
-        problem = group_sum(g, list(range(WORLD)))
-        origin = efccl.torch.stats(g)["communicator"]
-        dist.destroy_process_group(g)
+    # The default group's communicator first (efccl's exists before torch's NCCL starts).
+    problem = default_all_reduce()
+    if problem:
+        return f"the default group's first all_reduce: {problem}"
+    groups = [dist.new_group([r], backend="nccl") for r in range(WORLD)]
+    mine = groups[RANK]
+    if dist.get_backend(mine) != "nccl":
+        return f"the one-rank group's backend is {dist.get_backend(mine)}"
+    for round_ in range(3):
+        a = torch.full((N,), float(RANK + round_), device=DEVICE)
+        dist.all_reduce(a, group=mine)  # torch's NCCL
+        problem = (compare(a, torch.full((N,), float(RANK + round_), device=DEVICE))
+                   or default_all_reduce())
         if problem:
-            return problem
-        return None if origin == "init" else f"communicator origin {origin!r}, expected 'init'"
+            return f"round {round_}: {problem}"
+    for g in groups:
+        dist.destroy_process_group(g)
+    return None
 
-    check("cpu:gloo,cuda:efccl: CPU tensors on gloo, CUDA tensors on efccl", both_devices)
-    check("torch's NCCL (one-rank groups) beside efccl in one process", nccl_beside_efccl)
-    check("a gloo group beside the efccl default group", gloo_group_beside)
-    check("new_group under an unbound default group: a communicator of its own", fresh_group_not_split)
+
+def nccl_beside_efccl():
+    return nccl_one_rank_groups(efccl_too=True)
+
+
+def nccl_alone():
+    return nccl_one_rank_groups(efccl_too=False)
+
+
+def efccl_counted_beside_nccl():
+    # Run after nccl_beside_efccl: its four all_reduce calls of the default group were efccl's.
+    calls = efccl.torch.stats()["collectives"].get("allreduce", {"calls": 0})["calls"]
+    return None if calls >= 4 else f"efccl counted {calls} all_reduce calls on the default group"
+
+
+# ---- what runs ----------------------------------------------------------------------------------
+
+# name: (title, function, init). Inits: "bound" init_process_group("efccl", device_id=...),
+# "unbound" init_process_group("cpu:gloo,cuda:efccl"), "gloo" init_process_group("gloo").
+CHECKS = {
+    "work_semantics": ("work: wait, result, is_completed, wait(timeout)", work_semantics, "bound"),
+    "stream_order": ("work: ordered after the caller's stream", stream_order, "bound"),
+    "tensors_kept_alive": ("work: a dropped input's memory is not reused while the collective runs",
+                           tensors_kept_alive, "bound"),
+    "futures": ("work: get_future value and a then() chain", futures, "bound"),
+    "graph_async": ("asynchronous all_reduce captured in a CUDA graph, replayed", graph_async, "bound"),
+    "stats_of_the_world": ("efccl.torch.stats of the default group", stats_of_the_world, "bound"),
+    "ddp_training": ("DDP, 20 steps, losses as a single process", ddp_training, "bound"),
+    "fsdp2_training": ("FSDP2 fully_shard, 10 steps, losses as a single process", fsdp2_training,
+                       "bound"),
+    "new_group_is_split": ("new_group through ncclCommSplit", new_group_is_split, "bound"),
+    "split_group_is_split": ("split_group through ncclCommSplit", split_group_is_split, "bound"),
+    "new_group_stats": ("efccl.torch.stats of a new group", new_group_stats, "bound"),
+    "algorithm_file_per_group": ("an algorithm file for one group (efccl.torch.Options)",
+                                 algorithm_file_per_group, "bound"),
+    "abort_and_shutdown": ("abort() and shutdown() of a group", abort_and_shutdown, "bound"),
+    "init_timeout": ("group creation with a member that never comes: error at the timeout, naming it",
+                     init_timeout_names_the_missing_rank, "bound"),
+    "missing_rank": ("a rank that never calls: error within the timeout, naming it",
+                     missing_rank_collective, "bound"),
+    "both_devices": ("cpu:gloo,cuda:efccl: CPU tensors on gloo, CUDA tensors on efccl", both_devices,
+                     "unbound"),
+    "gloo_group_beside": ("a gloo group beside the efccl default group", gloo_group_beside, "unbound"),
+    "fresh_group_not_split": ("new_group under an unbound default group: a communicator of its own",
+                              fresh_group_not_split, "unbound"),
+    "mixed_stats": ("efccl.torch.stats under an unbound default group", mixed_stats, "unbound"),
+    "nccl_beside_efccl": ("torch's NCCL (one-rank groups) beside efccl in one process",
+                          nccl_beside_efccl, "unbound"),
+    "efccl_counted_beside_nccl": ("efccl counted the default group's calls beside torch's NCCL",
+                                  efccl_counted_beside_nccl, "unbound"),
+    "nccl_alone": ("control: torch's NCCL (one-rank groups) beside gloo, efccl not loaded",
+                   nccl_alone, "gloo"),
+}
+
+PARTS = {
+    "core": ["work_semantics", "stream_order", "tensors_kept_alive", "futures", "graph_async",
+             "stats_of_the_world", "ddp_training", "fsdp2_training"],
+    "groups": ["new_group_is_split", "split_group_is_split", "new_group_stats",
+               "algorithm_file_per_group", "abort_and_shutdown"],
+    "timeouts": ["init_timeout", "missing_rank"],
+    "mixed": ["both_devices", "gloo_group_beside", "fresh_group_not_split", "mixed_stats"],
+    "nccl": ["nccl_beside_efccl", "efccl_counted_beside_nccl"],
+    "nccl-alone": ["nccl_alone"],
+}
+PARTS["bound"] = PARTS["core"] + PARTS["groups"] + PARTS["timeouts"]
+
+
+def init(kind):
+    timeout = datetime.timedelta(seconds=300)
+    if kind == "bound":
+        dist.init_process_group("efccl", device_id=DEVICE, timeout=timeout)
+    elif kind == "unbound":
+        # Not bound to a device: torch would otherwise hand the efccl group to NCCL as its
+        # split parent. CPU tensors go to gloo, CUDA tensors to efccl.
+        dist.init_process_group("cpu:gloo,cuda:efccl", timeout=timeout)
+    else:
+        dist.init_process_group("gloo", timeout=timeout)
+    if RANK == 0:
+        if kind == "gloo":
+            library = "efccl not loaded"
+        else:
+            lib = efccl.torch.library()
+            library = f"efccl.torch on {lib['path']} (NCCL ABI {lib['version']})"
+        nccl = torch.cuda.nccl.version() if dist.is_nccl_available() else "none"
+        print(f"torch {torch.__version__}, {WORLD} ranks, init {kind}, {library}, "
+              f"torch's own NCCL {nccl}", flush=True)
 
 
 def main():
     if WORLD < 2:
         print(f"FAIL setup: [rank {RANK}] needs at least 2 ranks, got WORLD_SIZE={WORLD}")
         return 1
+    if PART not in PARTS:
+        print(f"FAIL setup: [rank {RANK}] no part {PART!r} (parts: {', '.join(PARTS)})")
+        return 1
+    names = ONLY if ONLY is not None else PARTS[PART]
+    unknown = [n for n in names if n not in CHECKS]
+    kinds = sorted({CHECKS[n][2] for n in names if n in CHECKS})
+    if unknown or len(kinds) != 1 or (kinds[0] == "gloo") != (PART == "nccl-alone"):
+        print(f"FAIL setup: [rank {RANK}] checks {names}: unknown {unknown}, inits {kinds} "
+              "(one init per launch; the gloo-only control runs as --part nccl-alone)")
+        return 1
     torch.cuda.set_device(DEVICE)
-    {"core": core, "mixed": mixed}[PART]()
+    init(kinds[0])
+    for name in names:
+        title, fn, _ = CHECKS[name]
+        if name == "missing_rank":
+            dist.barrier(device_ids=[DEVICE_INDEX])  # after init_timeout, which rank 0 runs alone
+        check(title, fn)
     try:
-        counts = torch.tensor([len(passed), len(failed)], device=DEVICE, dtype=torch.int64)
+        on = "cpu" if kinds[0] == "gloo" else DEVICE
+        counts = torch.tensor([len(passed), len(failed)], device=on, dtype=torch.int64)
         dist.all_reduce(counts)
         total = f"{counts[0].item()} passed, {counts[1].item()} failed over {WORLD} ranks"
     except Exception as e:  # noqa: BLE001

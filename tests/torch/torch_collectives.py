@@ -22,7 +22,9 @@ summary on rank 0, and exits nonzero when any check failed on this rank.
 """
 
 import datetime
+import faulthandler
 import os
+import signal
 import sys
 import time
 import traceback
@@ -50,6 +52,15 @@ passed = []
 failed = []
 skipped = []
 
+# A fatal signal (a crash in native code) prints every thread's Python traceback first; so
+# does the SIGTERM with which torchrun stops the other ranks after one failed (where each was).
+faulthandler.enable(all_threads=True)
+if hasattr(faulthandler, "register"):
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
+# EFCCL_TORCH_TRACE_CHECKS=1 (run_gpu_checks.sh --crash-trace): every rank says when it starts
+# and ends each check, so that a crash is placed even where its output is lost.
+TRACE_CHECKS = os.environ.get("EFCCL_TORCH_TRACE_CHECKS") == "1"
+
 
 class Skip(Exception):
     """A check that cannot run here (never counted as passed)."""
@@ -65,8 +76,14 @@ def report(name, ok, details=""):
         print(f"FAIL {name}: [rank {RANK}] {details}", flush=True)
 
 
+def trace(what, name):
+    if TRACE_CHECKS:
+        print(f"[rank {RANK}] {time.strftime('%H:%M:%S')} {what} {name}", flush=True)
+
+
 def check(name, fn):
     """Runs one check; an exception is a failure with its message."""
+    trace("START", name)
     try:
         result = fn()
         if result is None or result is True:
@@ -79,6 +96,7 @@ def check(name, fn):
             print(f"SKIP {name}: {e}", flush=True)
     except Exception as e:  # noqa: BLE001 - every failure is reported, none ends the run
         report(name, False, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}")
+    trace("END", name)
 
 
 def compare(got, expected):

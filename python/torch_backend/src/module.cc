@@ -64,13 +64,20 @@ PYBIND11_MODULE(_backend, m) {
                        std::vector<int64_t> global_ranks, std::string group_name,
                        const c10::intrusive_ptr<EfcclOptions>& options,
                        const std::optional<c10::intrusive_ptr<ProcessGroupEfccl>>& split_from) {
-             return c10::make_intrusive<ProcessGroupEfccl>(
-                 store, rank, size, std::move(global_ranks), std::move(group_name), options,
-                 split_from.value_or(c10::intrusive_ptr<ProcessGroupEfccl>()));
+             // Without the GIL only while the C++ object is built (a split waits there for the
+             // other ranks). Not as a call_guard of __init__: pybind11 would then also register
+             // the new Python instance in its tables without the GIL.
+             c10::intrusive_ptr<ProcessGroupEfccl> group;
+             {
+               py::gil_scoped_release no_gil;
+               group = c10::make_intrusive<ProcessGroupEfccl>(
+                   store, rank, size, std::move(global_ranks), std::move(group_name), options,
+                   split_from.value_or(c10::intrusive_ptr<ProcessGroupEfccl>()));
+             }
+             return group;
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("global_ranks"),
-           py::arg("group_name"), py::arg("options"), py::arg("split_from") = py::none(),
-           py::call_guard<py::gil_scoped_release>())
+           py::arg("group_name"), py::arg("options"), py::arg("split_from") = py::none())
       .def("perform_nocolor_split", &ProcessGroupEfccl::performNocolorSplit, py::arg("device"),
            py::call_guard<py::gil_scoped_release>())
       .def("comm_split_count", &ProcessGroupEfccl::commSplitCount)
