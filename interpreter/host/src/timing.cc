@@ -62,7 +62,8 @@ struct Port {
 /// slowest is done.
 class LinkCosts final : public UnitCost {
  public:
-  LinkCosts(const LinkCostModel& model, const TileGeometry& tiles) : model_(model), tiles_(tiles) {}
+  LinkCosts(const ef::Program& program, const LinkCostModel& model, const TileGeometry& tiles)
+      : program_(program), model_(model), tiles_(tiles) {}
 
   /// Assigns each connection of the walk its path: ports, capacities, latency. Fails when a
   /// topology has no route for a connection.
@@ -93,7 +94,12 @@ class LinkCosts final : public UnitCost {
   /// ingress carry the data, the receiver's egress and the sender's ingress the responses.
   ConnectionPath device_ports(int64_t sender, int64_t receiver, Transport transport);
   StatusOr<ConnectionPath> topology_links(int64_t sender, int64_t receiver, Transport transport);
+  /// A connection whose slots are not at the receiver: sender -> host memory -> receiver, or
+  /// sender -> slot device -> receiver (one handoff: the receiver polls the slot's tail).
+  StatusOr<ConnectionPath> placed_path(int64_t sender, int64_t receiver,
+                                       const ef::ConnectionPlacement& placed);
 
+  const ef::Program& program_;
   const LinkCostModel& model_;
   TileGeometry tiles_;
   std::vector<ConnectionPath> connection_paths_;
@@ -144,13 +150,81 @@ StatusOr<LinkCosts::ConnectionPath> LinkCosts::topology_links(int64_t sender, in
   return path;
 }
 
+StatusOr<LinkCosts::ConnectionPath> LinkCosts::placed_path(int64_t sender, int64_t receiver,
+                                                            const ef::ConnectionPlacement& placed) {
+  if (placed.location == ef::SlotLocation::kHost) {
+    if (model_.topology) return topology_links(sender, receiver, Transport::kPcieHostStaged);
+    return device_ports(sender, receiver, Transport::kPcieHostStaged);
+  }
+  const int64_t relay = model_.slot_device_gpus[static_cast<std::size_t>(placed.device)];
+  std::vector<ConnectionPath> legs;
+  for (const auto& [from, to] : {std::pair{sender, relay}, std::pair{relay, receiver}}) {
+    if (from == to) continue;  // the slots are on the sender's or the receiver's own GPU
+    if (model_.topology) {
+      StatusOr<ConnectionPath> leg = topology_links(from, to, Transport::kNvlink);
+      if (!leg) return leg.status();
+      legs.push_back(std::move(*leg));
+    } else {
+      legs.push_back(device_ports(from, to, Transport::kNvlink));
+    }
+  }
+  ConnectionPath path;
+  if (legs.empty()) {  // sender, slots and receiver on one GPU: a copy through its memory
+    path.forward = {{&memory(sender), model_.same_device.bandwidth_gbps}};
+    path.bottleneck_gbps = model_.same_device.bandwidth_gbps;
+    path.latency_us = model_.same_device.latency_us;
+    return path;
+  }
+  path = legs[0];
+  for (std::size_t i = 1; i < legs.size(); ++i) {
+    path.forward.insert(path.forward.end(), legs[i].forward.begin(), legs[i].forward.end());
+    path.reverse.insert(path.reverse.end(), legs[i].reverse.begin(), legs[i].reverse.end());
+    path.bottleneck_gbps = std::min(path.bottleneck_gbps, legs[i].bottleneck_gbps);
+    path.latency_us += legs[i].latency_us - model_.nvlink.latency_us;  // one handoff
+  }
+  return path;
+}
+
 Status LinkCosts::prepare(const ProgramWalk& walk) {
+  // Placed connections by (sender, receiver, channel); the rest have their slots at the receiver.
+  std::map<std::tuple<int32_t, int32_t, int32_t>, ef::ConnectionPlacement> placed;
+  for (const ef::ConnectionPlacement& p : program_.placements) {
+    if (p.location == ef::SlotLocation::kReceiver) continue;
+    if (p.location == ef::SlotLocation::kDevice &&
+        (p.device < 0 || static_cast<std::size_t>(p.device) >= model_.slot_device_gpus.size()))
+      return Status::error("connection rank " + std::to_string(p.sender) + " -> rank " +
+                           std::to_string(p.receiver) + " channel " + std::to_string(p.channel) +
+                           " has its slots on slot device " + std::to_string(p.device) +
+                           "; the model binds " + std::to_string(model_.slot_device_gpus.size()) +
+                           " slot devices (slot_device_gpus)");
+    if (p.location != ef::SlotLocation::kHost && p.location != ef::SlotLocation::kDevice)
+      return Status::error("connection rank " + std::to_string(p.sender) + " -> rank " +
+                           std::to_string(p.receiver) + " has an unknown slot location");
+    placed.emplace(std::make_tuple(p.sender, p.receiver, p.channel), p);
+  }
   // Routes per (sender device, receiver device, transport): many connections share one.
   std::map<std::tuple<int64_t, int64_t, Transport>, ConnectionPath> paths;
+  // Placed ones per (sender device, receiver device, location, slot device's GPU).
+  std::map<std::tuple<int64_t, int64_t, ef::SlotLocation, int64_t>, ConnectionPath> placed_paths;
   for (const WalkConnection& c : walk.connections()) {
     const Transport transport = model_.transport(c.sender, c.receiver, c.channel);
     const int64_t sender = model_.device_of(c.sender);
     const int64_t receiver = model_.device_of(c.receiver);
+    if (auto p = placed.find({c.sender, c.receiver, c.channel}); p != placed.end()) {
+      const ef::ConnectionPlacement& where = p->second;
+      const int64_t slots = where.location == ef::SlotLocation::kDevice
+                                ? model_.slot_device_gpus[static_cast<std::size_t>(where.device)]
+                                : -1;
+      const auto key = std::make_tuple(sender, receiver, where.location, slots);
+      auto it = placed_paths.find(key);
+      if (it == placed_paths.end()) {
+        StatusOr<ConnectionPath> path = placed_path(sender, receiver, where);
+        if (!path) return path.status();
+        it = placed_paths.emplace(key, std::move(*path)).first;
+      }
+      connection_paths_.push_back(it->second);
+      continue;
+    }
     if (transport == Transport::kSameDevice) {
       // A copy through the device's memory, shared with its local work.
       ConnectionPath path;
@@ -220,8 +294,11 @@ void LinkCosts::report(TimingResult& result) const {
   result.local_bytes = local_bytes_;
   for (const auto& [key, port] : link_ports_)
     result.busiest_port_us = std::max(result.busiest_port_us, port.busy_us);
-  for (const auto& [link, port] : topology_ports_)
+  if (model_.topology) result.link_busy_us.assign(model_.topology->links().size(), 0.0);
+  for (const auto& [link, port] : topology_ports_) {
     result.busiest_port_us = std::max(result.busiest_port_us, port.busy_us);
+    result.link_busy_us[link] = port.busy_us;
+  }
   for (const auto& [device, port] : memory_)
     result.busiest_port_us = std::max(result.busiest_port_us, port.busy_us);
 }
@@ -337,7 +414,7 @@ TimingResult predict_time(const ef::Program& program, const ExecOptions& options
   try {
     ProgramWalk walk(program, tiles, options.connection_slots, /*timed=*/true);
     walk.prepare();
-    LinkCosts costs(model, tiles);
+    LinkCosts costs(program, model, tiles);
     if (Status s = costs.prepare(walk); !s) return fail(std::move(s));
     result.blocked = walk.run(costs);
     if (!result.blocked.empty()) {

@@ -63,17 +63,21 @@ StatusOr<std::vector<Candidate>> PathTable::compute(NodeIndex a, NodeIndex b,
                                                     bool only_default) const {
   const topo::Topology& t = topology_;
   std::vector<Candidate> out;
-  const auto add = [&](std::vector<LinkIndex> links, std::string via) {
+  const auto add = [&](std::vector<LinkIndex> links, std::string via, CandidateKind kind,
+                       std::vector<NodeIndex> relays = {}, int32_t rail = -1) {
     for (const Candidate& c : out)
       if (c.links == links) return;  // the same walk reached twice
     Candidate c;
     c.gbps = t.path_of(links).gbps;
     c.links = std::move(links);
     c.via = std::move(via);
+    c.kind = kind;
+    c.relays = std::move(relays);
+    c.rail = rail;
     out.push_back(std::move(c));
   };
   if (a == b) {
-    add({}, "local");
+    add({}, "local", CandidateKind::kLocal);
     return out;
   }
   const int32_t ha = t.node(a).host;
@@ -110,10 +114,14 @@ StatusOr<std::vector<Candidate>> PathTable::compute(NodeIndex a, NodeIndex b,
     }
     for (topo::Path& p : walks) {
       for (LinkIndex& l : p.links) l = g.to_whole[l];
-      std::string via = p.host_staged ? "host memory"
-                        : p.relay     ? "relay " + g.graph.node(*p.relay).id
-                                      : "direct";
-      add(std::move(p.links), std::move(via));
+      if (p.host_staged) {
+        add(std::move(p.links), "host memory", CandidateKind::kHost);
+      } else if (p.relay) {
+        add(std::move(p.links), "relay " + g.graph.node(*p.relay).id, CandidateKind::kRelay,
+            {g.to_whole_node[*p.relay]});
+      } else {
+        add(std::move(p.links), "direct", CandidateKind::kDirect);
+      }
     }
   } else {
     const HostGraph& ga = hosts_[static_cast<std::size_t>(ha)];
@@ -161,7 +169,8 @@ StatusOr<std::vector<Candidate>> PathTable::compute(NodeIndex a, NodeIndex b,
       const NodeIndex src_nic = ga.to_whole_node[*own];
       if (auto dst_nic = nic_of_rail(gb, rail_of(src_nic)))
         if (auto links = via_rail(a, src_nic, *dst_nic, b))
-          add(std::move(*links), "rail " + std::to_string(rail_of(src_nic)) + " (own NIC)");
+          add(std::move(*links), "rail " + std::to_string(rail_of(src_nic)) + " (own NIC)",
+              CandidateKind::kDirect, {}, rail_of(src_nic));
     }
     // Rail-matched: through the GPUs that own rail r on each side (PXN-style).
     if (only_default && !out.empty()) return out;
@@ -180,11 +189,16 @@ StatusOr<std::vector<Candidate>> PathTable::compute(NodeIndex a, NodeIndex b,
       if (!dst_nic || !src_owner) continue;
       auto dst_owner = owner(gb, *dst_nic);
       if (!dst_owner) continue;
-      if (auto links = via_rail(*src_owner, src_nic, *dst_nic, *dst_owner))
-        add(std::move(*links), "rail " + std::to_string(rail));
+      if (auto links = via_rail(*src_owner, src_nic, *dst_nic, *dst_owner)) {
+        std::vector<NodeIndex> relays;
+        if (*src_owner != a) relays.push_back(*src_owner);
+        if (*dst_owner != b) relays.push_back(*dst_owner);
+        add(std::move(*links), "rail " + std::to_string(rail), CandidateKind::kRail,
+            std::move(relays), rail);
+      }
     }
     if (out.empty())
-      if (auto p = t.route(a, b)) add(p->links, "route");
+      if (auto p = t.route(a, b)) add(p->links, "route", CandidateKind::kDirect);
   }
   if (out.empty())
     return Status::error("no path from " + t.node(a).id + " to " + t.node(b).id);
