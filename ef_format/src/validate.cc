@@ -168,7 +168,10 @@ class CapacitySimulation {
       bool progressed = false;
       bool event = false;
       for (std::size_t g : active) progressed |= visit(tbs_[g], event);
-      std::erase_if(active, [&](std::size_t g) { return tbs_[g].finished(); });
+      // A threadblock that finished leaves `active`: snapshots taken before no longer line up
+      // with it (their `remaining` lists are in the old `active` order).
+      if (std::erase_if(active, [&](std::size_t g) { return tbs_[g].finished(); }) > 0)
+        event = true;
       if (active.empty()) return Outcome::kFinished;
       if (!progressed) {
         blocked_ = std::move(active);
