@@ -135,6 +135,30 @@ uint64_t exact_chunk_bytes(const Plan& plan) {
   return g;
 }
 
+uint64_t demand_chunk_bytes(const Plan& plan, uint64_t max_chunks) {
+  const uint64_t exact = exact_chunk_bytes(plan);
+  if (exact == 0) return 0;
+  uint64_t pairs = 0, total = 0;  // the gcd of the pairs' bytes (a multiple of `exact`)
+  for (const PairPlan& p : plan.pairs) {
+    pairs = std::gcd(pairs, p.bytes);
+    total += p.bytes;
+  }
+  const auto fits = [&](uint64_t chunk) { return total / chunk <= max_chunks; };
+  if (fits(exact)) return exact;
+  // The smallest divisor k of pairs / exact with exact * k fitting: divisors come in pairs
+  // (k, ratio / k), the small ones in ascending order and the large ones in descending.
+  const uint64_t ratio = pairs / exact;
+  std::vector<uint64_t> large;
+  for (uint64_t k = 1; k <= ratio / k; ++k) {
+    if (ratio % k != 0) continue;
+    if (fits(exact * k)) return exact * k;
+    large.push_back(ratio / k);
+  }
+  for (auto it = large.rbegin(); it != large.rend(); ++it)
+    if (fits(exact * *it)) return exact * *it;
+  return pairs;
+}
+
 StatusOr<DemandProgram> build_demand_program(const PathTable& table, const Plan& plan,
                                              uint64_t chunk_bytes,
                                              const DemandProgramOptions& options) {
@@ -155,12 +179,6 @@ StatusOr<DemandProgram> build_demand_program(const PathTable& table, const Plan&
       return Status::error(pair + ": " + std::to_string(p.bytes) +
                            " bytes are not a whole number of " + std::to_string(chunk_bytes) +
                            "-byte chunks");
-    for (const PathShare& s : p.paths)
-      if (s.bytes % chunk_bytes != 0)
-        return Status::error(pair + ": the share on '" + (*p.candidates)[s.candidate].via +
-                             "' (" + std::to_string(s.bytes) +
-                             " bytes) is not a whole number of " + std::to_string(chunk_bytes) +
-                             "-byte chunks");
     chunks[at(p.src, p.dst)] = static_cast<int64_t>(p.bytes / chunk_bytes);
   }
   // Rank r's input: its sends to 0..n-1 in order; its output: its receives from 0..n-1.

@@ -93,9 +93,15 @@ StatusOr<ChunkSplit> split_into_chunks(const PairPlan& pair, uint64_t chunk_byte
 Plan direct_plan(const Plan& plan);
 
 /// The largest chunk size that every pair's bytes and every share of `plan` are whole
-/// multiples of (their greatest common divisor), so that a demand program carries them
+/// multiples of (their greatest common divisor), so that a demand program carries the plan
 /// exactly; 0 for a plan without bytes.
 uint64_t exact_chunk_bytes(const Plan& plan);
+
+/// The chunk size of a demand program of at most `max_chunks` chunks in all: the exact one when
+/// that fits; else the smallest multiple of it that divides every pair's bytes and fits (the
+/// shares are then rounded to whole chunks, each moving by less than one chunk); else the
+/// largest size that divides every pair's bytes. 0 for a plan without bytes.
+uint64_t demand_chunk_bytes(const Plan& plan, uint64_t max_chunks);
 
 struct DemandProgramOptions {
   RelayPolicy relays = RelayPolicy::kForwardOrSlotDevice;
@@ -115,8 +121,8 @@ struct DemandProgram {
 
 /// The program of `plan` over `table`'s ranks in chunks of `chunk_bytes`: rank r's input is
 /// its sends to ranks 0..n-1 concatenated, its output its receives from 0..n-1 concatenated
-/// (D[s][d] / chunk_bytes chunks each, which must be whole, as must every share). An error
-/// names a pair or share that is not a whole number of chunks.
+/// (D[s][d] / chunk_bytes chunks each, which must be whole: an error names a pair that is
+/// not). Shares become whole chunks by split_into_chunks (exact when they are multiples).
 StatusOr<DemandProgram> build_demand_program(const PathTable& table, const Plan& plan,
                                              uint64_t chunk_bytes,
                                              const DemandProgramOptions& options = {});
