@@ -102,10 +102,10 @@ inline std::string heat_color(double f) {
   return buf;
 }
 
-/// A load for a label: 3 significant digits.
+/// A load for a label: whole numbers from 100 up, else 3 significant digits.
 inline std::string value_text(double v) {
   char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.3g", v);
+  std::snprintf(buf, sizeof(buf), v >= 100 && v < 1e15 ? "%.0f" : "%.3g", v);
   return buf;
 }
 
