@@ -378,6 +378,17 @@ TEST(PlanProgram, DemandChunksAreExactWhereTheBudgetAllows) {
   EXPECT_EQ(balance::demand_chunk_bytes(plan, 100), 384u * 1024);
   EXPECT_EQ(balance::demand_chunk_bytes(plan, 2), 6 * MiB);  // the coarsest: still 5 chunks
   EXPECT_EQ(balance::demand_chunk_bytes(balance::Plan{}, 10), 0u);
+  // A cap on the chunk: the largest divisor of the exact one under it (still exact).
+  balance::Plan coarse;
+  balance::PairPlan c;
+  c.bytes = 768 * MiB;
+  c.paths = {{0, 512 * MiB}, {1, 256 * MiB}};
+  coarse.pairs = {c};
+  EXPECT_EQ(balance::exact_chunk_bytes(coarse), 256 * MiB);
+  EXPECT_EQ(balance::demand_chunk_bytes(coarse, 1u << 20), 256 * MiB);
+  EXPECT_EQ(balance::demand_chunk_bytes(coarse, 1u << 20, 3 * MiB), 2 * MiB);
+  EXPECT_EQ(balance::demand_chunk_bytes(coarse, 1u << 20, MiB), MiB);
+  EXPECT_EQ(balance::demand_chunk_bytes(coarse, 100, MiB), 256 * MiB);  // 768 chunks do not fit
 }
 
 }  // namespace

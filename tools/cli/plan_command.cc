@@ -70,8 +70,10 @@ std::optional<topo::Topology> load_topology(const std::string& what, int32_t nod
   return std::move(*merged);
 }
 
-/// Programs of a demand with at most this many chunks in all, unless --chunk-bytes says.
+/// Programs of a demand with at most this many chunks in all, of at most this many bytes
+/// where exact chunks allow, unless --chunk-bytes says (docs/balancer.md, "efccl plan").
 constexpr uint64_t kMaxProgramChunks = 65536;
+constexpr uint64_t kMaxChunkBytes = 1u << 20;
 
 balance::RelayPolicy parse_relays(const std::string& v) {
   if (v == "forward") return balance::RelayPolicy::kForward;
@@ -211,7 +213,7 @@ int cmd_plan(const std::vector<std::string>& argv) {
   // The balanced and the all-direct programs, in one chunk size (docs/balancer.md, "efccl plan").
   const uint64_t exact = balance::exact_chunk_bytes(*plan);
   const uint64_t chunk =
-      chunk_arg ? *chunk_arg : balance::demand_chunk_bytes(*plan, kMaxProgramChunks);
+      chunk_arg ? *chunk_arg : balance::demand_chunk_bytes(*plan, kMaxProgramChunks, kMaxChunkBytes);
   std::optional<TimedProgram> balanced, direct;
   if (chunk > 0) {
     auto b = build_and_time(**table, *plan, chunk, relays);

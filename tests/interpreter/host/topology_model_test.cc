@@ -339,13 +339,17 @@ TEST(TopologyModel, AHostPlacementIsChargedOnThePcieLinksThroughHostMemory) {
   EXPECT_GT(staged.time_us, 3 * on_nvlink.time_us);
   for (topo::LinkIndex l = 0; l < t.links().size(); ++l)
     if (t.link(l).kind == topo::LinkKind::kNvlink) EXPECT_GT(on_nvlink.link_busy_us[l], 0.0);
-  // The same as the host-staged transport chosen for the pair, and without a topology too.
+  // About the host-staged transport chosen for the pair, with and without a topology (the
+  // placement stores each tile in host memory between its write and its read; the transport
+  // streams it through).
   LinkCostModel by_transport = on(t);
   by_transport.pair_transport[{0, 1}] = Transport::kPcieHostStaged;
-  EXPECT_DOUBLE_EQ(staged.time_us, predict(direct, o, by_transport));
+  const double streamed = predict(direct, o, by_transport);
+  EXPECT_NEAR(staged.time_us, streamed, 0.02 * streamed);
   LinkCostModel defaults, defaults_staged;
   defaults_staged.pair_transport[{0, 1}] = Transport::kPcieHostStaged;
-  EXPECT_DOUBLE_EQ(predict(host, o, defaults), predict(direct, o, defaults_staged));
+  const double streamed_defaults = predict(direct, o, defaults_staged);
+  EXPECT_NEAR(predict(host, o, defaults), streamed_defaults, 0.02 * streamed_defaults);
   // Placement never changes results: the host executor verifies the placed program.
   ExecOptions small = call(4096, ef::DataType::kInt8);
   EXPECT_TRUE(run_and_verify(host, small, 7).pass);

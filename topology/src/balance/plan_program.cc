@@ -135,7 +135,7 @@ uint64_t exact_chunk_bytes(const Plan& plan) {
   return g;
 }
 
-uint64_t demand_chunk_bytes(const Plan& plan, uint64_t max_chunks) {
+uint64_t demand_chunk_bytes(const Plan& plan, uint64_t max_chunks, uint64_t max_chunk_bytes) {
   const uint64_t exact = exact_chunk_bytes(plan);
   if (exact == 0) return 0;
   uint64_t pairs = 0, total = 0;  // the gcd of the pairs' bytes (a multiple of `exact`)
@@ -144,6 +144,16 @@ uint64_t demand_chunk_bytes(const Plan& plan, uint64_t max_chunks) {
     total += p.bytes;
   }
   const auto fits = [&](uint64_t chunk) { return total / chunk <= max_chunks; };
+  if (exact > max_chunk_bytes) {
+    // The largest divisor of `exact` up to the cap: exact too, and finer.
+    uint64_t best = 1;
+    for (uint64_t k = 1; k <= exact / k; ++k) {
+      if (exact % k != 0) continue;
+      if (k <= max_chunk_bytes) best = std::max(best, k);
+      if (exact / k <= max_chunk_bytes) best = std::max(best, exact / k);
+    }
+    if (fits(best)) return best;
+  }
   if (fits(exact)) return exact;
   // The smallest divisor k of pairs / exact with exact * k fitting: divisors come in pairs
   // (k, ratio / k), the small ones in ascending order and the large ones in descending.

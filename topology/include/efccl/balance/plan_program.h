@@ -97,18 +97,21 @@ Plan direct_plan(const Plan& plan);
 /// exactly; 0 for a plan without bytes.
 uint64_t exact_chunk_bytes(const Plan& plan);
 
-/// The chunk size of a demand program of at most `max_chunks` chunks in all: the exact one when
-/// that fits; else the smallest multiple of it that divides every pair's bytes and fits (the
-/// shares are then rounded to whole chunks, each moving by less than one chunk); else the
-/// largest size that divides every pair's bytes. 0 for a plan without bytes.
-uint64_t demand_chunk_bytes(const Plan& plan, uint64_t max_chunks);
+/// The chunk size of a demand program: the exact one, or its largest divisor up to
+/// `max_chunk_bytes` (still exact; small enough that a share spreads over its channels), when
+/// that makes at most `max_chunks` chunks in all; else the smallest multiple of the exact one
+/// that divides every pair's bytes and fits (the shares are then rounded to whole chunks, each
+/// moving by less than one chunk); else the largest size that divides every pair's bytes. 0
+/// for a plan without bytes.
+uint64_t demand_chunk_bytes(const Plan& plan, uint64_t max_chunks,
+                            uint64_t max_chunk_bytes = UINT64_MAX);
 
 struct DemandProgramOptions {
   RelayPolicy relays = RelayPolicy::kForwardOrSlotDevice;
   /// A share's channels: its candidate's bottleneck / this (what one threadblock moves; the
   /// timing model's threadblock_bandwidth_gbps), rounded up, 1 .. max_channels_per_share.
   double channel_gbps = 25.0;
-  int32_t max_channels_per_share = 8;
+  int32_t max_channels_per_share = 16;
   ef::Protocol protocol = ef::Protocol::kSimple;
 };
 
