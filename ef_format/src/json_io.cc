@@ -50,12 +50,14 @@ constexpr Range kChannelRange{0, 1023};
 constexpr Range kNchunksperloopRange{1, std::numeric_limits<int32_t>::max()};
 constexpr Range kChunksRange{0, int64_t{1} << 40};  // chunk counts, offsets, op counts, indices
 constexpr Range kIndexRange{0, std::numeric_limits<int32_t>::max()};  // dependency tb / op
+// Slot devices and their indices: validation names the limit (64), the loader only the type.
+constexpr Range kSlotDeviceRange{0, std::numeric_limits<int32_t>::max()};
 
 // Accepted fields of each object, in the order save_json writes them.
-constexpr std::array<std::string_view, 15> kProgramFields = {
-    "format",     "version",        "name",      "collective", "protocol",
-    "nranks",     "nchunksperloop", "nchannels", "root",       "inplace",
-    "outofplace", "min_bytes",      "max_bytes", "ranks",      "postconditions"};
+constexpr std::array<std::string_view, 17> kProgramFields = {
+    "format",     "version",        "name",      "collective",   "protocol",    "nranks",
+    "nchunksperloop", "nchannels",  "root",      "inplace",      "outofplace",  "min_bytes",
+    "max_bytes",  "slot_devices",   "connections", "ranks",      "postconditions"};
 constexpr std::array<std::string_view, 4> kRankFields = {"input_chunks", "output_chunks",
                                                          "scratch_chunks", "threadblocks"};
 constexpr std::array<std::string_view, 4> kThreadblockFields = {"send", "recv", "channel", "ops"};
@@ -64,6 +66,8 @@ constexpr std::array<std::string_view, 2> kBufferRefFields = {"buf", "off"};
 constexpr std::array<std::string_view, 2> kDependencyFields = {"tb", "op"};
 constexpr std::array<std::string_view, 3> kPostconditionFields = {"rank", "index", "sources"};
 constexpr std::array<std::string_view, 2> kChunkSourceFields = {"rank", "index"};
+constexpr std::array<std::string_view, 5> kConnectionFields = {"sender", "receiver", "channel",
+                                                               "slots", "device"};
 
 // ---- Text helpers ----
 
@@ -494,6 +498,13 @@ class StructureReader {
     if (const auto max_bytes = doc.find("max_bytes");
         max_bytes != doc.end() && !max_bytes->is_null())
       program.max_bytes = unsigned_field(doc, "", "max_bytes");
+    program.slot_devices =
+        int32_field(doc, "", "slot_devices", kSlotDeviceRange, optional_with(0));
+    if (const Json* connections = array_field(doc, "", "connections", /*required=*/false)) {
+      for (std::size_t i = 0; i < connections->size() && !full(); ++i)
+        program.placements.push_back(
+            read_placement((*connections)[i], "/connections/" + std::to_string(i)));
+    }
     if (const Json* ranks = array_field(doc, "", "ranks", /*required=*/true)) {
       program.ranks.reserve(ranks->size());
       for (std::size_t r = 0; r < ranks->size() && !full(); ++r)
@@ -509,6 +520,27 @@ class StructureReader {
   }
 
  private:
+  /// {"sender", "receiver", "channel", "slots", "device"}: "device" exactly when slots is
+  /// "device" (the other rules, against the program's connections, are validation's).
+  ConnectionPlacement read_placement(const Json& v, const std::string& at) {
+    ConnectionPlacement c;
+    if (!object(v, at, "a connection object", kConnectionFields)) return c;
+    c.sender = int32_field(v, at, "sender", kRankRange, kRequired);
+    c.receiver = int32_field(v, at, "receiver", kRankRange, kRequired);
+    c.channel = int32_field(v, at, "channel", kChannelRange, kRequired);
+    const auto slots = enum_field<SlotLocation, 3>(v, at, "slots", parse_slot_location);
+    if (!slots) return c;  // whether "device" belongs depends on it
+    c.location = *slots;
+    const bool has_device = v.contains("device");
+    if (c.location == SlotLocation::kDevice) {
+      c.device = int32_field(v, at, "device", kSlotDeviceRange, kRequired);
+    } else if (has_device) {
+      report(at + "/device", "\"device\" is allowed only with \"slots\": \"device\" (found \"slots\": " +
+                                 in_quotes(to_string(c.location)) + ")");
+    }
+    return c;
+  }
+
   Rank read_rank(const Json& v, const std::string& at) {
     Rank rank;
     if (!object(v, at, "a rank object", kRankFields)) return rank;
@@ -893,6 +925,22 @@ std::string save_json(const Program& program) {
   out += "  \"min_bytes\": " + std::to_string(program.min_bytes) + ",\n";
   out += "  \"max_bytes\": " +
          (program.max_bytes ? std::to_string(*program.max_bytes) : std::string("null")) + ",\n";
+  // Placement fields only where a program has them, so programs without stay as they were.
+  if (program.slot_devices != 0)
+    out += "  \"slot_devices\": " + std::to_string(program.slot_devices) + ",\n";
+  if (!program.placements.empty()) {
+    out += "  \"connections\": [\n";
+    for (std::size_t i = 0; i < program.placements.size(); ++i) {
+      const ConnectionPlacement& c = program.placements[i];
+      out += "    {\"sender\": " + std::to_string(c.sender) +
+             ", \"receiver\": " + std::to_string(c.receiver) +
+             ", \"channel\": " + std::to_string(c.channel) + ", \"slots\": ";
+      append_string(out, to_string(c.location));
+      if (c.location == SlotLocation::kDevice) out += ", \"device\": " + std::to_string(c.device);
+      out += i + 1 < program.placements.size() ? "},\n" : "}\n";
+    }
+    out += "  ],\n";
+  }
   if (program.ranks.empty()) {
     out += "  \"ranks\": [],\n";
   } else {

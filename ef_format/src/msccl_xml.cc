@@ -623,6 +623,12 @@ std::string op_name(std::size_t rank, std::size_t tb, std::size_t op) {
 /// What export cannot write faithfully: the parts MSCCL XML has no form for, and dependency
 /// targets that do not exist (their indices would change meaning once nops are inserted).
 Status check_exportable(const Program& program) {
+  if (!program.placements.empty() || program.slot_devices != 0)
+    return Status::error(
+        "the program places connections' slots (" + std::to_string(program.placements.size()) +
+        " placements, " + std::to_string(program.slot_devices) +
+        " slot devices); MSCCL XML cannot carry connection placement, so the XML would run "
+        "every connection with its slots at the receiver");
   if (program.collective == Collective::kCustom)
     return Status::error("custom collectives cannot be written as MSCCL XML: it has no form "
                          "for postconditions");

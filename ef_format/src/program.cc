@@ -20,6 +20,7 @@ constexpr std::array<std::string_view, 3> kProtocolNames = {"Simple", "LL", "LL1
 constexpr std::array<std::string_view, 3> kBufferNames = {"input", "output", "scratch"};
 constexpr std::array<std::string_view, 9> kOpNames = {
     "send", "recv", "copy", "reduce", "rcs", "rrc", "rrs", "rrcs", "nop"};
+constexpr std::array<std::string_view, 3> kSlotLocationNames = {"receiver", "host", "device"};
 constexpr std::array<std::string_view, 9> kMscclOpNames = {"s",   "r",   "cpy",  "re", "rcs",
                                                            "rrc", "rrs", "rrcs", "nop"};
 
@@ -49,6 +50,9 @@ std::string_view to_string(Collective c) { return kCollectiveNames.at(static_cas
 std::string_view to_string(Protocol p) { return kProtocolNames.at(static_cast<int>(p)); }
 std::string_view to_string(BufferKind b) { return kBufferNames.at(static_cast<int>(b)); }
 std::string_view to_string(OpCode op) { return kOpNames.at(static_cast<int>(op)); }
+std::string_view to_string(SlotLocation s) {
+  return kSlotLocationNames.at(static_cast<int>(s));
+}
 std::string_view to_msccl_string(OpCode op) { return kMscclOpNames.at(static_cast<int>(op)); }
 
 std::optional<Collective> parse_collective(std::string_view s) {
@@ -62,6 +66,9 @@ std::optional<BufferKind> parse_buffer_kind(std::string_view s) {
 }
 std::optional<OpCode> parse_op_code(std::string_view s) {
   return parse_enum<OpCode>(kOpNames, s);
+}
+std::optional<SlotLocation> parse_slot_location(std::string_view s) {
+  return parse_enum<SlotLocation>(kSlotLocationNames, s);
 }
 std::optional<OpCode> parse_msccl_op_code(std::string_view s) {
   return parse_enum<OpCode>(kMscclOpNames, s);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <set>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -167,7 +168,10 @@ class CapacitySimulation {
       bool progressed = false;
       bool event = false;
       for (std::size_t g : active) progressed |= visit(tbs_[g], event);
-      std::erase_if(active, [&](std::size_t g) { return tbs_[g].finished(); });
+      // A threadblock that finished leaves `active`: snapshots taken before no longer line up
+      // with it (their `remaining` lists are in the old `active` order).
+      if (std::erase_if(active, [&](std::size_t g) { return tbs_[g].finished(); }) > 0)
+        event = true;
       if (active.empty()) return Outcome::kFinished;
       if (!progressed) {
         blocked_ = std::move(active);
@@ -326,6 +330,7 @@ class Validator {
     check_program_shape();
     check_collective_shape();
     check_postconditions();
+    check_placements();
     const bool declarations_ok = check_threadblocks();
     const bool graph_ok = check_ops();
     if (full() || !declarations_ok) return std::move(out_);
@@ -574,6 +579,65 @@ class Validator {
                      std::to_string(s.rank));
         }
       }
+    }
+  }
+
+  // ---- placement ----
+  /// Slot devices within 0..kMaxSlotDevices; every placement names a connection of the
+  /// program once, in (sender, receiver, channel) order, and a slot device it declares.
+  void check_placements() {
+    const char* rule = "placement";
+    if (p_.slot_devices < 0 || p_.slot_devices > kMaxSlotDevices)
+      report(top("slot_devices"), rule,
+             "slot_devices is " + std::to_string(p_.slot_devices) + "; expected 0.." +
+                 std::to_string(kMaxSlotDevices));
+    if (p_.placements.empty()) return;
+    // Connections by either end: a one-sided one is connection-mismatch's to report.
+    std::set<std::tuple<int32_t, int32_t, int32_t>> connections;
+    for (std::size_t r = 0; r < p_.ranks.size(); ++r)
+      for (const Threadblock& tb : p_.ranks[r].threadblocks) {
+        const auto rank = static_cast<int32_t>(r);
+        if (tb.send_peer >= 0) connections.emplace(rank, tb.send_peer, tb.channel);
+        if (tb.recv_peer >= 0) connections.emplace(tb.recv_peer, rank, tb.channel);
+      }
+    for (std::size_t i = 0; i < p_.placements.size() && !full(); ++i) {
+      const ConnectionPlacement& c = p_.placements[i];
+      const std::string at = top("connections/" + std::to_string(i));
+      const std::string name = "connection rank " + std::to_string(c.sender) + " -> rank " +
+                               std::to_string(c.receiver) + " channel " +
+                               std::to_string(c.channel);
+      const int location = static_cast<int>(c.location);
+      if (location > static_cast<int>(SlotLocation::kDevice)) {
+        report(at + "/slots", rule, name + ": unknown slot location " + std::to_string(location));
+      } else if (c.location == SlotLocation::kDevice) {
+        if (c.device < 0 || c.device >= p_.slot_devices)
+          report(at + "/device", rule,
+                 name + ": slot device " + std::to_string(c.device) + "; expected 0.." +
+                     std::to_string(p_.slot_devices - 1) + " (the program declares " +
+                     std::to_string(p_.slot_devices) + " slot devices)");
+      } else if (c.device != 0) {
+        report(at + "/device", rule,
+               name + ": device " + std::to_string(c.device) + " given with slots at the " +
+                   std::string(to_string(c.location)) + "; only slots on a device name one");
+      }
+      if (!connections.contains({c.sender, c.receiver, c.channel}))
+        report(at, rule,
+               name + " does not exist: no threadblock of rank " + std::to_string(c.sender) +
+                   " sends to rank " + std::to_string(c.receiver) + " on channel " +
+                   std::to_string(c.channel) + ", none there receives from it");
+      if (i == 0) continue;
+      const ConnectionPlacement& prev = p_.placements[i - 1];
+      const auto key = [](const ConnectionPlacement& x) {
+        return std::make_tuple(x.sender, x.receiver, x.channel);
+      };
+      if (key(prev) == key(c))
+        report(at, rule, name + " is placed twice (connections/" + std::to_string(i - 1) +
+                             "); expected one entry per connection");
+      else if (key(c) < key(prev))
+        report(at, rule, name + " comes after connection rank " + std::to_string(prev.sender) +
+                             " -> rank " + std::to_string(prev.receiver) + " channel " +
+                             std::to_string(prev.channel) +
+                             "; expected entries sorted by (sender, receiver, channel)");
     }
   }
 

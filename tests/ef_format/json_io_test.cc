@@ -65,6 +65,9 @@ Program exchange_program() {
     p.ranks.push_back(rank);
   }
   p.postconditions = {{0, 1, {{1, 0}}}, {1, 1, {{0, 0}, {1, 1}}}};
+  // Connection placement: rank 0 -> 1 through slot device 1, rank 1 -> 0 through host memory.
+  p.slot_devices = 2;
+  p.placements = {{0, 1, 1, SlotLocation::kDevice, 1}, {1, 0, 1, SlotLocation::kHost, 0}};
   return p;
 }
 
@@ -124,6 +127,30 @@ std::string all_diagnostics(const Diagnostics& diagnostics) {
 // ---- Round trips and the canonical form ----
 
 TEST(JsonIoTest, RoundTripsCustomProgramWithEveryField) { expect_round_trip(exchange_program()); }
+
+TEST(JsonIoTest, PlacementFieldsAreWrittenOnlyWhereAProgramHasThem) {
+  const std::string with = save_json(exchange_program());
+  EXPECT_NE(with.find("  \"slot_devices\": 2,\n  \"connections\": [\n"
+                      "    {\"sender\": 0, \"receiver\": 1, \"channel\": 1, \"slots\": \"device\", "
+                      "\"device\": 1},\n"
+                      "    {\"sender\": 1, \"receiver\": 0, \"channel\": 1, \"slots\": \"host\"}\n"
+                      "  ],\n  \"ranks\": ["),
+            std::string::npos)
+      << with;
+  Program plain = exchange_program();
+  plain.slot_devices = 0;
+  plain.placements.clear();
+  const std::string without = save_json(plain);
+  EXPECT_EQ(without.find("slot_devices"), std::string::npos);
+  EXPECT_EQ(without.find("connections"), std::string::npos);
+  const JsonLoadResult loaded = load_json(without);
+  ASSERT_TRUE(loaded.program) << all_diagnostics(loaded.diagnostics);
+  EXPECT_EQ(loaded.program->slot_devices, 0);
+  EXPECT_TRUE(loaded.program->placements.empty());
+  // A placement of a receiver's slots is written as such and reads back.
+  plain.placements = {{0, 1, 1, SlotLocation::kReceiver, 0}};
+  expect_round_trip(plain);
+}
 
 TEST(JsonIoTest, RoundTripsRingsWithUnboundedMaxBytes) {
   for (int32_t n : {1, 2, 3, 8}) {
@@ -372,6 +399,31 @@ TEST(JsonIoTest, ReportsEachStructuralErrorAtItsPointer) {
        "/postconditions", "expected an array, found null"},
       {"source not an object", [](json& d) { set(d, "/postconditions/1/sources/1", "x"); },
        "/postconditions/1/sources/1", "expected a chunk source object"},
+      {"slot_devices negative", [](json& d) { d["slot_devices"] = -1; }, "/slot_devices",
+       "from 0 to 2147483647, found -1"},
+      {"connections not an array", [](json& d) { d["connections"] = 3; }, "/connections",
+       "expected an array, found 3"},
+      {"connection not an object", [](json& d) { set(d, "/connections/1", "host"); },
+       "/connections/1", "expected a connection object, found the string \"host\""},
+      {"unknown slots", [](json& d) { set(d, "/connections/1/slots", "nic"); },
+       "/connections/1/slots",
+       "expected one of \"receiver\", \"host\", \"device\", found the string \"nic\""},
+      {"missing slots", [](json& d) { erase(d, "/connections/0/slots"); }, "/connections/0/slots",
+       "missing required field \"slots\""},
+      {"device slots without device", [](json& d) { erase(d, "/connections/0/device"); },
+       "/connections/0/device", "missing required field \"device\""},
+      {"device with host slots", [](json& d) { set(d, "/connections/1/device", 0); },
+       "/connections/1/device",
+       "\"device\" is allowed only with \"slots\": \"device\" (found \"slots\": \"host\")"},
+      {"device negative", [](json& d) { set(d, "/connections/0/device", -1); },
+       "/connections/0/device", "from 0 to 2147483647, found -1"},
+      {"connection channel too large", [](json& d) { set(d, "/connections/0/channel", 1024); },
+       "/connections/0/channel", "from 0 to 1023, found 1024"},
+      {"connection sender too large", [](json& d) { set(d, "/connections/0/sender", 4096); },
+       "/connections/0/sender", "from 0 to 4095, found 4096"},
+      {"unknown connection field", [](json& d) { set(d, "/connections/0/gpu", 1); },
+       "/connections/0/gpu",
+       "unknown field \"gpu\"; expected one of: sender, receiver, channel, slots, device"},
   };
   for (const StructuralCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -714,6 +766,7 @@ TEST(JsonIoTest, SchemaListsExactlyTheFieldsTheLoaderAccepts) {
       {schema.at("$defs").at("dependency"), op.at("deps").at(0)},
       {schema.at("$defs").at("postcondition"), saved.at("postconditions").at(0)},
       {schema.at("$defs").at("chunk_source"), saved.at("postconditions").at(0).at("sources").at(0)},
+      {schema.at("$defs").at("connection"), saved.at("connections").at(0)},
   };
   for (const auto& [definition, instance] : objects) {
     SCOPED_TRACE(definition.dump().substr(0, 80));

@@ -15,6 +15,11 @@
 namespace efccl::ef {
 namespace {
 
+/// One connection of a program: (sender, receiver, channel).
+struct ConnectionEnds {
+  int32_t sender = 0, receiver = 0, channel = 0;
+};
+
 using Clock = std::chrono::steady_clock;
 
 // Two ranks exchanging one chunk, in exactly the form save_msccl_xml writes (canonical).
@@ -464,6 +469,26 @@ TEST(MscclXmlExport, RefusesWhatMscclCannotExpress) {
   Program p = load_ok(kBase);
   p.collective = Collective::kCustom;
   EXPECT_NE(save_msccl_xml(p).status().message().find("custom"), std::string::npos);
+
+  // Connection placement: MSCCL XML has no form for it; the import never produces it.
+  p = load_ok(kBase);
+  EXPECT_TRUE(p.placements.empty());
+  EXPECT_EQ(p.slot_devices, 0);
+  const ConnectionEnds placed = [&] {
+    for (std::size_t r = 0; r < p.ranks.size(); ++r)
+      for (const Threadblock& tb : p.ranks[r].threadblocks)
+        if (tb.send_peer >= 0)
+          return ConnectionEnds{static_cast<int32_t>(r), tb.send_peer, tb.channel};
+    return ConnectionEnds{};
+  }();
+  p.placements = {{placed.sender, placed.receiver, placed.channel, SlotLocation::kHost, 0}};
+  ASSERT_TRUE(save_msccl_xml(load_ok(kBase)).is_ok());
+  const std::string message = save_msccl_xml(p).status().message();
+  EXPECT_NE(message.find("MSCCL XML cannot carry connection placement"), std::string::npos)
+      << message;
+  p.placements.clear();
+  p.slot_devices = 1;
+  EXPECT_FALSE(save_msccl_xml(p).is_ok());
 
   p = load_ok(kBase);
   p.ranks.at(0).threadblocks.at(2).ops.at(0).deps = {{1, 5}};

@@ -410,6 +410,27 @@ TEST(Validate, CapacityWithHugeCountsIsFast) {
   EXPECT_NE(message.find("units left"), std::string::npos) << message;
 }
 
+TEST(Validate, CapacityStaysRightWhenThreadblocksFinishWhileOthersStream) {
+  // Rank 0 streams to rank 1 on four channels, one of them short: its threadblocks finish
+  // while the others repeat the same slot pattern sweep after sweep (the periodic skip must
+  // not compare snapshots taken before they left).
+  for (const int64_t shortest : {1, 5, 9, 17}) {
+    SCOPED_TRACE(shortest);
+    Program p = make_program(Collective::kCustom, 2, 1);
+    p.nchannels = 4;
+    const int64_t counts[] = {shortest, 199, 199, 198};
+    int64_t total = 0;
+    for (int32_t c = 0; c < 4; ++c) {
+      p.ranks[0].threadblocks.push_back(make_tb(1, -1, {send(in(total), counts[c])}, c));
+      p.ranks[1].threadblocks.push_back(make_tb(-1, 0, {recv(out(total), counts[c])}, c));
+      total += counts[c];
+    }
+    p.ranks[0].input_chunks = p.ranks[1].output_chunks = total;
+    p.postconditions = {{1, 0, {{0, 0}}}};
+    EXPECT_EQ(dump(validate(p)), "");
+  }
+}
+
 TEST(Validate, CapacityReportsWhatADependencyWaitsFor) {
   // Rank 0's second threadblock waits for an op that never completes.
   Program p = send_before_receive(9);
@@ -542,6 +563,75 @@ TEST(Validate, Hasdep) {
   EXPECT_NE(message.find("hasdep=\"0\""), std::string::npos);
 }
 
+/// ring_allreduce_2 with both of its connections placed: 0 -> 1 on slot device 1, 1 -> 0 in
+/// host memory.
+Program placed_ring() {
+  Program p = ring_allreduce_2();
+  p.slot_devices = 2;
+  p.placements = {{0, 1, 0, SlotLocation::kDevice, 1}, {1, 0, 0, SlotLocation::kHost, 0}};
+  return p;
+}
+
+TEST(Validate, Placement) {
+  EXPECT_EQ(dump(validate(placed_ring())), "");
+
+  Program p = placed_ring();
+  p.placements[1].channel = 3;
+  EXPECT_EQ(expect_rule(p, "placement", "/connections/1"),
+            "connection rank 1 -> rank 0 channel 3 does not exist: no threadblock of rank 1 "
+            "sends to rank 0 on channel 3, none there receives from it");
+
+  p = placed_ring();
+  p.placements[0].receiver = 0;  // rank 0 -> rank 0: no such connection
+  expect_rule(p, "placement", "/connections/0");
+
+  p = placed_ring();
+  p.placements[1] = p.placements[0];
+  p.placements[1].location = SlotLocation::kHost;
+  p.placements[1].device = 0;
+  EXPECT_EQ(expect_rule(p, "placement", "/connections/1"),
+            "connection rank 0 -> rank 1 channel 0 is placed twice (connections/0); expected one "
+            "entry per connection");
+
+  p = placed_ring();
+  std::swap(p.placements[0], p.placements[1]);
+  EXPECT_EQ(expect_rule(p, "placement", "/connections/1"),
+            "connection rank 0 -> rank 1 channel 0 comes after connection rank 1 -> rank 0 "
+            "channel 0; expected entries sorted by (sender, receiver, channel)");
+
+  p = placed_ring();
+  p.placements[0].device = 2;
+  EXPECT_EQ(expect_rule(p, "placement", "/connections/0/device"),
+            "connection rank 0 -> rank 1 channel 0: slot device 2; expected 0..1 (the program "
+            "declares 2 slot devices)");
+  p.placements[0].device = -1;
+  expect_rule(p, "placement", "/connections/0/device");
+  p = placed_ring();
+  p.slot_devices = 0;  // a device placement needs a declared slot device
+  expect_rule(p, "placement", "/connections/0/device");
+
+  p = placed_ring();
+  p.placements[1].device = 4;
+  EXPECT_EQ(expect_rule(p, "placement", "/connections/1/device"),
+            "connection rank 1 -> rank 0 channel 0: device 4 given with slots at the host; only "
+            "slots on a device name one");
+
+  p = placed_ring();
+  p.placements[1].location = static_cast<SlotLocation>(9);
+  EXPECT_EQ(expect_rule(p, "placement", "/connections/1/slots"),
+            "connection rank 1 -> rank 0 channel 0: unknown slot location 9");
+
+  for (int32_t bad : {-1, kMaxSlotDevices + 1}) {
+    p = ring_allreduce_2();
+    p.slot_devices = bad;
+    EXPECT_EQ(expect_rule(p, "placement", "/slot_devices"),
+              "slot_devices is " + std::to_string(bad) + "; expected 0..64");
+  }
+  p = ring_allreduce_2();
+  p.slot_devices = kMaxSlotDevices;  // declared and unused: valid
+  EXPECT_EQ(dump(validate(p)), "");
+}
+
 TEST(Validate, StopsAtMaxDiagnostics) {
   Program p = ring_allreduce_2();
   for (Rank& rank : p.ranks)
@@ -591,7 +681,7 @@ TEST(Validate, RandomMutationsNeverCrash) {
       "program-shape", "collective-shape",     "peer-range",        "channel-range",
       "duplicate-connection", "op-peer",       "op-operands",       "buffer-range",
       "connection-mismatch", "dependency-target", "deadlock",       "capacity",
-      "postcondition", "hasdep"};
+      "postcondition", "hasdep", "placement"};
   const int64_t extremes[] = {0, 1, -1, 2, 3, 1 << 30, std::numeric_limits<int64_t>::max(),
                               std::numeric_limits<int64_t>::min()};
   std::mt19937 rng(12345);
@@ -604,6 +694,14 @@ TEST(Validate, RandomMutationsNeverCrash) {
       Threadblock& tb = rank.threadblocks[0];
       Op& op = tb.ops[rng() % tb.ops.size()];
       const int64_t v = extremes[rng() % std::size(extremes)];
+      if (rng() % 8 == 0) {  // placements: random connections, devices, order
+        p.slot_devices = static_cast<int32_t>(rng() % 3) - 1;
+        p.placements.push_back({static_cast<int32_t>(rng() % 4) - 1,
+                                static_cast<int32_t>(rng() % 4) - 1,
+                                static_cast<int32_t>(v % 3),
+                                static_cast<SlotLocation>(rng() % 4),
+                                static_cast<int32_t>(rng() % 4) - 1});
+      }
       switch (rng() % 10) {
         case 0: op.count = v; break;
         case 1: op.src = BufferRef{static_cast<BufferKind>(rng() % 4), v}; break;

@@ -186,4 +186,34 @@ TEST(Svg, EmptyAndOddGraphsStillDraw) {
   EXPECT_EQ(svg.find(">host 1<"), svg.npos) << "a host without nodes is not drawn";
 }
 
+TEST(Svg, HeatMapsStackPanelsOnOneScale) {
+  const Topology t = must(preset("h200-nv18-x2"));
+  // The NVLink pair carries 40 and 10 us before, 20 and 0 after; nothing else carries anything.
+  LinkHeat before{"unbalanced", std::vector<double>(t.links().size(), 0.0)};
+  LinkHeat after{"balanced <max 20 us>", std::vector<double>(t.links().size(), 0.0)};
+  for (LinkIndex l = 0; l < t.links().size(); ++l)
+    if (t.link(l).kind == LinkKind::kNvlink) {
+      const bool forward = t.node(t.link(l).from).id == "h0.gpu0";
+      before.value[l] = forward ? 40 : 10;
+      after.value[l] = forward ? 20 : 0;
+    }
+  const std::vector<LinkHeat> panels = {before, after};
+  const std::string svg = to_svg(t, panels, "us");
+  ASSERT_EQ(well_formed(svg), "");
+  EXPECT_NE(svg.find(">unbalanced: 1 host, 2 GPUs"), svg.npos);
+  EXPECT_NE(svg.find(">balanced &lt;max 20 us&gt;: 1 host"), svg.npos);
+  EXPECT_NE(svg.find(">40 / 10 us<"), svg.npos);
+  EXPECT_NE(svg.find(">20 / 0 us<"), svg.npos);
+  EXPECT_NE(svg.find(">0 / 0 us<"), svg.npos);  // PCIe, idle
+  EXPECT_EQ(count(svg, "<g transform=\"translate(0,"), 2u);
+  EXPECT_EQ(count(svg, "<svg "), 1u);
+  EXPECT_EQ(count(svg, "id=\"arrow\""), 1u);
+  EXPECT_NE(svg.find("0 \u2013 40 us (one scale for every panel)"), svg.npos);
+  // The busiest line is the scale's darkest colour and the widest; an idle one the lightest.
+  EXPECT_NE(svg.find("stroke=\"#99000d\" stroke-width=\"6\""), svg.npos);
+  EXPECT_NE(svg.find("stroke=\"#ededed\" stroke-width=\"1.6\""), svg.npos);
+  EXPECT_EQ(svg, to_svg(t, panels, "us"));
+  EXPECT_EQ(well_formed(to_svg(t, {}, "us")), "");
+}
+
 }  // namespace

@@ -18,13 +18,21 @@
 #include <tuple>
 #include <vector>
 
+#include "svg_text.h"
+
 namespace efccl::topo {
 namespace {
+
+using svg_text::escape;
+using svg_text::gbps_text;
+using svg_text::heat_color;
+using svg_text::px;
+using svg_text::text_width;
+using svg_text::value_text;
 
 // Geometry, in px. Text widths are estimated (no font metrics): 0.62 em per character.
 constexpr double kFont = 12;
 constexpr double kSmallFont = 10;
-constexpr double kEm = 0.62;
 constexpr double kLineHeight = 14;
 constexpr double kPadX = 8, kPadY = 6;
 constexpr double kMargin = 20;
@@ -63,80 +71,6 @@ constexpr Colors kNodeColors[] = {
     {"#8e44ad", "#f1e5f7"}, {"#c0392b", "#fbe3df"}, {"#c0392b", "#f6c9c2"}};
 Colors node_colors(NodeKind k) { return kNodeColors[static_cast<int>(k) % 7]; }
 
-/// XML text: markup characters escaped; bytes that are not valid UTF-8, and control
-/// characters XML 1.0 forbids, become '?'.
-std::string escape(std::string_view s) {
-  std::string out;
-  for (std::size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) {
-      if (c == '&' || c == '<' || c == '>' || c == '"' || c == '\'') {
-        out += c == '&'   ? "&amp;"
-               : c == '<' ? "&lt;"
-               : c == '>' ? "&gt;"
-               : c == '"' ? "&quot;"
-                          : "&apos;";
-      } else {
-        out += (c < 0x20 && c != '\t') || c == 0x7f ? '?' : static_cast<char>(c);
-      }
-      ++i;
-      continue;
-    }
-    // A multi-byte sequence: its length from the lead byte, then continuation bytes, no
-    // overlong forms, surrogates or values past U+10FFFF.
-    const int n = c >= 0xc2 && c <= 0xdf   ? 2
-                  : c >= 0xe0 && c <= 0xef ? 3
-                  : c >= 0xf0 && c <= 0xf4 ? 4
-                                           : 0;
-    bool ok = n > 0 && i + n <= s.size();
-    for (int k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xc0) == 0x80;
-    if (ok && n >= 3) {
-      const auto c1 = static_cast<unsigned char>(s[i + 1]);
-      if ((c == 0xe0 && c1 < 0xa0) || (c == 0xed && c1 >= 0xa0) || (c == 0xf0 && c1 < 0x90) ||
-          (c == 0xf4 && c1 >= 0x90))
-        ok = false;
-    }
-    if (!ok) {
-      out += '?';
-      ++i;
-      continue;
-    }
-    out.append(s.substr(i, static_cast<std::size_t>(n)));
-    i += static_cast<std::size_t>(n);
-  }
-  return out;
-}
-
-/// Characters as a reader counts them (UTF-8 continuation bytes not counted).
-std::size_t glyphs(std::string_view s) {
-  std::size_t n = 0;
-  for (char c : s) n += (static_cast<unsigned char>(c) & 0xc0) != 0x80;
-  return n;
-}
-
-double text_width(std::string_view s, double font) { return glyphs(s) * font * kEm; }
-
-/// A coordinate: one decimal, no trailing ".0"; the same bytes on every machine.
-std::string px(double v) {
-  if (!std::isfinite(v)) v = 0;
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.1f", std::round(v * 10) / 10);
-  std::string s = buf;
-  if (s.size() > 2 && s.compare(s.size() - 2, 2, ".0") == 0) s.resize(s.size() - 2);
-  if (s == "-0") s = "0";
-  return s;
-}
-
-/// A capacity for a label: whole GB/s from 100 up, else 3 significant digits.
-std::string gbps_text(double v) {
-  char buf[32];
-  if (v >= 100)
-    std::snprintf(buf, sizeof(buf), "%.0f", v);
-  else
-    std::snprintf(buf, sizeof(buf), "%.3g", v);
-  return buf;
-}
-
 struct Box {
   double x = 0, y = 0, w = 0, h = 0;
   bool placed = false;
@@ -152,6 +86,7 @@ struct Edge {
   LinkKind kind = LinkKind::kPcie;
   double ab = 0, ba = 0;
   int32_t lanes = 0;
+  std::vector<LinkIndex> ab_links, ba_links;  ///< the links of each direction
 };
 
 std::vector<Edge> edges_of(const Topology& t) {
@@ -161,8 +96,10 @@ std::vector<Edge> edges_of(const Topology& t) {
     const auto key =
         std::make_tuple(std::min(l.from, l.to), std::max(l.from, l.to), static_cast<int>(l.kind));
     auto [it, added] = by_pair.try_emplace(key, edges.size());
-    if (added) edges.push_back({l.from, l.to, l.kind, 0, 0, 0});
+    if (added) edges.push_back({l.from, l.to, l.kind, 0, 0, 0, {}, {}});
     Edge& e = edges[it->second];
+    const auto index = static_cast<LinkIndex>(&l - t.links().data());
+    (l.from == e.a ? e.ab_links : e.ba_links).push_back(index);
     if (l.from == e.a) {
       e.ab += l.gbps;
       e.lanes += l.lanes;
@@ -217,9 +154,12 @@ std::vector<std::string> box_lines(const Node& n) {
 /// Accumulates the drawing in layers (painted in this order) and lays the graph out.
 class Drawing {
  public:
-  explicit Drawing(const Topology& t)
-      : t_(t), boxes_(t.nodes().size()), parent_(t.nodes().size(), kNone) {}
-  std::string render();
+  explicit Drawing(const Topology& t, const LinkHeat* heat = nullptr, double heat_max = 0,
+                   std::string_view unit = {})
+      : t_(t), boxes_(t.nodes().size()), heat_(heat), heat_max_(heat_max), unit_(unit),
+        parent_(t.nodes().size(), kNone) {}
+  /// The picture's elements (no <svg> element around them) and its size.
+  std::string render(double& width, double& height);
 
  private:
   static constexpr NodeIndex kNone = ~NodeIndex{0};
@@ -231,10 +171,17 @@ class Drawing {
   void draw_legend(double top, double width);
   void label(double x, double y, const std::string& text, const char* color,
              const char* anchor = "middle", const char* halo = "#ffffff");
-  void line(std::string& layer, const std::string& points, LinkKind kind, bool one_way, bool halo);
+  void line(std::string& layer, const std::string& points, const Edge& e, bool one_way, bool halo);
+  /// A direction's heat: the sum of its links' values.
+  double heat_of(const std::vector<LinkIndex>& links) const;
+  std::string edge_text(const Edge& e) const;
+  void draw_heat_scale(double& y);
 
   const Topology& t_;
   std::vector<Box> boxes_;
+  const LinkHeat* heat_;  // null: capacities; else loads, coloured on [0, heat_max_]
+  double heat_max_;
+  std::string unit_;
   std::vector<NodeIndex> parent_;  // PCIe forest
   std::vector<std::vector<NodeIndex>> children_;
   std::map<std::size_t, int> arc_level_;  // edge index -> bracket level (GPU pairs)
@@ -262,13 +209,35 @@ void Drawing::label(double x, double y, const std::string& text, const char* col
              "</text>\n";
 }
 
-void Drawing::line(std::string& layer, const std::string& points, LinkKind kind, bool one_way,
+double Drawing::heat_of(const std::vector<LinkIndex>& links) const {
+  double sum = 0;
+  for (LinkIndex l : links)
+    if (l < heat_->value.size() && std::isfinite(heat_->value[l])) sum += heat_->value[l];
+  return sum;
+}
+
+std::string Drawing::edge_text(const Edge& e) const {
+  if (heat_ == nullptr) return edge_label(e);
+  std::string s = value_text(heat_of(e.ab_links));
+  if (!e.ba_links.empty()) s += " / " + value_text(heat_of(e.ba_links));
+  return s + " " + unit_;
+}
+
+void Drawing::line(std::string& layer, const std::string& points, const Edge& e, bool one_way,
                    bool halo) {
+  std::string stroke = link_stroke(e.kind);
+  std::string width = e.kind == LinkKind::kNvlink ? "2.2" : "1.6";
+  if (heat_ != nullptr) {
+    const double f = heat_max_ > 0 ? std::max(heat_of(e.ab_links), heat_of(e.ba_links)) / heat_max_
+                                   : 0.0;
+    stroke = heat_color(f);
+    width = px(1.6 + 4.4 * std::clamp(f, 0.0, 1.0));
+  }
   if (halo)
     layer += "<polyline points=\"" + points +
              "\" fill=\"none\" stroke=\"#ffffff\" stroke-width=\"6\"/>\n";
-  layer += "<polyline points=\"" + points + "\" fill=\"none\" stroke=\"" + link_stroke(kind) +
-           "\" stroke-width=\"" + (kind == LinkKind::kNvlink ? "2.2" : "1.6") + "\"" +
+  layer += "<polyline points=\"" + points + "\" fill=\"none\" stroke=\"" + stroke +
+           "\" stroke-width=\"" + width + "\"" +
            (one_way ? " marker-end=\"url(#arrow)\"" : "") + "/>\n";
 }
 
@@ -544,7 +513,7 @@ void Drawing::draw_edge(const Edge& e) {
   const Box& b = boxes_[e.b];
   const bool one_way = e.ba == 0;
   const char* color = link_stroke(e.kind);
-  const std::string text = edge_label(e);
+  const std::string text = edge_text(e);
   const NodeKind ka = t_.node(e.a).kind, kb = t_.node(e.b).kind;
   const std::size_t index = static_cast<std::size_t>(&e - edges_.data());
   if (e.kind == LinkKind::kNet && (ka == NodeKind::kRailSwitch || kb == NodeKind::kRailSwitch) &&
@@ -562,7 +531,7 @@ void Drawing::draw_edge(const Edge& e) {
                                          pt(nic.cx(), track) + pt(nic.cx(), nic.bottom())
                                    : pt(nic.cx(), nic.bottom()) + pt(nic.cx(), track) +
                                          pt(rail.cx(), track) + pt(rail.cx(), rail.y);
-    line(over_, points, e.kind, one_way, true);
+    line(over_, points, e, one_way, true);
     label(nic.cx(), host_bottom + kNetLabelDrop, text, color);
     return;
   }
@@ -575,7 +544,7 @@ void Drawing::draw_edge(const Edge& e) {
       line(lines_,
            a_is_fabric ? pt(x, bar.y) + pt(x, boxes_[g].bottom())
                        : pt(x, boxes_[g].bottom()) + pt(x, bar.y),
-           e.kind, one_way, false);
+           e, one_way, false);
       label(x, (boxes_[g].bottom() + bar.y) / 2 + 4, text, color);
       return;
     }
@@ -584,7 +553,7 @@ void Drawing::draw_edge(const Edge& e) {
     const double depth = kArcFirst + level->second * kArcStep;
     const double y = std::max(a.bottom(), b.bottom()) + depth;
     const double xa = attach_[{e.a, index}], xb = attach_[{e.b, index}];
-    line(lines_, pt(xa, a.bottom()) + pt(xa, y) + pt(xb, y) + pt(xb, b.bottom()), e.kind, one_way,
+    line(lines_, pt(xa, a.bottom()) + pt(xa, y) + pt(xb, y) + pt(xb, b.bottom()), e, one_way,
          false);
     label((xa + xb) / 2, y + 4, text, color);
     return;
@@ -596,7 +565,7 @@ void Drawing::draw_edge(const Edge& e) {
     line(lines_,
          &up == &a ? pt(up.cx(), up.bottom()) + pt(down.cx(), down.y)
                    : pt(down.cx(), down.y) + pt(up.cx(), up.bottom()),
-         e.kind, one_way, false);
+         e, one_way, false);
     const double f = 0.55;
     const double lx = up.cx() + (down.cx() - up.cx()) * f;
     const double ly = up.bottom() + (down.y - up.bottom()) * f + 4;
@@ -619,18 +588,18 @@ void Drawing::draw_edge(const Edge& e) {
       line(lines_,
            &l == &a ? pt(l.right(), l.cy()) + pt(r.x, r.cy())
                     : pt(r.x, r.cy()) + pt(l.right(), l.cy()),
-           e.kind, one_way, false);
+           e, one_way, false);
       label((l.right() + r.x) / 2, l.cy() - 6, text, color);
     } else {
       const double y = std::max(l.bottom(), r.bottom()) + 16;
       line(lines_, pt(a.cx(), a.bottom()) + pt(a.cx(), y) + pt(b.cx(), y) + pt(b.cx(), b.bottom()),
-           e.kind, one_way, false);
+           e, one_way, false);
       label((l.cx() + r.cx()) / 2, y + 4, text, color);
     }
     return;
   }
   // Anything else: a straight line between the centres (the boxes hide its ends).
-  line(lines_, pt(a.cx(), a.cy()) + pt(b.cx(), b.cy()), e.kind, one_way, false);
+  line(lines_, pt(a.cx(), a.cy()) + pt(b.cx(), b.cy()), e, one_way, false);
   label((a.cx() + b.cx()) / 2, (a.cy() + b.cy()) / 2 + 4, text, color);
 }
 
@@ -688,11 +657,17 @@ void Drawing::draw_legend(double top, double width) {
            "\" fill=\"#222222\">" + escape(name) + "</text>\n";
     x += w;
   }
-  for (const char* note :
-       {"Labels: capacity per direction in GB/s; one line per duplex pair (\"a / b\": the two "
-        "directions differ; an arrow: one direction only).",
-        "\u00d7N: NVLink links or PCIe lanes. Network wires cross the NVLink area over a white "
-        "gap; they do not connect to it."}) {
+  if (heat_ != nullptr) draw_heat_scale(y);
+  const std::string capacities =
+      "Labels: capacity per direction in GB/s; one line per duplex pair (\"a / b\": the two "
+      "directions differ; an arrow: one direction only).";
+  const std::string loads = "Labels: " + unit_ +
+                            " per direction (\"a / b\": the first from the upper or left end), "
+                            "coloured by link kind; lines coloured and widened by the larger.";
+  for (const std::string& note :
+       {heat_ != nullptr ? loads : capacities,
+        std::string("\u00d7N: NVLink links or PCIe lanes. Network wires cross the NVLink area "
+                    "over a white gap; they do not connect to it.")}) {
     y += 16;
     out += "<text x=\"" + px(kMargin) + "\" y=\"" + px(y) + "\" font-size=\"" + px(kSmallFont) +
            "\" fill=\"#444444\">" + escape(note) + "</text>\n";
@@ -700,7 +675,23 @@ void Drawing::draw_legend(double top, double width) {
   lowest_ = std::max(lowest_, y + 6);
 }
 
-std::string Drawing::render() {
+void Drawing::draw_heat_scale(double& y) {
+  y += 22;
+  std::string& out = labels_;
+  out += "<text x=\"" + px(kMargin) + "\" y=\"" + px(y) + "\" font-size=\"" + px(kFont) +
+         "\" font-weight=\"bold\" fill=\"#222222\">load</text>\n";
+  constexpr int kSwatches = 12;
+  for (int i = 0; i < kSwatches; ++i) {
+    const double x = kMargin + 50 + i * 24;
+    out += "<rect x=\"" + px(x) + "\" y=\"" + px(y - 11) + "\" width=\"24\" height=\"12\" fill=\"" +
+           heat_color((i + 0.5) / kSwatches) + "\"/>";
+  }
+  out += "\n<text x=\"" + px(kMargin + 50 + kSwatches * 24 + 8) + "\" y=\"" + px(y) +
+         "\" font-size=\"" + px(kFont) + "\" fill=\"#222222\">0 \u2013 " +
+         escape(value_text(heat_max_) + " " + unit_) + " (one scale for every panel)</text>\n";
+}
+
+std::string Drawing::render(double& width_out, double& height_out) {
   edges_ = edges_of(t_);
   children_.assign(t_.nodes().size(), {});
   // Box sizes: one width per kind, so that rows line up.
@@ -750,19 +741,14 @@ std::string Drawing::render() {
 
   std::size_t rails = t_.nodes_of(NodeKind::kRailSwitch).size();
   std::string title =
-      "efccl topology: " + std::to_string(t_.hosts()) + (t_.hosts() == 1 ? " host, " : " hosts, ") +
+      (heat_ != nullptr && !heat_->caption.empty() ? heat_->caption + ": " : "efccl topology: ") +
+      std::to_string(t_.hosts()) + (t_.hosts() == 1 ? " host, " : " hosts, ") +
       std::to_string(t_.gpus().size()) + " GPUs, " + std::to_string(t_.nics().size()) + " NICs";
   if (rails > 0) title += ", " + std::to_string(rails) + " rail switches";
 
-  std::string svg = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
-  svg += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + px(width) + "\" height=\"" +
-         px(height) + "\" viewBox=\"0 0 " + px(width) + " " + px(height) +
-         "\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n";
-  svg += "<title>" + escape(title) + "</title>\n";
-  svg +=
-      "<defs><marker id=\"arrow\" viewBox=\"0 0 10 10\" refX=\"10\" refY=\"5\" "
-      "markerWidth=\"7\" markerHeight=\"7\" orient=\"auto-start-reverse\">"
-      "<path d=\"M0,0 L10,5 L0,10 z\" fill=\"#555555\"/></marker></defs>\n";
+  width_out = width;
+  height_out = height;
+  std::string svg = "<title>" + escape(title) + "</title>\n";
   svg += "<rect x=\"0\" y=\"0\" width=\"" + px(width) + "\" height=\"" + px(height) +
          "\" fill=\"#ffffff\"/>\n";
   svg += "<text x=\"" + px(kMargin) + "\" y=\"" + px(kMargin + 16) +
@@ -770,12 +756,44 @@ std::string Drawing::render() {
          "font-weight=\"bold\" fill=\"#222222\">" +
          escape(title) + "</text>\n";
   svg += frames_ + lines_ + boxes_layer_ + over_ + labels_;
-  svg += "</svg>\n";
   return svg;
+}
+
+/// The document around pictures of `width` x `height`.
+std::string document(const std::string& body, double width, double height) {
+  std::string svg = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
+  svg += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + px(width) + "\" height=\"" +
+         px(height) + "\" viewBox=\"0 0 " + px(width) + " " + px(height) +
+         "\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n";
+  svg +=
+      "<defs><marker id=\"arrow\" viewBox=\"0 0 10 10\" refX=\"10\" refY=\"5\" "
+      "markerWidth=\"7\" markerHeight=\"7\" orient=\"auto-start-reverse\">"
+      "<path d=\"M0,0 L10,5 L0,10 z\" fill=\"#555555\"/></marker></defs>\n";
+  return svg + body + "</svg>\n";
 }
 
 }  // namespace
 
-std::string to_svg(const Topology& t) { return Drawing(t).render(); }
+std::string to_svg(const Topology& t) {
+  double width = 0, height = 0;
+  const std::string body = Drawing(t).render(width, height);
+  return document(body, width, height);
+}
+
+std::string to_svg(const Topology& t, std::span<const LinkHeat> panels, std::string_view unit) {
+  double scale = 0;
+  for (const LinkHeat& panel : panels)
+    for (double v : panel.value) scale = std::isfinite(v) ? std::max(scale, v) : scale;
+  std::string body;
+  double width = 0, top = 0;
+  for (const LinkHeat& panel : panels) {
+    double w = 0, h = 0;
+    const std::string picture = Drawing(t, &panel, scale, unit).render(w, h);
+    body += "<g transform=\"translate(0," + px(top) + ")\">\n" + picture + "</g>\n";
+    width = std::max(width, w);
+    top += h;
+  }
+  return document(body, width, top);
+}
 
 }  // namespace efccl::topo

@@ -62,7 +62,8 @@ struct Port {
 /// slowest is done.
 class LinkCosts final : public UnitCost {
  public:
-  LinkCosts(const LinkCostModel& model, const TileGeometry& tiles) : model_(model), tiles_(tiles) {}
+  LinkCosts(const ef::Program& program, const LinkCostModel& model, const TileGeometry& tiles)
+      : program_(program), model_(model), tiles_(tiles) {}
 
   /// Assigns each connection of the walk its path: ports, capacities, latency. Fails when a
   /// topology has no route for a connection.
@@ -84,16 +85,31 @@ class LinkCosts final : public UnitCost {
   struct ConnectionPath {
     std::vector<Hop> forward;  ///< busy bytes / gbps each; a transfer starts when all are free
     std::vector<Hop> reverse;  ///< take reverse_fraction of the bytes (responses)
-    double bottleneck_gbps = 1;
     double reverse_fraction = 0;
     double latency_us = 0;
+    /// Slots away from the receiver (placement): `forward` is the sender's write into them,
+    /// this the receiver's read out of them, which its receiving unit pays (store and forward:
+    /// the tile waits in the slot in between). Empty for slots at the receiver.
+    std::vector<Hop> read;
+    std::vector<Hop> read_reverse;
+    double read_latency_us = 0;
   };
+  /// Carries `bytes` over `hops`, each link serving it in its own order from `ready` on,
+  /// charges `reverse_fraction` of them on `reverse`, and returns when the last link is done
+  /// (`ready` for no hops).
+  double occupy(const std::vector<Hop>& hops, const std::vector<Hop>& reverse,
+                double reverse_fraction, uint64_t bytes, double ready);
   Port& memory(int64_t device) { return memory_[device]; }
   /// The per-device ports of `transport` (no topology): the sender's egress and the receiver's
   /// ingress carry the data, the receiver's egress and the sender's ingress the responses.
   ConnectionPath device_ports(int64_t sender, int64_t receiver, Transport transport);
   StatusOr<ConnectionPath> topology_links(int64_t sender, int64_t receiver, Transport transport);
+  /// A connection whose slots are not at the receiver: sender -> host memory -> receiver, or
+  /// sender -> slot device -> receiver (one handoff: the receiver polls the slot's tail).
+  StatusOr<ConnectionPath> placed_path(int64_t sender, int64_t receiver,
+                                       const ef::ConnectionPlacement& placed);
 
+  const ef::Program& program_;
   const LinkCostModel& model_;
   TileGeometry tiles_;
   std::vector<ConnectionPath> connection_paths_;
@@ -108,7 +124,6 @@ LinkCosts::ConnectionPath LinkCosts::device_ports(int64_t sender, int64_t receiv
                                                   Transport transport) {
   const LinkCost& cost = model_.cost(transport);
   ConnectionPath path;
-  path.bottleneck_gbps = cost.bandwidth_gbps;
   path.latency_us = cost.latency_us;
   path.reverse_fraction = cost.reverse_fraction;
   path.forward = {{&link_ports_[{sender, transport, false}], cost.bandwidth_gbps},
@@ -132,7 +147,6 @@ StatusOr<LinkCosts::ConnectionPath> LinkCosts::topology_links(int64_t sender, in
   if (!route) return route.status();
   const LinkCost& cost = model_.cost(transport);
   ConnectionPath path;
-  path.bottleneck_gbps = route->gbps;
   path.latency_us = cost.latency_us + route->latency_us;
   path.reverse_fraction = cost.reverse_fraction;
   for (const topo::LinkIndex l : route->links) {
@@ -144,18 +158,113 @@ StatusOr<LinkCosts::ConnectionPath> LinkCosts::topology_links(int64_t sender, in
   return path;
 }
 
+StatusOr<LinkCosts::ConnectionPath> LinkCosts::placed_path(int64_t sender, int64_t receiver,
+                                                            const ef::ConnectionPlacement& placed) {
+  const bool host = placed.location == ef::SlotLocation::kHost;
+  const Transport transport = host ? Transport::kPcieHostStaged : Transport::kNvlink;
+  const LinkCost& cost = model_.cost(transport);
+  ConnectionPath path;
+  path.reverse_fraction = cost.reverse_fraction;
+  path.latency_us = cost.latency_us;
+  if (!model_.topology) {  // sender's egress (slot device's ingress; its egress) receiver's ingress
+    const auto port = [&](int64_t device, bool in) {
+      return Hop{&link_ports_[{device, transport, in}], cost.bandwidth_gbps};
+    };
+    path.forward = {port(sender, false)};
+    path.read = {port(receiver, true)};
+    if (!host) {
+      const int64_t slots = model_.slot_device_gpus[static_cast<std::size_t>(placed.device)];
+      path.forward.push_back(port(slots, true));
+      path.read.insert(path.read.begin(), port(slots, false));
+    }
+    if (cost.reverse_fraction > 0) {  // responses: into the sender, out of the receiver
+      path.reverse = {port(sender, true)};
+      path.read_reverse = {port(receiver, false)};
+    }
+    return path;
+  }
+  const topo::Topology& t = *model_.topology;
+  // The links up to the slots and on from them: the host-staged walk cut at host memory, or
+  // the routes to and from the slot device's GPU.
+  std::vector<topo::LinkIndex> write, read;
+  if (host) {
+    StatusOr<topo::Path> walk = transfer_route(t, static_cast<topo::NodeIndex>(sender),
+                                               static_cast<topo::NodeIndex>(receiver), transport);
+    if (!walk) return walk.status();
+    std::size_t cut = walk->links.size();
+    for (std::size_t i = 0; i < walk->links.size(); ++i)
+      if (t.node(t.link(walk->links[i]).to).kind == topo::NodeKind::kHostMemory) cut = i + 1;
+    write.assign(walk->links.begin(), walk->links.begin() + static_cast<std::ptrdiff_t>(cut));
+    read.assign(walk->links.begin() + static_cast<std::ptrdiff_t>(cut), walk->links.end());
+  } else {
+    const int64_t slots = model_.slot_device_gpus[static_cast<std::size_t>(placed.device)];
+    for (const auto& [from, to, links] :
+         {std::tuple{sender, slots, &write}, std::tuple{slots, receiver, &read}}) {
+      if (from == to) continue;  // the slots are on the sender's or the receiver's own GPU
+      StatusOr<topo::Path> route = transfer_route(t, static_cast<topo::NodeIndex>(from),
+                                                  static_cast<topo::NodeIndex>(to), transport);
+      if (!route) return route.status();
+      *links = route->links;
+    }
+  }
+  const auto fill = [&](const std::vector<topo::LinkIndex>& links, std::vector<Hop>& hops,
+                        std::vector<Hop>& reverse, double& latency) {
+    latency += t.path_of(links).latency_us;
+    for (const topo::LinkIndex l : links) {
+      hops.push_back({&topology_ports_[l], t.link(l).gbps});
+      if (cost.reverse_fraction <= 0) continue;
+      if (const auto back = reverse_link(t, l)) reverse.push_back({&topology_ports_[*back], t.link(*back).gbps});
+    }
+  };
+  fill(write, path.forward, path.reverse, path.latency_us);
+  fill(read, path.read, path.read_reverse, path.read_latency_us);
+  return path;
+}
+
 Status LinkCosts::prepare(const ProgramWalk& walk) {
+  // Placed connections by (sender, receiver, channel); the rest have their slots at the receiver.
+  std::map<std::tuple<int32_t, int32_t, int32_t>, ef::ConnectionPlacement> placed;
+  for (const ef::ConnectionPlacement& p : program_.placements) {
+    if (p.location == ef::SlotLocation::kReceiver) continue;
+    if (p.location == ef::SlotLocation::kDevice &&
+        (p.device < 0 || static_cast<std::size_t>(p.device) >= model_.slot_device_gpus.size()))
+      return Status::error("connection rank " + std::to_string(p.sender) + " -> rank " +
+                           std::to_string(p.receiver) + " channel " + std::to_string(p.channel) +
+                           " has its slots on slot device " + std::to_string(p.device) +
+                           "; the model binds " + std::to_string(model_.slot_device_gpus.size()) +
+                           " slot devices (slot_device_gpus)");
+    if (p.location != ef::SlotLocation::kHost && p.location != ef::SlotLocation::kDevice)
+      return Status::error("connection rank " + std::to_string(p.sender) + " -> rank " +
+                           std::to_string(p.receiver) + " has an unknown slot location");
+    placed.emplace(std::make_tuple(p.sender, p.receiver, p.channel), p);
+  }
   // Routes per (sender device, receiver device, transport): many connections share one.
   std::map<std::tuple<int64_t, int64_t, Transport>, ConnectionPath> paths;
+  // Placed ones per (sender device, receiver device, location, slot device's GPU).
+  std::map<std::tuple<int64_t, int64_t, ef::SlotLocation, int64_t>, ConnectionPath> placed_paths;
   for (const WalkConnection& c : walk.connections()) {
     const Transport transport = model_.transport(c.sender, c.receiver, c.channel);
     const int64_t sender = model_.device_of(c.sender);
     const int64_t receiver = model_.device_of(c.receiver);
+    if (auto p = placed.find({c.sender, c.receiver, c.channel}); p != placed.end()) {
+      const ef::ConnectionPlacement& where = p->second;
+      const int64_t slots = where.location == ef::SlotLocation::kDevice
+                                ? model_.slot_device_gpus[static_cast<std::size_t>(where.device)]
+                                : -1;
+      const auto key = std::make_tuple(sender, receiver, where.location, slots);
+      auto it = placed_paths.find(key);
+      if (it == placed_paths.end()) {
+        StatusOr<ConnectionPath> path = placed_path(sender, receiver, where);
+        if (!path) return path.status();
+        it = placed_paths.emplace(key, std::move(*path)).first;
+      }
+      connection_paths_.push_back(it->second);
+      continue;
+    }
     if (transport == Transport::kSameDevice) {
       // A copy through the device's memory, shared with its local work.
       ConnectionPath path;
       path.forward = {{&memory(sender), model_.same_device.bandwidth_gbps}};
-      path.bottleneck_gbps = model_.same_device.bandwidth_gbps;
       path.latency_us = model_.same_device.latency_us;
       connection_paths_.push_back(std::move(path));
       continue;
@@ -191,26 +300,40 @@ double LinkCosts::run(const WalkUnit& unit) {
     end = std::max(end, m.free_at);
     local_bytes_ += local;
   }
+  if (ef::op_receives(unit.op.code) && t.recv_connection >= 0) {
+    // Slots away from the receiver: it reads the tile out of them.
+    const ConnectionPath& path = connection_paths_[static_cast<std::size_t>(t.recv_connection)];
+    if (!path.read.empty())
+      end = std::max(end, occupy(path.read, path.read_reverse, path.reverse_fraction, bytes,
+                                 ready) + path.read_latency_us);
+  }
   if (ef::op_sends(unit.op.code)) {
     const ConnectionPath& path = connection_paths_[static_cast<std::size_t>(t.send_connection)];
-    double start = ready;
-    for (const Hop& hop : path.forward) start = std::max(start, hop.port->free_at);
-    for (const Hop& hop : path.forward) {
-      const double busy = transfer_us(bytes, hop.gbps);
-      hop.port->free_at = start + busy;
-      hop.port->busy_us += busy;
-    }
-    // Responses flow back while the data streams: they take their share of the opposite
-    // direction without holding the transfer up. Charged from `ready` (the walk's clock), not
-    // from a later `start`: a reservation in the future would leave the port idle before it.
-    for (const Hop& hop : path.reverse) {
-      const double busy = path.reverse_fraction * transfer_us(bytes, hop.gbps);
-      hop.port->free_at = std::max(hop.port->free_at, ready) + busy;
-      hop.port->busy_us += busy;
-    }
     // The threadblock writes the tile while it runs; its last byte lands `latency` later.
-    end = std::max(end, start + transfer_us(bytes, path.bottleneck_gbps));
+    end = std::max(end, occupy(path.forward, path.reverse, path.reverse_fraction, bytes, ready));
     link_bytes_ += bytes;
+  }
+  return end;
+}
+
+double LinkCosts::occupy(const std::vector<Hop>& hops, const std::vector<Hop>& reverse,
+                         double reverse_fraction, uint64_t bytes, double ready) {
+  // Each link serves the unit when it is free (a fluid picture of packet-switched links):
+  // waiting until all are free at once would leave a link idle while another is busy.
+  double end = ready;
+  for (const Hop& hop : hops) {
+    const double busy = transfer_us(bytes, hop.gbps);
+    hop.port->free_at = std::max(ready, hop.port->free_at) + busy;
+    hop.port->busy_us += busy;
+    end = std::max(end, hop.port->free_at);
+  }
+  // Responses flow back while the data streams: they take their share of the opposite
+  // direction without holding the transfer up. Charged from `ready` (the walk's clock), not
+  // from a later `start`: a reservation in the future would leave the port idle before it.
+  for (const Hop& hop : reverse) {
+    const double busy = reverse_fraction * transfer_us(bytes, hop.gbps);
+    hop.port->free_at = std::max(hop.port->free_at, ready) + busy;
+    hop.port->busy_us += busy;
   }
   return end;
 }
@@ -220,8 +343,11 @@ void LinkCosts::report(TimingResult& result) const {
   result.local_bytes = local_bytes_;
   for (const auto& [key, port] : link_ports_)
     result.busiest_port_us = std::max(result.busiest_port_us, port.busy_us);
-  for (const auto& [link, port] : topology_ports_)
+  if (model_.topology) result.link_busy_us.assign(model_.topology->links().size(), 0.0);
+  for (const auto& [link, port] : topology_ports_) {
     result.busiest_port_us = std::max(result.busiest_port_us, port.busy_us);
+    result.link_busy_us[link] = port.busy_us;
+  }
   for (const auto& [device, port] : memory_)
     result.busiest_port_us = std::max(result.busiest_port_us, port.busy_us);
 }
@@ -337,7 +463,7 @@ TimingResult predict_time(const ef::Program& program, const ExecOptions& options
   try {
     ProgramWalk walk(program, tiles, options.connection_slots, /*timed=*/true);
     walk.prepare();
-    LinkCosts costs(model, tiles);
+    LinkCosts costs(program, model, tiles);
     if (Status s = costs.prepare(walk); !s) return fail(std::move(s));
     result.blocked = walk.run(costs);
     if (!result.blocked.empty()) {

@@ -10,7 +10,8 @@ namespace efccl::host {
 
 StatusOr<LinkCostModel> model_for_topology(const topo::Topology& t,
                                            std::vector<topo::NodeIndex> rank_gpus,
-                                           const LinkCostModel& base) {
+                                           const LinkCostModel& base,
+                                           std::vector<topo::NodeIndex> slot_device_gpus) {
   if (Status s = t.check(); !s) return Status::error("the topology: " + s.message());
   if (rank_gpus.empty()) rank_gpus = t.gpus();
   if (rank_gpus.empty()) return Status::error("the topology has no GPU to place ranks on");
@@ -22,6 +23,15 @@ StatusOr<LinkCostModel> model_for_topology(const topo::Topology& t,
           (g >= t.nodes().size() ? " does not exist" : " ('" + t.node(g).id + "') is not a GPU"));
   }
   LinkCostModel model = base;
+  if (!slot_device_gpus.empty())
+    model.slot_device_gpus.assign(slot_device_gpus.begin(), slot_device_gpus.end());
+  for (std::size_t k = 0; k < model.slot_device_gpus.size(); ++k) {
+    const int64_t g = model.slot_device_gpus[k];
+    if (g < 0 || static_cast<std::size_t>(g) >= t.nodes().size() ||
+        t.node(static_cast<topo::NodeIndex>(g)).kind != topo::NodeKind::kGpu)
+      return Status::error("slot device " + std::to_string(k) + ": node " + std::to_string(g) +
+                           " is not a GPU of the topology");
+  }
   model.rank_devices.assign(rank_gpus.begin(), rank_gpus.end());
   model.topology = std::make_shared<const topo::Topology>(t);
   return model;

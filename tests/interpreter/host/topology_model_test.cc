@@ -6,10 +6,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <set>
+#include <tuple>
 #include <string>
 #include <vector>
 
 #include "efccl/algorithms/algorithm_library.h"
+#include "efccl/ef/validate.h"
+#include "efccl/host/executor.h"
 #include "efccl/topology/presets.h"
 
 namespace efccl::host {
@@ -100,6 +104,7 @@ ef::Program gather_to_last(int32_t n, int32_t chunks) {
           one_op(n - 1, -1, c, OpCode::kSend, BufferRef{BufferKind::kInput, c}, std::nullopt));
       last.threadblocks.push_back(one_op(-1, r, c, OpCode::kRecv, std::nullopt,
                                          BufferRef{BufferKind::kOutput, r * chunks + c}));
+      p.postconditions.push_back({n - 1, r * chunks + c, {{r, c}}});
     }
   }
   return p;
@@ -283,6 +288,120 @@ TEST(TopologyModel, NoRouteIsAnError) {
   EXPECT_FALSE(
       predict_time(library("send_recv", 2, 1, 1), call(1024, ef::DataType::kInt8), unplaced)
           .status.is_ok());
+}
+
+/// Every connection of `p` placed at `location` (slot device 0 for kDevice).
+ef::Program placed(ef::Program p, ef::SlotLocation location) {
+  std::set<std::tuple<int32_t, int32_t, int32_t>> connections;
+  for (std::size_t r = 0; r < p.ranks.size(); ++r)
+    for (const ef::Threadblock& tb : p.ranks[r].threadblocks)
+      if (tb.send_peer >= 0)
+        connections.emplace(static_cast<int32_t>(r), tb.send_peer, tb.channel);
+  for (const auto& [s, r, c] : connections) p.placements.push_back({s, r, c, location, 0});
+  if (location == ef::SlotLocation::kDevice) p.slot_devices = 1;
+  return p;
+}
+
+std::string diagnostics(const ef::Program& p) {
+  std::string out;
+  for (const Diagnostic& d : ef::validate(p)) out += d.to_string() + "\n";
+  return out;
+}
+
+/// The links of `t` a prediction kept busy.
+std::set<topo::LinkIndex> busy_links(const TimingResult& r) {
+  std::set<topo::LinkIndex> out;
+  for (std::size_t l = 0; l < r.link_busy_us.size(); ++l)
+    if (r.link_busy_us[l] > 0) out.insert(static_cast<topo::LinkIndex>(l));
+  return out;
+}
+
+TEST(TopologyModel, AHostPlacementIsChargedOnThePcieLinksThroughHostMemory) {
+  const topo::Topology t = preset("h200-nv18-x2");
+  const ef::Program direct = gather_to_last(2, 8);
+  const ef::Program host = placed(direct, ef::SlotLocation::kHost);
+  ASSERT_EQ(diagnostics(host), "");
+  const uint64_t count = uint64_t{1} << 28;
+  const ExecOptions o = call(count, ef::DataType::kInt8);
+  const TimingResult on_nvlink = predict_time(direct, o, on(t));
+
+  const TimingResult staged = predict_time(host, o, on(t));
+  ASSERT_TRUE(staged.status.is_ok()) << staged.status.message();
+  // Exactly the links of the host-staged walk carry it, at the PCIe rate.
+  const StatusOr<topo::Path> walk =
+      transfer_route(t, t.gpus()[0], t.gpus()[1], Transport::kPcieHostStaged);
+  ASSERT_TRUE(walk.is_ok());
+  std::set<topo::LinkIndex> expected(walk->links.begin(), walk->links.end());
+  EXPECT_EQ(busy_links(staged), expected);
+  for (topo::LinkIndex l : expected) EXPECT_NE(t.link(l).kind, topo::LinkKind::kNvlink);
+  // 256 MiB at 55 GB/s; on NVLink its 8 threadblocks move 200 GB/s.
+  EXPECT_NEAR(staged.time_us, static_cast<double>(count) / (55.0 * 1e3), 0.05 * staged.time_us);
+  EXPECT_GT(staged.time_us, 3 * on_nvlink.time_us);
+  for (topo::LinkIndex l = 0; l < t.links().size(); ++l)
+    if (t.link(l).kind == topo::LinkKind::kNvlink) EXPECT_GT(on_nvlink.link_busy_us[l], 0.0);
+  // About the host-staged transport chosen for the pair, with and without a topology (the
+  // placement stores each tile in host memory between its write and its read; the transport
+  // streams it through).
+  LinkCostModel by_transport = on(t);
+  by_transport.pair_transport[{0, 1}] = Transport::kPcieHostStaged;
+  const double streamed = predict(direct, o, by_transport);
+  EXPECT_NEAR(staged.time_us, streamed, 0.02 * streamed);
+  LinkCostModel defaults, defaults_staged;
+  defaults_staged.pair_transport[{0, 1}] = Transport::kPcieHostStaged;
+  const double streamed_defaults = predict(direct, o, defaults_staged);
+  EXPECT_NEAR(predict(host, o, defaults), streamed_defaults, 0.02 * streamed_defaults);
+  // Placement never changes results: the host executor verifies the placed program.
+  ExecOptions small = call(4096, ef::DataType::kInt8);
+  EXPECT_TRUE(run_and_verify(host, small, 7).pass);
+}
+
+TEST(TopologyModel, ASlotDevicePlacementCrossesTheGpuBoundToIt) {
+  // NIMBLE's node: every GPU pair has its own 150 GB/s NVLink. Slots on GPU 2 move rank 0's
+  // bytes over gpu0 -> gpu2 -> gpu1 and leave gpu0 -> gpu1 idle.
+  const topo::Topology t = preset("nimble-h100");
+  const std::vector<topo::NodeIndex> g = t.gpus();
+  const ef::Program relayed = placed(gather_to_last(2, 16), ef::SlotLocation::kDevice);
+  ASSERT_EQ(diagnostics(relayed), "");
+  const ExecOptions o = call(uint64_t{1} << 28, ef::DataType::kInt8);
+  StatusOr<LinkCostModel> model =
+      model_for_topology(t, {g[0], g[1]}, LinkCostModel{}, {g[2]});
+  ASSERT_TRUE(model.is_ok()) << model.status().message();
+  const TimingResult r = predict_time(relayed, o, *model);
+  ASSERT_TRUE(r.status.is_ok()) << r.status.message();
+  const auto nvlink = [&](topo::NodeIndex a, topo::NodeIndex b) {
+    for (topo::LinkIndex l : t.out_links(a))
+      if (t.link(l).to == b && t.link(l).kind == topo::LinkKind::kNvlink) return l;
+    ADD_FAILURE() << "no NVLink";
+    return topo::LinkIndex{0};
+  };
+  std::set<topo::LinkIndex> forward;
+  for (topo::LinkIndex l : busy_links(r))
+    if (r.link_busy_us[l] > 0.5 * r.busiest_port_us) forward.insert(l);  // data, not responses
+  EXPECT_EQ(forward, (std::set<topo::LinkIndex>{nvlink(g[0], g[2]), nvlink(g[2], g[1])}));
+  EXPECT_EQ(r.link_busy_us[nvlink(g[0], g[1])], 0.0);
+  const double direct = predict(gather_to_last(2, 16), o, *model);
+  EXPECT_NEAR(r.time_us, direct, 0.05 * direct);  // the same 150 GB/s, one more hop's latency
+  EXPECT_GT(r.time_us, direct);
+  // Bound to the sender's own GPU, the slots are on its side of the direct link.
+  StatusOr<LinkCostModel> own = model_for_topology(t, {g[0], g[1]}, LinkCostModel{}, {g[0]});
+  ASSERT_TRUE(own.is_ok());
+  const TimingResult local = predict_time(relayed, o, *own);
+  ASSERT_TRUE(local.status.is_ok()) << local.status.message();
+  EXPECT_GT(local.link_busy_us[nvlink(g[0], g[1])], 0.0);
+  // A slot device the model does not bind is an error naming it; so is a node that is no GPU.
+  const TimingResult unbound = predict_time(relayed, o, on(t, {g[0], g[1]}));
+  ASSERT_FALSE(unbound.status.is_ok());
+  EXPECT_NE(unbound.status.message().find("slot device 0; the model binds 0 slot devices"),
+            std::string::npos)
+      << unbound.status.message();
+  const StatusOr<LinkCostModel> bad =
+      model_for_topology(t, {g[0], g[1]}, LinkCostModel{}, {*t.find("h0.cpu0")});
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("slot device 0: node"), std::string::npos);
+  // Without a topology: the slot device's ports are its own device's.
+  LinkCostModel defaults;
+  defaults.slot_device_gpus = {5};
+  EXPECT_TRUE(predict_time(relayed, o, defaults).status.is_ok());
 }
 
 TEST(TopologyModel, IsDeterministic) {

@@ -184,13 +184,13 @@ int32_t PathTable::State::rail_of(NodeIndex nic) const {
 }
 
 std::optional<Walk> PathTable::State::default_walk(NodeIndex a, NodeIndex b) {
-  if (a == b) return Walk{{}, "local"};
+  if (a == b) return Walk{{}, "local", CandidateKind::kLocal};
   const topo::Topology& t = *topology;
   const int32_t ha = t.node(a).host, hb = t.node(b).host;
   if (ha == hb) {
     const auto& p = host_route(a, b);
     if (!p) return std::nullopt;
-    return Walk{*p, "direct"};
+    return Walk{*p, "direct", CandidateKind::kDirect};
   }
   // Source's own rail NIC, the NIC of that rail on the destination's host, straight on.
   const HostGraph& ga = hosts[static_cast<std::size_t>(ha)];
@@ -202,19 +202,24 @@ std::optional<Walk> PathTable::State::default_walk(NodeIndex a, NodeIndex b) {
   if (!dst_nic) return std::nullopt;
   auto links = via_rail(a, a, src_nic, *dst_nic, b, b);
   if (!links) return std::nullopt;
-  return Walk{std::move(*links), "rail " + std::to_string(rail) + " (own NIC)"};
+  return Walk{std::move(*links), "rail " + std::to_string(rail) + " (own NIC)",
+              CandidateKind::kDirect, {}, rail};
 }
 
 std::vector<Walk> PathTable::State::walks(NodeIndex a, NodeIndex b) {
   const topo::Topology& t = *topology;
   std::vector<Walk> out;
-  const auto add = [&](std::vector<LinkIndex> links, std::string via) {
+  const auto add = [&](std::vector<LinkIndex> links, std::string via, CandidateKind kind,
+                       std::vector<NodeIndex> relays = {}, int32_t rail = -1) {
     for (const Walk& w : out)
       if (w.links == links) return;  // the same walk reached twice
-    out.push_back(Walk{std::move(links), std::move(via)});
+    out.push_back(Walk{std::move(links), std::move(via), kind, std::move(relays), rail});
+  };
+  const auto add_walk = [&](Walk w) {
+    add(std::move(w.links), std::move(w.via), w.kind, std::move(w.relays), w.rail);
   };
   if (a == b) {
-    add({}, "local");
+    add({}, "local", CandidateKind::kLocal);
     return out;
   }
   const int32_t ha = t.node(a).host, hb = t.node(b).host;
@@ -248,14 +253,17 @@ std::vector<Walk> PathTable::State::walks(NodeIndex a, NodeIndex b) {
     }
     for (topo::Path& p : paths) {
       for (LinkIndex& l : p.links) l = g.to_whole[l];
-      std::string via = p.host_staged ? "host memory"
-                        : p.relay     ? "relay " + g.graph.node(*p.relay).id
-                                      : "direct";
-      add(std::move(p.links), std::move(via));
+      if (p.host_staged)
+        add(std::move(p.links), "host memory", CandidateKind::kHost);
+      else if (p.relay)
+        add(std::move(p.links), "relay " + g.graph.node(*p.relay).id, CandidateKind::kRelay,
+            {g.to_whole_node[*p.relay]});
+      else
+        add(std::move(p.links), "direct", CandidateKind::kDirect);
     }
     return out;
   }
-  if (auto own = default_walk(a, b)) add(std::move(own->links), std::move(own->via));
+  if (auto own = default_walk(a, b)) add_walk(std::move(*own));
   // Rail-matched: through the GPUs that own rail r on each side (PXN-style).
   const HostGraph& ga = hosts[static_cast<std::size_t>(ha)];
   const HostGraph& gb = hosts[static_cast<std::size_t>(hb)];
@@ -267,11 +275,16 @@ std::vector<Walk> PathTable::State::walks(NodeIndex a, NodeIndex b) {
     if (!dst_nic || src_owner == kAbsent) continue;
     const NodeIndex dst_owner = gb.nic_owner[local_of[*dst_nic]];
     if (dst_owner == kAbsent) continue;
-    if (auto links = via_rail(a, src_owner, src_nic, *dst_nic, dst_owner, b))
-      add(std::move(*links), "rail " + std::to_string(rail));
+    if (auto links = via_rail(a, src_owner, src_nic, *dst_nic, dst_owner, b)) {
+      std::vector<NodeIndex> relays;
+      if (src_owner != a) relays.push_back(src_owner);
+      if (dst_owner != b) relays.push_back(dst_owner);
+      add(std::move(*links), "rail " + std::to_string(rail), CandidateKind::kRail,
+          std::move(relays), rail);
+    }
   }
   if (out.empty())
-    if (auto p = t.route(a, b)) add(p->links, "route");
+    if (auto p = t.route(a, b)) add(p->links, "route", CandidateKind::kDirect);
   return out;
 }
 
@@ -316,6 +329,9 @@ std::shared_ptr<detail::CandidateSet> PathTable::State::make_set(const detail::R
     c.gbps = t.path_of(w.links).gbps;
     c.links = std::move(w.links);
     c.via = std::move(w.via);
+    c.kind = w.kind;
+    c.relays = std::move(w.relays);
+    c.rail = w.rail;
     set->candidates.push_back(std::move(c));
   }
   constexpr std::size_t kChunk = 1 << 12;  // words

@@ -20,6 +20,9 @@ namespace efccl::balance::detail {
 struct Walk {
   std::vector<LinkIndex> links;
   std::string via;
+  CandidateKind kind = CandidateKind::kDirect;  ///< Candidate::kind
+  std::vector<NodeIndex> relays;                ///< Candidate::relays
+  int32_t rail = -1;                            ///< Candidate::rail
 };
 
 /// The planner's view of one GPU pair's candidates, packed in one block of the table's arena

@@ -34,8 +34,9 @@ XmlLoadResult load_msccl_xml(std::string_view text, const std::string& file_name
                              const XmlLimits& limits = {});
 
 /// MSCCL XML that MSCCL's loader and ours accept. Programs MSCCL cannot express (several
-/// dependencies on one op, custom collectives) are lowered: extra deps become nops; custom
-/// collectives are refused with a Status.
+/// dependencies on one op, custom collectives, connection placement) are lowered: extra deps
+/// become nops; custom collectives and programs with placements or slot devices are refused
+/// with a Status.
 StatusOr<std::string> save_msccl_xml(const Program& program);
 
 }  // namespace efccl::ef

@@ -176,10 +176,12 @@ std::string_view to_string(Collective c);
 std::string_view to_string(Protocol p);
 std::string_view to_string(BufferKind b);
 std::string_view to_string(OpCode op);
+std::string_view to_string(SlotLocation s);  ///< "receiver", "host", "device"
 std::optional<Collective> parse_collective(std::string_view s);
 std::optional<Protocol> parse_protocol(std::string_view s);
 std::optional<BufferKind> parse_buffer_kind(std::string_view s);
 std::optional<OpCode> parse_op_code(std::string_view s);
+std::optional<SlotLocation> parse_slot_location(std::string_view s);
 /// The MSCCL XML spelling ("s", "rrcs", "cpy", "re", ...).
 std::string_view to_msccl_string(OpCode op);
 std::optional<OpCode> parse_msccl_op_code(std::string_view s);

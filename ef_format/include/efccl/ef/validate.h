@@ -18,6 +18,9 @@ inline constexpr int kDefaultConnectionSlots = 8;
 /// EF JSON) so that validation can name the limit.
 inline constexpr int64_t kMaxChunks = int64_t{1} << 24;
 
+/// The most external slot devices a valid program names (Program::slot_devices).
+inline constexpr int32_t kMaxSlotDevices = 64;
+
 struct ValidateOptions {
   int connection_slots = kDefaultConnectionSlots;
   std::size_t max_diagnostics = 100;  ///< stop collecting after this many

@@ -47,11 +47,26 @@ struct Demand {
 /// {"ranks": N, "bytes": [[...], ...]} (N rows of N non-negative integers); errors name `where`.
 StatusOr<Demand> demand_from_json(std::string_view text, std::string_view where);
 
+/// What a candidate is, for turning it into a program (program_builder.h).
+enum class CandidateKind : uint8_t {
+  kLocal,   ///< both ranks on one GPU: its memory
+  kDirect,  ///< the default route (between hosts: the source's own rail)
+  kRelay,   ///< through one other GPU of the host (`relays`: that GPU)
+  kHost,    ///< through pinned host memory of the source's CPU
+  kRail,    ///< between hosts on rail `rail`, through the GPUs owning it on each side
+};
+
 /// One way from a rank's GPU to another's.
 struct Candidate {
   std::vector<LinkIndex> links;
   double gbps = 0;           ///< its bottleneck (0: no link, the same GPU)
   std::string via;           ///< "direct", "relay h0.gpu2", "host memory", "rail 3", "local"
+  CandidateKind kind = CandidateKind::kDirect;
+  /// The GPUs the bytes pass through between the ends, in order: kRelay its relay; kRail the
+  /// GPUs owning the rail on the source's and the destination's host, where they are not the
+  /// ends themselves. Empty for the other kinds.
+  std::vector<NodeIndex> relays;
+  int32_t rail = -1;  ///< between hosts (kDirect, kRail): the rail; -1 otherwise
 };
 
 /// Every pair's candidates over one topology and placement of ranks. Built once; candidates

@@ -8,7 +8,10 @@
 // with its capacity per direction (GB/s) and its lanes; colours by link kind, with a legend.
 #pragma once
 
+#include <span>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "efccl/topology/topology.h"
 
@@ -17,5 +20,16 @@ namespace efccl::topo {
 /// A self-contained SVG document (no scripts, no external fonts or images; text escaped);
 /// the same graph gives the same bytes.
 std::string to_svg(const Topology& t);
+
+/// A value per link drawn over the picture (`efccl plan --svg`: the load of every link).
+struct LinkHeat {
+  std::string caption;        ///< the panel's title, e.g. "unbalanced"
+  std::vector<double> value;  ///< per link of the graph (missing entries: 0)
+};
+/// The graph once per panel, stacked top to bottom: every line coloured (light grey through
+/// yellow and orange to dark red) and widened by the larger value of its two directions, on
+/// one scale for all panels (0 to the largest value), and labelled with both values and
+/// `unit` ("a / b us"). Deterministic, like to_svg(t).
+std::string to_svg(const Topology& t, std::span<const LinkHeat> panels, std::string_view unit);
 
 }  // namespace efccl::topo

@@ -86,6 +86,10 @@ struct LinkCostModel {
   /// memory) and talk through kSameDevice. Empty: every rank has a GPU of its own. With a
   /// topology: the GPU node (topo::NodeIndex) of each rank, one entry per rank.
   std::vector<int64_t> rank_devices;
+  /// Per slot device of the program (connections placed with ef::SlotLocation::kDevice): the
+  /// device whose memory holds its slots; with a topology, its GPU node (the engine's binding
+  /// at run time). A program naming a slot device beyond this list cannot be timed.
+  std::vector<int64_t> slot_device_gpus;
   /// The machine as a graph, or null (the per-device ports above). With one, a transfer
   /// occupies every link of its route, each at its own capacity, and its latency is the
   /// transport's plus the route's; the transports' bandwidths are not used (kSameDevice's is).
@@ -115,12 +119,19 @@ struct TimingResult {
   uint64_t link_bytes = 0;     ///< bytes carried over connections, all ranks together
   uint64_t local_bytes = 0;    ///< device-memory traffic of local work, all ranks together
   double busiest_port_us = 0;  ///< the most time any one port (or memory) was busy
+  /// With a topology: per link of the graph, the time it was busy (data and responses); empty
+  /// without one.
+  std::vector<double> link_busy_us;
 };
 
 /// Predicts the time of one call of `program` (options.count elements of options.dtype; the
 /// operator, premul scalars and in-place data do not change the time) under `model`, with the
-/// executor's tiles and slots (options.slot_bytes, options.connection_slots). Deterministic:
-/// equal inputs give equal results. Moves no data and allocates no buffers.
+/// executor's tiles and slots (options.slot_bytes, options.connection_slots). A connection the
+/// program places (Program::placements) crosses sender -> its slots -> receiver: pinned host
+/// memory is the pcie_host_staged transport (with a topology, Topology::host_route), a slot
+/// device the sender's route to model.slot_device_gpus[k] and on from there to the receiver,
+/// priced as NVLink (docs/timing-model.md, "Connection placement"). Deterministic: equal
+/// inputs give equal results. Moves no data and allocates no buffers.
 TimingResult predict_time(const ef::Program& program, const ExecOptions& options,
                           const LinkCostModel& model = {});
 

@@ -19,10 +19,12 @@ namespace efccl::host {
 /// `base` (latencies, responses, memory, threadblock and launch parameters, transports) on
 /// machine `t`: program rank r runs on GPU node rank_gpus[r], or on t.gpus()[r] when
 /// rank_gpus is empty (then the program must have one rank per GPU of t). Ranks given the same
-/// GPU share it (kSameDevice). An error names an entry that is not a GPU of t.
+/// GPU share it (kSameDevice). Slot device k of a program (connection placement) is GPU node
+/// slot_device_gpus[k] (empty: base's). An error names an entry that is not a GPU of t.
 StatusOr<LinkCostModel> model_for_topology(const topo::Topology& t,
                                            std::vector<topo::NodeIndex> rank_gpus = {},
-                                           const LinkCostModel& base = {});
+                                           const LinkCostModel& base = {},
+                                           std::vector<topo::NodeIndex> slot_device_gpus = {});
 
 /// The walk a transfer from GPU `a` to GPU `b` takes over `transport` on `t`: kNvlink the
 /// default route (t.route: NVLink where there is one, else PCIe), kPcieHostStaged the
