@@ -97,7 +97,8 @@ inline std::string heat_color(double f) {
   char buf[8];
   int rgb[3];
   for (int c = 0; c < 3; ++c)
-    rgb[c] = static_cast<int>(std::lround(255 * (kStops[i][c] + u * (kStops[i + 1][c] - kStops[i][c]))));
+    rgb[c] =
+        static_cast<int>(std::lround(255 * (kStops[i][c] + u * (kStops[i + 1][c] - kStops[i][c]))));
   std::snprintf(buf, sizeof(buf), "#%02x%02x%02x", rgb[0], rgb[1], rgb[2]);
   return buf;
 }
