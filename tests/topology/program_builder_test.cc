@@ -208,6 +208,42 @@ TEST(PlanProgram, ChunkSplitsRoundByLargestRemainder) {
   EXPECT_FALSE(balance::split_into_chunks(pair, MiB));
 }
 
+TEST(PlanProgram, CandidatesSayWhatTheyAre) {
+  const topo::Topology t = *topo::preset("nimble-h100", 2);
+  const std::vector<topo::NodeIndex> g = t.gpus();
+  auto table = balance::PathTable::build(t, g);
+  ASSERT_TRUE(table) << table.status().message();
+  // Inside a host: direct, through each other GPU, through host memory.
+  auto in = (*table)->candidates(0, 1);
+  ASSERT_TRUE(in);
+  const auto& inside = *in;
+  ASSERT_EQ(inside->size(), 4u);
+  EXPECT_EQ((*inside)[0].kind, balance::CandidateKind::kDirect);
+  EXPECT_EQ((*inside)[1].kind, balance::CandidateKind::kRelay);
+  EXPECT_EQ((*inside)[1].relays, (std::vector<topo::NodeIndex>{g[2]}));
+  EXPECT_EQ((*inside)[2].relays, (std::vector<topo::NodeIndex>{g[3]}));
+  EXPECT_EQ((*inside)[3].kind, balance::CandidateKind::kHost);
+  EXPECT_TRUE((*inside)[3].relays.empty());
+  // Between hosts: the own rail, then every rail through the GPUs owning it on each side.
+  auto out = (*table)->candidates(0, 5);
+  ASSERT_TRUE(out);
+  const auto& across = *out;
+  EXPECT_EQ((*across)[0].kind, balance::CandidateKind::kDirect);
+  EXPECT_EQ((*across)[0].rail, 0);
+  for (std::size_t c = 1; c < across->size(); ++c) {
+    const balance::Candidate& k = (*across)[c];
+    EXPECT_EQ(k.kind, balance::CandidateKind::kRail) << k.via;
+    const int32_t r = k.rail;
+    std::vector<topo::NodeIndex> owners;
+    if (r != 0) owners.push_back(g[static_cast<std::size_t>(r)]);      // h0.gpu<r>
+    if (r != 1) owners.push_back(g[static_cast<std::size_t>(4 + r)]);  // h1.gpu<r>
+    EXPECT_EQ(k.relays, owners) << k.via;
+  }
+  auto local = balance::PathTable::build(t, {g[0], g[0]});
+  ASSERT_TRUE(local);
+  EXPECT_EQ((**(*local)->candidates(0, 1))[0].kind, balance::CandidateKind::kLocal);
+}
+
 TEST(PlanProgram, RelayPoliciesPickForwardsSlotDevicesOrNewRanks) {
   const topo::Topology t = *topo::preset("nimble-h100", 2);
   const std::vector<topo::NodeIndex> g = t.gpus();
