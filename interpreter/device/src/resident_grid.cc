@@ -315,6 +315,26 @@ Status release_resident(int device) {
   return Status::ok();
 }
 
+Status quiesce_resident(int device) {
+  Registry& r = registry();
+  cudaStream_t stream = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    Grid& g = grid_of(r, device);
+    if (!g.allocated) return Status::ok();
+    if (g.running && !g.drained())
+      return Status::error("the resident grid on device " + std::to_string(device) +
+                           " still has posted calls to run");
+    stop_locked(g);
+    g.checked = false;
+    stream = g.stream;
+  }
+  if (!wait_for_exit(device, stream, kStopWait))
+    return Status::error("the resident grid on device " + std::to_string(device) +
+                         " did not leave the GPU within 1 s");
+  return Status::ok();
+}
+
 ResidentStats resident_stats() {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);

@@ -45,6 +45,11 @@ void retain_resident(int device);
 /// run ends.
 Status release_resident(int device);
 
+/// Makes `device`'s grid leave the GPU now and waits for it (at most one second), when every
+/// call posted to it has run; an error (and nothing stopped) while some have not. The next post
+/// launches it again, with the CTA count configured then.
+Status quiesce_resident(int device);
+
 /// Tests and logs.
 struct ResidentStats {
   uint64_t posts = 0;          ///< descriptors posted (each replaces one interpreter launch)
