@@ -1688,7 +1688,9 @@ TEST(ResidentGrid, RunsEagerCallsWithoutLaunchingAndReusesRepeatedContents) {
       ASSERT_TRUE(ex.run_and_wait(args).is_ok());
       const device::ResidentStats after = device::resident_stats();
       EXPECT_EQ(after.posts - before.posts, 1u) << "call " << call << " was launched";
-      if (call > 0) EXPECT_EQ(after.new_contents, before.new_contents) << "call " << call;
+      if (call > 0) {
+        EXPECT_EQ(after.new_contents, before.new_contents) << "call " << call;
+      }
       auto result = host::execute(p, host_options(args, kSmallSlotBytes), bufs.host);
       ASSERT_TRUE(result.status.is_ok()) << result.status.message();
       const std::string failure = compare(p, DataType::kFloat32, bufs);
