@@ -255,6 +255,31 @@ void disable_locked(Grid& g, const std::string& why) {
   g.usable = false;
 }
 
+/// Stops the device's grid once every doorbell it was given has run (its completion reaches
+/// the host a moment after the stream goes on), waiting until `deadline`; an error, and nothing
+/// stopped, if they have not run by then (stopping would leave their streams waiting forever).
+/// `*stream`: the grid's stream, to wait for its exit.
+Status stop_when_drained(Registry& r, int device, Clock::time_point deadline,
+                         cudaStream_t* stream) {
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(r.mu);
+      Grid& g = grid_of(r, device);
+      *stream = g.stream;
+      if (!g.allocated) return Status::ok();
+      if (!g.running || g.drained()) {
+        stop_locked(g);
+        g.checked = false;  // the next launch takes the CTA count configured then
+        return Status::ok();
+      }
+    }
+    if (Clock::now() >= deadline)
+      return Status::error("the resident grid on device " + std::to_string(device) +
+                           " still has posted calls to run after 1 s; it leaves once they have");
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
 }  // namespace
 
 void set_resident_config(const ResidentConfig& config) {
@@ -282,16 +307,16 @@ void retain_resident(int device) {
 
 Status release_resident(int device) {
   Registry& r = registry();
-  cudaStream_t stream = nullptr;
   {
     std::lock_guard<std::mutex> lock(r.mu);
     Grid& g = grid_of(r, device);
     if (g.leases > 0) --g.leases;
     if (g.leases > 0 || !g.allocated) return Status::ok();
-    stop_locked(g);
-    stream = g.stream;
   }
-  if (!wait_for_exit(device, stream, kStopWait)) {
+  const auto deadline = Clock::now() + kStopWait;
+  cudaStream_t stream = nullptr;
+  if (Status s = stop_when_drained(r, device, deadline, &stream); !s) return s;
+  if (!wait_for_exit(device, stream, deadline - Clock::now())) {
     std::lock_guard<std::mutex> lock(r.mu);
     const Grid& g = grid_of(r, device);
     if (g.leases > 0 || g.running) return Status::ok();  // taken up again meanwhile
@@ -317,19 +342,10 @@ Status release_resident(int device) {
 
 Status quiesce_resident(int device) {
   Registry& r = registry();
+  const auto deadline = Clock::now() + kStopWait;
   cudaStream_t stream = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(r.mu);
-    Grid& g = grid_of(r, device);
-    if (!g.allocated) return Status::ok();
-    if (g.running && !g.drained())
-      return Status::error("the resident grid on device " + std::to_string(device) +
-                           " still has posted calls to run");
-    stop_locked(g);
-    g.checked = false;
-    stream = g.stream;
-  }
-  if (!wait_for_exit(device, stream, kStopWait))
+  if (Status s = stop_when_drained(r, device, deadline, &stream); !s) return s;
+  if (!wait_for_exit(device, stream, deadline - Clock::now()))
     return Status::error("the resident grid on device " + std::to_string(device) +
                          " did not leave the GPU within 1 s");
   return Status::ok();
