@@ -3,6 +3,8 @@
 // leave the GPU (docs/device-executor.md, "The resident interpreter").
 #include "resident_grid.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -17,8 +19,6 @@
 #include <thread>
 #include <utility>
 #include <vector>
-
-#include <unistd.h>
 
 #include "cuda_raii.h"
 #include "cuda_status.h"
@@ -205,9 +205,9 @@ Status allocate_locked(Grid& g) {
     EFCCL_CUDA_RETURN(cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking),
                       "cudaStreamCreate (resident grid)");
   // Every CTA absent until it starts (ordered before the first launch on the same stream).
-  EFCCL_CUDA_RETURN(cudaMemsetAsync(g.device_state()->inbox, 0xff,
-                                    sizeof(g.device_state()->inbox), g.stream),
-                    "cudaMemsetAsync (resident inboxes)");
+  EFCCL_CUDA_RETURN(
+      cudaMemsetAsync(g.device_state()->inbox, 0xff, sizeof(g.device_state()->inbox), g.stream),
+      "cudaMemsetAsync (resident inboxes)");
   for (Slot& s : g.slots) s = Slot{};
   g.allocated = true;
   return Status::ok();
@@ -398,8 +398,7 @@ StatusOr<bool> post_resident(int device, cudaStream_t stream, const FusedCall* c
   header.nctas = nctas;
   header.dtype = dtype;
   header.reduction = reduction;
-  const std::string_view header_bytes(reinterpret_cast<const char*>(&header),
-                                      kResidentCallsOffset);
+  const std::string_view header_bytes(reinterpret_cast<const char*>(&header), kResidentCallsOffset);
   const std::string_view call_bytes(reinterpret_cast<const char*>(calls),
                                     ncalls * sizeof(FusedCall));
   const std::string_view rank_bytes(reinterpret_cast<const char*>(ranks),
@@ -464,8 +463,8 @@ StatusOr<bool> post_resident(int device, cudaStream_t stream, const FusedCall* c
   }
   Slot& slot = g.slots[chosen];
   DeviceScope scope(device);
-  if (Status s = write_then_wait(stream, &g.device_state()->request[chosen], slot.version,
-                                 kRequestIdle);
+  if (Status s =
+          write_then_wait(stream, &g.device_state()->request[chosen], slot.version, kRequestIdle);
       !s) {
     (void)cudaGetLastError();
     disable_locked(g, s.message());

@@ -16,10 +16,10 @@
 // `exiting` and dispatches nothing more; every CTA leaves once its inbox is idle (a CAS to
 // absent, so that no work can be handed to a CTA that left). Work handed out before that runs
 // to its end (its waits are bounded by its executor's WaitBound: deadline and abort).
-#include <cuda/atomic>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cuda/atomic>
 
 #include "op_decoder.cuh"
 #include "resident_kernel.h"
@@ -245,7 +245,8 @@ __device__ bool dispatch_once(const ResidentGridParams& g, uint32_t me) {
     }
   }
   for (uint32_t c = threadIdx.x; c < g.nctas; c += blockDim.x)
-    if (load_relaxed_device(&dev->inbox[c]) == kInboxIdle) sh.free_ctas[atomicAdd(&sh.nfree, 1u)] = c;
+    if (load_relaxed_device(&dev->inbox[c]) == kInboxIdle)
+      sh.free_ctas[atomicAdd(&sh.nfree, 1u)] = c;
   __syncthreads();
   const uint32_t ncandidates = sh.ncandidates;
   if (threadIdx.x == 0) sh.found = ncandidates;

@@ -28,8 +28,10 @@ StatusOr<BatchMemOp> batch_mem_op() {
       (void)cudaGetLastError();
       failure = cuda_error("cudaGetDriverEntryPointByVersion(cuStreamBatchMemOp)", e).message();
     } else if (found != cudaDriverEntryPointSuccess || entry == nullptr) {
-      failure = "the CUDA driver has no cuStreamBatchMemOp (version 12.0) entry point (query "
-                "result " + std::to_string(static_cast<int>(found)) + ")";
+      failure =
+          "the CUDA driver has no cuStreamBatchMemOp (version 12.0) entry point (query "
+          "result " +
+          std::to_string(static_cast<int>(found)) + ")";
     } else {
       fn = reinterpret_cast<BatchMemOp>(entry);
     }
