@@ -3,10 +3,12 @@
 // out-of-place, counts from 0 to 2^20+3, unaligned pointers. Also argument errors that need a
 // live communicator, and a mismatch across ranks. RuntimeThreads: ranks driven by one thread
 // each or by one thread for several without a group (docs/runtime.md), deadlines, and
-// destroy/finalize with calls still queued.
+// destroy/finalize with calls still queued. RuntimeResident: the same calls on the resident
+// interpreter (EFCCL_RESIDENT=1), posted instead of launched, and the grid's end at destroy.
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -14,6 +16,7 @@
 
 #include "comm/communicator.h"  // the clique behind a communicator (executor cache statistics)
 #include "efccl/device/device_executor.h"
+#include "efccl/device/resident.h"
 #include "runtime_test_util.h"
 
 namespace efccl::runtime::testing {
@@ -832,6 +835,68 @@ TEST(RuntimeThreads, AnInPlaceDisagreementFailsEveryRankOfTheSet) {
     cudaFree(send[r]);
     cudaFree(recv[r]);
   }
+}
+
+// ---- EFCCL_RESIDENT=1: calls posted to the resident grid (docs/runtime.md) ----
+
+TEST(RuntimeResident, CallsArePostedAndTheLastDestroyStopsTheGrid) {
+  // Two and four ranks on GPU 0: every collective matches the host reference and is posted to
+  // the grid instead of launched; a call repeated on the same buffers reuses its descriptor (a
+  // persistent operation); destroying the communicators stops the grid within a second.
+  EFCCL_REQUIRE_GPUS(1);
+  ScopedEnv resident("EFCCL_RESIDENT", "1");
+  ScopedEnv ctas("EFCCL_RESIDENT_CTAS", "64");
+  for (int ranks : {2, 4}) {
+    SCOPED_TRACE(std::to_string(ranks) + " ranks on GPU 0");
+    auto clique = std::make_unique<TestClique>(std::vector<int>(ranks, 0));
+    ASSERT_FALSE(HasFailure());
+    const uint64_t posts = device::resident_stats().posts;
+    for (Coll coll : {Coll::kAllReduce, Coll::kBroadcast, Coll::kReduce, Coll::kAllGather,
+                      Coll::kReduceScatter, Coll::kAllToAll, Coll::kGather, Coll::kScatter})
+      for (bool inplace : {false, true}) {
+        SCOPED_TRACE(std::string(name(coll)) + (inplace ? " in-place" : " out-of-place"));
+        run_case(*clique, {coll, kTypeOps[0], inplace, 1000, 0});
+        if (HasFailure()) return;
+      }
+    // Every program here fits 64 CTAs; one that did not would be launched (and still correct).
+    EXPECT_GE(device::resident_stats().posts - posts, 16u)
+        << "of 16 calls, only these were posted to the resident grid";
+
+    constexpr std::size_t kCount = 1000;
+    std::vector<float*> buffers(ranks);
+    for (int r = 0; r < ranks; ++r) {
+      buffers[r] = filled_buffer(0, kCount, 1.0f);
+      ASSERT_NE(buffers[r], nullptr);
+    }
+    const device::ResidentStats before = device::resident_stats();
+    constexpr int kRepeats = 20;
+    for (int i = 0; i < kRepeats; ++i) {
+      NCCL_OK(ncclGroupStart());
+      for (int r = 0; r < ranks; ++r)
+        NCCL_OK(ncclAllReduce(buffers[r], buffers[r], kCount, ncclFloat, ncclSum, clique->comms[r],
+                              clique->streams[r]));
+      NCCL_OK(ncclGroupEnd());
+    }
+    clique->sync();
+    const device::ResidentStats after = device::resident_stats();
+    EXPECT_EQ(after.posts - before.posts, static_cast<uint64_t>(kRepeats));
+    EXPECT_LE(after.new_contents - before.new_contents, 1u);
+    // In place, 20 times: each element is ranks^20.
+    const float want = static_cast<float>(std::pow(static_cast<double>(ranks), kRepeats));
+    for (int r = 0; r < ranks; ++r) {
+      std::vector<float> got(kCount);
+      CUDA_OK(cudaMemcpy(got.data(), buffers[r], kCount * sizeof(float), cudaMemcpyDeviceToHost));
+      for (std::size_t i : {std::size_t{0}, kCount / 2, kCount - 1})
+        ASSERT_EQ(got[i], want) << "rank " << r << " element " << i;
+      cudaFree(buffers[r]);
+    }
+
+    const auto start = std::chrono::steady_clock::now();
+    clique.reset();  // every communicator destroyed: the grid stops
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+    EXPECT_FALSE(device::resident_running(0));
+  }
+  device::set_resident_config({});  // later tests of this process launch again
 }
 
 }  // namespace

@@ -3,7 +3,7 @@
 //
 //   latency_bench [--gpus N | --devices 0,0,...] [--min-bytes 8] [--max-bytes 64K] [--factor 4]
 //                 [--iters 200] [--coll allreduce|sendrecv|allgather] [--repeats 3] [--group 1]
-//                 [--no-graph]
+//                 [--no-graph] [--bw 64M] [--bw-iters 20]
 //
 // --devices gives each rank's CUDA device (one communicator per entry): "0,0" puts two ranks on
 // GPU 0, which efccl allows and NCCL refuses.
@@ -19,6 +19,14 @@
 // coalesced collectives, nccl-tests -m N); times are still per call. The warm-up groups run
 // before anything is timed or captured. --no-graph skips the graph column (long eager runs,
 // e.g. under a profiler, without capturing --iters groups).
+// When ranks share a GPU (--devices 0,0), the graph column captures every rank's stream into
+// one graph (the others fork from the first rank's capture and join it again), since efccl
+// joins the streams of ranks on one GPU around each launch.
+// --bw BYTES: afterwards, --bw-iters eager calls of BYTES per rank (best of --repeats): the
+// time per call, algbw (bytes / time) and busbw (nccl-tests' factor: allreduce 2(n-1)/n,
+// allgather (n-1)/n, sendrecv 1), GB/s.
+// Resident interpreter vs launches (docs/performance.md): run it twice under LD_PRELOAD, with
+// EFCCL_RESIDENT=0 and =1; the first line says which.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -65,7 +73,8 @@ int main(int argc, char** argv) {
   int gpus = 0;
   std::vector<int> devs;
   uint64_t min_bytes = 8, max_bytes = 64 * 1024, factor = 4;
-  int iters = 200, repeats = 3, group = 1;
+  int iters = 200, repeats = 3, group = 1, bw_iters = 20;
+  uint64_t bw_bytes = 0;
   bool graph = true;
   std::string coll = "allreduce";
   for (int i = 1; i < argc; ++i) {
@@ -100,13 +109,18 @@ int main(int argc, char** argv) {
       group = static_cast<int>(parse_size(value()));
     else if (a == "--no-graph")
       graph = false;
+    else if (a == "--bw")
+      bw_bytes = parse_size(value());
+    else if (a == "--bw-iters")
+      bw_iters = static_cast<int>(parse_size(value()));
     else
       die("unknown argument " + std::string(a) + " (see the comment at the top of the source)");
   }
   if (coll != "allreduce" && coll != "sendrecv" && coll != "allgather")
     die("--coll must be allreduce, sendrecv or allgather");
-  if (factor < 2 || iters < 1 || repeats < 1 || min_bytes < 4 || group < 1 || group > 256)
-    die("bad --factor/--iters/--repeats/--min-bytes/--group");
+  if (factor < 2 || iters < 1 || repeats < 1 || min_bytes < 4 || group < 1 || group > 256 ||
+      bw_iters < 1 || (bw_bytes != 0 && bw_bytes < 4))
+    die("bad --factor/--iters/--repeats/--min-bytes/--group/--bw/--bw-iters");
   int available = 0;
   check(cudaGetDeviceCount(&available), "cudaGetDeviceCount");
   if (!devs.empty()) {
@@ -122,17 +136,23 @@ int main(int argc, char** argv) {
       die("--gpus " + std::to_string(gpus) + " but " + std::to_string(available) + " visible");
     for (int g = 0; g < gpus; ++g) devs.push_back(g);
   }
+  // Ranks sharing a GPU: one graph for every rank's stream (see the top).
+  std::vector<int> sorted_devs = devs;
+  std::sort(sorted_devs.begin(), sorted_devs.end());
+  const bool joined_graph =
+      std::adjacent_find(sorted_devs.begin(), sorted_devs.end()) != sorted_devs.end();
   std::vector<ncclComm_t> comms(gpus);
   check(ncclCommInitAll(comms.data(), gpus, devs.data()), "ncclCommInitAll");
   std::vector<cudaStream_t> streams(gpus);
   std::vector<float*> send(gpus), recv(gpus);
-  const uint64_t max_elems = max_bytes / sizeof(float);
+  const uint64_t buffer_bytes = std::max(max_bytes, bw_bytes);
+  const uint64_t max_elems = buffer_bytes / sizeof(float);
   for (int g = 0; g < gpus; ++g) {
     check(cudaSetDevice(devs[g]), "cudaSetDevice");
     check(cudaStreamCreateWithFlags(&streams[g], cudaStreamNonBlocking), "cudaStreamCreate");
-    check(cudaMalloc(&send[g], max_bytes * gpus * group), "cudaMalloc");
-    check(cudaMalloc(&recv[g], max_bytes * gpus * group), "cudaMalloc");
-    check(cudaMemset(send[g], 0, max_bytes * gpus * group), "cudaMemset");
+    check(cudaMalloc(&send[g], buffer_bytes * gpus * group), "cudaMalloc");
+    check(cudaMalloc(&recv[g], buffer_bytes * gpus * group), "cudaMalloc");
+    check(cudaMemset(send[g], 0, buffer_bytes * gpus * group), "cudaMemset");
   }
   auto one_call = [&](size_t count) {
     check(ncclGroupStart(), "ncclGroupStart");
@@ -160,10 +180,14 @@ int main(int argc, char** argv) {
       check(cudaStreamSynchronize(streams[g]), "cudaStreamSynchronize");
   };
 
+  const char* resident = std::getenv("EFCCL_RESIDENT");
   std::printf(
-      "# latency_bench %s, %d GPU(s), %d group(s) of %d call(s) per round, best of %d rounds "
-      "(us per call)\n",
-      coll.c_str(), gpus, iters, group, repeats);
+      "# latency_bench %s, %d rank(s) on devices", coll.c_str(), gpus);
+  for (int d : devs) std::printf(" %d", d);
+  std::printf(", %d group(s) of %d call(s) per round, best of %d rounds (us per call), "
+              "EFCCL_RESIDENT=%s%s\n",
+              iters, group, repeats, resident != nullptr ? resident : "(unset)",
+              joined_graph && graph ? ", one graph for all ranks" : "");
   std::printf("# %10s %10s %10s %10s\n", "bytes", "issue", "eager", "graph");
   for (uint64_t bytes = min_bytes; bytes <= max_bytes; bytes *= factor) {
     const size_t count = std::max<uint64_t>(1, std::min(max_elems, bytes / sizeof(float)));
@@ -187,27 +211,57 @@ int main(int argc, char** argv) {
       continue;
     }
     // Graphs: one per GPU, each stream captured on its own (as nccl-tests -G does).
-    std::vector<cudaGraph_t> graphs(gpus);
-    std::vector<cudaGraphExec_t> execs(gpus);
-    for (int g = 0; g < gpus; ++g) {
-      check(cudaSetDevice(devs[g]), "cudaSetDevice");
-      check(cudaStreamBeginCapture(streams[g], cudaStreamCaptureModeThreadLocal),
+    // Joined: one graph (the first rank's), the other streams forked from its capture.
+    const int ngraphs = joined_graph ? 1 : gpus;
+    std::vector<cudaGraph_t> graphs(ngraphs);
+    std::vector<cudaGraphExec_t> execs(ngraphs);
+    std::vector<cudaEvent_t> fork(gpus), join(gpus);
+    if (joined_graph) {
+      for (int g = 0; g < gpus; ++g) {
+        check(cudaSetDevice(devs[g]), "cudaSetDevice");
+        check(cudaEventCreateWithFlags(&fork[g], cudaEventDisableTiming), "cudaEventCreate");
+        check(cudaEventCreateWithFlags(&join[g], cudaEventDisableTiming), "cudaEventCreate");
+      }
+      check(cudaSetDevice(devs[0]), "cudaSetDevice");
+      check(cudaStreamBeginCapture(streams[0], cudaStreamCaptureModeThreadLocal),
             "cudaStreamBeginCapture");
+      check(cudaEventRecord(fork[0], streams[0]), "cudaEventRecord");
+      for (int g = 1; g < gpus; ++g) {
+        check(cudaSetDevice(devs[g]), "cudaSetDevice");
+        check(cudaStreamWaitEvent(streams[g], fork[0], 0), "cudaStreamWaitEvent");
+      }
+    } else {
+      for (int g = 0; g < gpus; ++g) {
+        check(cudaSetDevice(devs[g]), "cudaSetDevice");
+        check(cudaStreamBeginCapture(streams[g], cudaStreamCaptureModeThreadLocal),
+              "cudaStreamBeginCapture");
+      }
     }
     for (int it = 0; it < iters; ++it) one_call(count);
     // Every capture ends before any graph is instantiated (not allowed while this thread
     // still captures).
-    for (int g = 0; g < gpus; ++g) {
-      check(cudaSetDevice(devs[g]), "cudaSetDevice");
-      check(cudaStreamEndCapture(streams[g], &graphs[g]), "cudaStreamEndCapture");
+    if (joined_graph) {
+      for (int g = 1; g < gpus; ++g) {
+        check(cudaSetDevice(devs[g]), "cudaSetDevice");
+        check(cudaEventRecord(join[g], streams[g]), "cudaEventRecord");
+        check(cudaSetDevice(devs[0]), "cudaSetDevice");
+        check(cudaStreamWaitEvent(streams[0], join[g], 0), "cudaStreamWaitEvent");
+      }
+      check(cudaSetDevice(devs[0]), "cudaSetDevice");
+      check(cudaStreamEndCapture(streams[0], &graphs[0]), "cudaStreamEndCapture");
+    } else {
+      for (int g = 0; g < gpus; ++g) {
+        check(cudaSetDevice(devs[g]), "cudaSetDevice");
+        check(cudaStreamEndCapture(streams[g], &graphs[g]), "cudaStreamEndCapture");
+      }
     }
-    for (int g = 0; g < gpus; ++g) {
+    for (int g = 0; g < ngraphs; ++g) {
       check(cudaSetDevice(devs[g]), "cudaSetDevice");
       check(cudaGraphInstantiate(&execs[g], graphs[g], 0), "cudaGraphInstantiate");
     }
     for (int r = 0; r < repeats + 1; ++r) {
       const double t0 = now_us();
-      for (int g = 0; g < gpus; ++g) {
+      for (int g = 0; g < ngraphs; ++g) {
         check(cudaSetDevice(devs[g]), "cudaSetDevice");
         check(cudaGraphLaunch(execs[g], streams[g]), "cudaGraphLaunch");
       }
@@ -216,14 +270,42 @@ int main(int argc, char** argv) {
       if (r > 0)
         best_graph = std::min(best_graph, (t1 - t0) / iters / group);  // the first warms up
     }
-    for (int g = 0; g < gpus; ++g) {
+    for (int g = 0; g < ngraphs; ++g) {
       check(cudaGraphExecDestroy(execs[g]), "cudaGraphExecDestroy");
       check(cudaGraphDestroy(graphs[g]), "cudaGraphDestroy");
     }
+    if (joined_graph)
+      for (int g = 0; g < gpus; ++g) {
+        check(cudaEventDestroy(fork[g]), "cudaEventDestroy");
+        check(cudaEventDestroy(join[g]), "cudaEventDestroy");
+      }
     std::printf("  %10llu %10.2f %10.2f %10.2f\n",
                 static_cast<unsigned long long>(count * sizeof(float)), best_issue, best_eager,
                 best_graph);
     std::fflush(stdout);
+  }
+  if (bw_bytes != 0) {
+    const size_t count = bw_bytes / sizeof(float);
+    for (int w = 0; w < 5; ++w) one_call(count);
+    sync_all();
+    double best = 1e30;
+    for (int r = 0; r < repeats; ++r) {
+      const double t0 = now_us();
+      for (int it = 0; it < bw_iters; ++it) one_call(count);
+      sync_all();
+      best = std::min(best, (now_us() - t0) / bw_iters / group);
+    }
+    const double bytes = static_cast<double>(count * sizeof(float));
+    const double algbw = bytes / best / 1e3;  // bytes per us = MB/s; / 1e3 = GB/s
+    const double n = gpus;
+    const double factor =
+        coll == "allreduce" ? 2 * (n - 1) / n : coll == "allgather" ? (n - 1) / n : 1.0;
+    std::printf("# bandwidth: %llu bytes per rank, %d calls, best of %d rounds\n",
+                static_cast<unsigned long long>(count * sizeof(float)), bw_iters, repeats);
+    std::printf("# %10s %10s %10s %10s\n", "bytes", "us", "algbw", "busbw");
+    std::printf("  %10llu %10.1f %10.2f %10.2f\n",
+                static_cast<unsigned long long>(count * sizeof(float)), best, algbw,
+                algbw * factor);
   }
   for (int g = 0; g < gpus; ++g) check(ncclCommDestroy(comms[g]), "ncclCommDestroy");
   return 0;

@@ -14,6 +14,7 @@
 #include "device_executor_impl.h"
 #include "interpreter_kernel.h"
 #include "launch_events.h"
+#include "resident_grid.h"
 
 namespace efccl::device {
 namespace {
@@ -71,6 +72,9 @@ Status DeviceExecutor::Impl::launch_fused_parts(
   }
 
   if (max_ctas >= widest) capacity = std::min(capacity, static_cast<int>(max_ctas));
+  // Eagerly, the device's resident grid runs the calls when they fit its CTAs (resident.h).
+  const uint32_t resident = parts.front().second->eager ? resident_capacity(device) : 0;
+  if (resident >= widest) capacity = std::min(capacity, static_cast<int>(resident));
   // Placement: calls side by side while they fit, then again from CTA 0; every use of an
   // executor on the CTAs of its first (fused_kernel.cu).
   FusedParams params{};
@@ -108,9 +112,18 @@ Status DeviceExecutor::Impl::launch_fused_parts(
   DeviceScope scope(device);
   for (const auto& [call, part] : parts)
     if (Status s = call->executor->impl_->order_after_last_launch(*part); !s) return s;
-  EFCCL_CUDA_RETURN(launch_fused(params, dtype, reduction, static_cast<int>(grid), threads, stream),
-                    "launching the fused interpreter (" + std::to_string(parts.size()) +
-                        " calls) on device " + std::to_string(device));
+  bool posted = false;
+  if (resident >= widest && grid <= resident) {
+    auto post = post_resident(device, stream, params.calls, params.ncalls, params.ranks,
+                              rank_cursor, grid, dtype, reduction);
+    if (!post) return post.status();
+    posted = *post;
+  }
+  if (!posted)
+    EFCCL_CUDA_RETURN(
+        launch_fused(params, dtype, reduction, static_cast<int>(grid), threads, stream),
+        "launching the fused interpreter (" + std::to_string(parts.size()) + " calls) on device " +
+            std::to_string(device));
   count_interpreter_launch();
   for (const auto& [call, part] : parts) part->launched = true;
   ++report->launches;

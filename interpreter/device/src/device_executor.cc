@@ -20,6 +20,7 @@
 #include "efccl/ef/premul_analysis.h"
 #include "peer_access.h"
 #include "program_tables.h"
+#include "resident_grid.h"
 #include "wire_format_choice.h"
 
 namespace efccl::device {
@@ -185,6 +186,8 @@ Status DeviceExecutor::Impl::build() {
     EFCCL_CUDA_RETURN(
         cudaDeviceGetAttribute(&locals[i].sm_count, cudaDevAttrMultiProcessorCount, devices[i]),
         "cudaDeviceGetAttribute(MultiProcessorCount)");
+    // Launched grids must be co-resident beside the resident grid, which never yields its SMs.
+    locals[i].sm_count -= resident_reserved_sms(devices[i], locals[i].sm_count);
   }
   for (int r = 0; r < n; ++r) {
     if (!local_rank[r]) continue;

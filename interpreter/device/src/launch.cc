@@ -12,6 +12,7 @@
 #include "interpreter_kernel.h"
 #include "launch_events.h"
 #include "owned_memory_layout.h"
+#include "resident_grid.h"
 
 namespace efccl::device {
 namespace {
@@ -237,9 +238,24 @@ Status DeviceExecutor::Impl::launch_part(PreparedPart& part, int dtype, int redu
   std::copy(part.ranks.begin(), part.ranks.end(), params.ranks);
   DeviceScope scope(local.device);
   if (Status s = order_after_last_launch(part); !s) return s;
-  EFCCL_CUDA_RETURN(launch_interpreter(params, dtype, reduction, flagged,
-                                       static_cast<int>(local.nblocks), part.threads, part.stream),
-                    "launching the interpreter on device " + std::to_string(local.device));
+  // Eagerly, to the device's resident grid when there is one (resident.h); else a launch.
+  bool posted = false;
+  if (part.eager) {
+    FusedCall call{};
+    static_cast<CallParams&>(call) = part.call;
+    call.nthreadblocks = local.nblocks;
+    call.flagged = flagged ? 1 : 0;
+    auto post = post_resident(local.device, part.stream, &call, 1, part.ranks.data(),
+                              static_cast<uint32_t>(part.ranks.size()), local.nblocks, dtype,
+                              reduction);
+    if (!post) return post.status();
+    posted = *post;
+  }
+  if (!posted)
+    EFCCL_CUDA_RETURN(launch_interpreter(params, dtype, reduction, flagged,
+                                         static_cast<int>(local.nblocks), part.threads,
+                                         part.stream),
+                      "launching the interpreter on device " + std::to_string(local.device));
   count_interpreter_launch();
   part.launched = true;
   return after_launch(part, dtype);

@@ -23,6 +23,17 @@ uint64_t positive_integer(const char* name, uint64_t fallback, uint64_t max, con
   return fallback;
 }
 
+/// 0 or 1 from `name`, else `fallback` (unset silently, anything else with a warning).
+bool switch_setting(const char* name, bool fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  if (std::strcmp(v, "1") == 0) return true;
+  if (std::strcmp(v, "0") == 0) return false;
+  EFCCL_WARN(-1, std::string(name) + "=" + v + " is neither 0 nor 1; using " +
+                     (fallback ? "1" : "0"));
+  return fallback;
+}
+
 }  // namespace
 
 std::chrono::nanoseconds call_timeout() {
@@ -43,12 +54,13 @@ std::size_t executor_cache_capacity() {
       positive_integer("EFCCL_EXECUTOR_CACHE", kDefault, uint64_t{1} << 20, "executors"));
 }
 
-bool group_fusion_enabled() {
-  const char* v = std::getenv("EFCCL_GROUP_FUSION");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "1") == 0) return true;
-  if (std::strcmp(v, "0") == 0) return false;
-  EFCCL_WARN(-1, "EFCCL_GROUP_FUSION=" + std::string(v) + " is neither 0 nor 1; using 1");
-  return true;
+bool group_fusion_enabled() { return switch_setting("EFCCL_GROUP_FUSION", true); }
+
+bool resident_enabled() { return switch_setting("EFCCL_RESIDENT", false); }
+
+uint32_t resident_ctas() {
+  constexpr uint64_t kDefault = 16;
+  return static_cast<uint32_t>(positive_integer("EFCCL_RESIDENT_CTAS", kDefault, 128, "CTAs"));
 }
 
 }  // namespace efccl::runtime

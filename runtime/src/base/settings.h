@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 
 namespace efccl::runtime {
 
@@ -18,5 +19,12 @@ std::size_t executor_cache_capacity();
 /// EFCCL_GROUP_FUSION: 1 (default) enqueues a group's launches together, fused where the kernels
 /// allow; 0 launches every program run on its own.
 bool group_fusion_enabled();
+/// EFCCL_RESIDENT: 1 runs eager calls on one resident interpreter grid per GPU, posted with
+/// stream memory operations instead of a kernel launch each (docs/device-executor.md); 0
+/// (default) launches every call.
+bool resident_enabled();
+/// EFCCL_RESIDENT_CTAS (default 16, 1..128): CTAs of each GPU's resident grid; calls whose
+/// threadblocks on a GPU need more are launched.
+uint32_t resident_ctas();
 
 }  // namespace efccl::runtime

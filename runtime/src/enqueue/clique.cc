@@ -8,6 +8,7 @@
 #include "base/device_guard.h"
 #include "base/settings.h"
 #include "efccl/common/log.h"
+#include "efccl/device/resident.h"
 #include "efccl/net/bootstrap.h"
 #include "launch/collective_runner.h"
 #include "launch/launch_batch.h"
@@ -87,6 +88,19 @@ StatusOr<std::shared_ptr<Clique>> Clique::create(std::vector<int> rank_devices,
   c->streams_ = std::move(*streams);
   c->queue_ = std::make_unique<CallQueue>(std::move(local), c->launch_.timeout, &c->aborted_);
   c->batch_ = std::make_unique<LaunchBatch>(*c->executors_, *c->streams_, c->fusion_);
+  if (resident_enabled()) {
+    device::ResidentConfig config = device::resident_config();
+    config.enabled = true;
+    config.ctas = resident_ctas();
+    device::set_resident_config(config);
+    std::set<int> devices;
+    for (std::size_t r = 0; r < n; ++r)
+      if (c->is_local(static_cast<int32_t>(r))) devices.insert(c->launch_.rank_devices[r]);
+    for (int d : devices) {
+      device::retain_resident(d);
+      c->resident_devices_.push_back(d);
+    }
+  }
   return c;
 }
 
@@ -94,6 +108,9 @@ Clique::~Clique() {
   DeviceGuard guard;
   batch_.reset();
   executors_.reset();  // each waits for its launches (aborted ones end within a millisecond)
+  // The last communicator of a GPU stops its resident grid (within a second; docs/runtime.md).
+  for (int d : resident_devices_)
+    if (Status s = device::release_resident(d); !s) EFCCL_WARN(d, s.message());
 }
 
 void Clique::set_fallback(std::shared_ptr<CollectiveFallback> fallback) {

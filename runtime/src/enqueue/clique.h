@@ -129,6 +129,9 @@ class Clique {
   LaunchContext launch_;
   std::shared_ptr<CollectiveFallback> fallback_;
   std::shared_ptr<const topo::ClusterGraph> machine_graph_;
+  /// EFCCL_RESIDENT=1: this process's GPUs of the clique, whose resident grids it holds
+  /// (released after the executors, whose destruction waits for their last posted calls).
+  std::vector<int> resident_devices_;
 
   /// Guards async_error_ and peer_failure_, never held across a blocking call, so that abort()
   /// and async_error() return at once even while another thread launches.

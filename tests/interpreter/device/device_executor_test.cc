@@ -4,7 +4,10 @@
 // counts from 0 to many tiles: outputs must be bitwise identical.
 // Plus: unaligned user buffers, one-element tiles, repeated and back-to-back calls (also past
 // LL's flag wrap), CUDA-graph replays (also two streams of one capture), timeout and abort,
-// batches (fusion, a failed launch), sizes that overflow.
+// batches (fusion, a failed launch), sizes that overflow, the resident grid (posts instead of
+// launches, slots reused, fallbacks to launches, abort, leaving when idle).
+// The binary is registered twice (CMakeLists.txt): as is, and as `resident/...` with
+// EFCCL_RESIDENT=1, where every eager call of every test runs on the resident grid when it fits.
 #include "efccl/device/device_executor.h"
 
 #include <cuda_runtime_api.h>
@@ -12,6 +15,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -25,6 +29,7 @@
 #include <vector>
 
 #include "efccl/algorithms/algorithm_library.h"
+#include "efccl/device/resident.h"
 #include "efccl/ef/load.h"
 #include "efccl/ef/validate.h"
 #include "device_test_support.h"
@@ -38,6 +43,48 @@ namespace fs = std::filesystem;
 using ef::DataType;
 using ef::RedOp;
 using namespace test_support;  // NOLINT(google-build-using-namespace): the suite's helpers
+
+// ---- EFCCL_RESIDENT=1: every test on the resident grid ----
+
+/// Under EFCCL_RESIDENT=1 (the `resident/` registration) the whole binary runs with resident
+/// execution on every visible GPU (EFCCL_RESIDENT_CTAS CTAs, default 16); the grids must leave
+/// the GPUs at the end.
+class ResidentFromEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    const char* on = std::getenv("EFCCL_RESIDENT");
+    if (on == nullptr || std::string(on) != "1" || visible_gpus(nullptr) == 0) return;
+    device::ResidentConfig config;
+    config.enabled = true;
+    if (const char* ctas = std::getenv("EFCCL_RESIDENT_CTAS"); ctas != nullptr && *ctas != 0)
+      config.ctas = static_cast<uint32_t>(std::strtoul(ctas, nullptr, 10));
+    device::set_resident_config(config);
+    for (int d = 0; d < visible_gpus(nullptr); ++d) {
+      device::retain_resident(d);
+      devices_.push_back(d);
+    }
+  }
+  void TearDown() override {
+    if (devices_.empty()) return;
+    const device::ResidentStats stats = device::resident_stats();
+    std::printf("[ resident ] %llu posts, %llu new contents, %llu refused for want of a slot, "
+                "%llu grid launches\n",
+                static_cast<unsigned long long>(stats.posts),
+                static_cast<unsigned long long>(stats.new_contents),
+                static_cast<unsigned long long>(stats.no_slot),
+                static_cast<unsigned long long>(stats.grid_launches));
+    for (int d : devices_) {
+      const Status s = device::release_resident(d);
+      EXPECT_TRUE(s.is_ok()) << s.message();
+      EXPECT_FALSE(device::resident_running(d));
+    }
+  }
+
+ private:
+  std::vector<int> devices_;
+};
+[[maybe_unused]] ::testing::Environment* const kResidentEnvironment =
+    ::testing::AddGlobalTestEnvironment(new ResidentFromEnvironment);
 
 // ---- Programs ----
 
@@ -1275,6 +1322,323 @@ TEST(DeviceExecutor, BatchWithAFailedLaunchAbortsPartlyLaunchedCalls) {
   auto result = host::execute(*e.program, host_options(e.args, e.executor->slot_bytes()), e.bufs.host);
   ASSERT_TRUE(result.status.is_ok());
   EXPECT_EQ(compare(*e.program, e.dtype, e.bufs), "");
+}
+
+// ---- The resident grid (efccl/device/resident.h) ----
+
+/// Resident execution on GPU 0 with `ctas` CTAs for one test: the grid is made to leave first,
+/// so that it starts again with this CTA count; the previous configuration comes back after.
+class ResidentOn {
+ public:
+  explicit ResidentOn(uint32_t ctas, std::chrono::microseconds idle = std::chrono::milliseconds(2))
+      : previous_(device::resident_config()) {
+    cudaDeviceSynchronize();  // nothing of an earlier test still posted
+    const Status quiet = device::quiesce_resident(0);
+    EXPECT_TRUE(quiet.is_ok()) << quiet.message();
+    device::ResidentConfig config;
+    config.enabled = true;
+    config.ctas = ctas;
+    config.idle = idle;
+    device::set_resident_config(config);
+    device::retain_resident(0);
+  }
+  ~ResidentOn() {
+    const Status released = device::release_resident(0);
+    EXPECT_TRUE(released.is_ok()) << released.message();
+    device::set_resident_config(previous_);
+  }
+  ResidentOn(const ResidentOn&) = delete;
+  ResidentOn& operator=(const ResidentOn&) = delete;
+
+ private:
+  device::ResidentConfig previous_;
+};
+
+TEST(ResidentGrid, RunsEagerCallsWithoutLaunchingAndReusesRepeatedContents) {
+  // Four ranks on GPU 0, every protocol: each call is posted, not launched, and matches the
+  // host executor. A call repeated on the same buffers reuses its slot's content (a persistent
+  // operation: two stream memory operations and nothing else); new inputs in the same buffers
+  // change nothing the grid reads.
+  SKIP_WITHOUT_GPU();
+  ResidentOn resident(64);
+  for (ef::Protocol protocol : kProtocols) {
+    SCOPED_TRACE(protocol_name(protocol));
+    const ef::Program& p = program_as(example("ring_allreduce_4r_2ch.json"), protocol);
+    const std::vector<int> devices = map_ranks(p.nranks, false);
+    auto executor = small_slot_executor(p, devices);
+    ASSERT_TRUE(executor.is_ok()) << executor.status().message();
+    device::DeviceExecutor& ex = **executor;
+    Streams streams(ex.devices());
+    const uint64_t count = ef::count_granularity(p) * 300;
+    CallBuffers bufs;
+    make_buffers(p, devices, count, DataType::kFloat32, false, false, 41, bufs);
+    const auto args = run_args(p, bufs, count, DataType::kFloat32, RedOp::kSum, false, streams.get());
+    for (int call = 0; call < 6; ++call) {
+      if (call > 0) refill_inputs(p, DataType::kFloat32, 41 + call, bufs);
+      const device::ResidentStats before = device::resident_stats();
+      ASSERT_TRUE(ex.run_and_wait(args).is_ok());
+      const device::ResidentStats after = device::resident_stats();
+      EXPECT_EQ(after.posts - before.posts, 1u) << "call " << call << " was launched";
+      if (call > 0) {
+        EXPECT_EQ(after.new_contents, before.new_contents) << "call " << call;
+      }
+      auto result = host::execute(p, host_options(args, kSmallSlotBytes), bufs.host);
+      ASSERT_TRUE(result.status.is_ok()) << result.status.message();
+      const std::string failure = compare(p, DataType::kFloat32, bufs);
+      ASSERT_TRUE(failure.empty()) << "call " << call << ": " << failure;
+    }
+    EXPECT_TRUE(device::resident_running(0));
+    // Every datatype and operator goes through the grid's run-time kernel selection.
+    for (const MatrixEntry& m : kMatrix) {
+      const uint64_t posts = device::resident_stats().posts;
+      const std::string failure = run_and_compare(ex, p, devices, streams, count, m.dtype, m.op,
+                                                  false, false, 77, kSmallSlotBytes);
+      ASSERT_TRUE(failure.empty()) << describe(m.dtype, m.op, false, count) << ": " << failure;
+      EXPECT_GE(device::resident_stats().posts, posts + 1) << describe(m.dtype, m.op, false, count);
+    }
+  }
+}
+
+TEST(ResidentGrid, BackToBackPostsWithManyContents) {
+  // 300 in-place calls queued without waiting, each with its own count (a new content each,
+  // more than the 128 slots: once every slot is in flight a call is launched instead), then one
+  // wait: the chain of results is the host executor's.
+  SKIP_WITHOUT_GPU();
+  ResidentOn resident(64);
+  const DataType dtype = DataType::kInt32;
+  for (ef::Protocol protocol : kProtocols) {
+    SCOPED_TRACE(protocol_name(protocol));
+    const ef::Program& p = program_as(example("allpairs_allreduce_3r.json"), protocol);
+    const std::vector<int> devices = map_ranks(p.nranks, false);
+    auto executor = small_slot_executor(p, devices);
+    ASSERT_TRUE(executor.is_ok()) << executor.status().message();
+    device::DeviceExecutor& ex = **executor;
+    Streams streams(ex.devices());
+    const uint64_t g = ef::count_granularity(p);
+    const uint64_t largest = g * 301;
+    CallBuffers bufs;
+    make_buffers(p, devices, largest, dtype, /*inplace=*/true, false, 5, bufs);
+    const auto count_of = [&](int call) { return g * (1 + static_cast<uint64_t>(call)); };
+    const device::ResidentStats before = device::resident_stats();
+    constexpr int kCalls = 300;
+    for (int call = 0; call < kCalls; ++call) {
+      const Status s = ex.run(run_args(p, bufs, count_of(call), dtype, RedOp::kSum, true,
+                                       streams.get()));
+      ASSERT_TRUE(s.is_ok()) << s.message();
+    }
+    const Status waited =
+        ex.wait(run_args(p, bufs, largest, dtype, RedOp::kSum, true, streams.get()));
+    ASSERT_TRUE(waited.is_ok()) << waited.message();
+    const device::ResidentStats after = device::resident_stats();
+    EXPECT_GT(after.posts - before.posts, 0u);
+    EXPECT_EQ(after.posts - before.posts + (after.no_slot - before.no_slot),
+              static_cast<uint64_t>(kCalls));
+    std::printf("[ resident ] %s: %llu posted, %llu launched for want of a slot\n",
+                protocol_name(protocol).c_str(),
+                static_cast<unsigned long long>(after.posts - before.posts),
+                static_cast<unsigned long long>(after.no_slot - before.no_slot));
+    for (int call = 0; call < kCalls; ++call) {
+      const uint64_t count = count_of(call);
+      const auto args = run_args(p, bufs, count, dtype, RedOp::kSum, true, streams.get());
+      const std::size_t bytes = count * ef::size_of(dtype);
+      std::vector<host::RankBuffers> front(p.nranks);
+      for (int r = 0; r < p.nranks; ++r)
+        front[r].output.assign(bufs.host[r].output.begin(), bufs.host[r].output.begin() + bytes);
+      auto result = host::execute(p, host_options(args, kSmallSlotBytes), front);
+      ASSERT_TRUE(result.status.is_ok()) << result.status.message();
+      for (int r = 0; r < p.nranks; ++r)
+        std::copy(front[r].output.begin(), front[r].output.end(), bufs.host[r].output.begin());
+    }
+    const std::string failure = compare(p, dtype, bufs);
+    ASSERT_TRUE(failure.empty()) << failure;
+  }
+}
+
+TEST(ResidentGrid, ProgramsNeedingMoreCtasThanTheGridAreLaunched) {
+  // With one resident CTA no program of several ranks on a GPU fits: every call is launched
+  // (and correct); with enough CTAs the same calls are posted.
+  SKIP_WITHOUT_GPU();
+  const ef::Program& p = program_as(example("ring_allreduce_4r_2ch.json"), ef::Protocol::kLL);
+  const std::vector<int> devices = map_ranks(p.nranks, false);
+  for (uint32_t ctas : {1u, 64u}) {
+    SCOPED_TRACE("resident CTAs " + std::to_string(ctas));
+    ResidentOn resident(ctas);
+    auto executor = small_slot_executor(p, devices);
+    ASSERT_TRUE(executor.is_ok()) << executor.status().message();
+    Streams streams((*executor)->devices());
+    const uint64_t posts = device::resident_stats().posts;
+    const uint64_t launches = device::interpreter_launch_count();
+    const std::string failure =
+        run_and_compare(**executor, p, devices, streams, ef::count_granularity(p) * 100,
+                        DataType::kFloat32, RedOp::kSum, false, false, 3, kSmallSlotBytes);
+    ASSERT_TRUE(failure.empty()) << failure;
+    EXPECT_EQ(device::interpreter_launch_count() - launches, 1u);  // posts count as launches
+    EXPECT_EQ(device::resident_stats().posts - posts, ctas == 1 ? 0u : 1u);
+  }
+}
+
+TEST(ResidentGrid, BatchIsOnePost) {
+  // A batch of three calls of two executors on GPU 0: one fused descriptor, one post.
+  SKIP_WITHOUT_GPU();
+  ResidentOn resident(64);
+  const ef::Program& ring = program_as(example("ring_allreduce_4r_2ch.json"), ef::Protocol::kSimple);
+  const ef::Program& ring128 = program_as(example("ring_allreduce_4r_2ch.json"), ef::Protocol::kLL128);
+  std::vector<std::unique_ptr<device::DeviceExecutor>> executors;
+  for (const ef::Program* p : {&ring, &ring128}) {
+    auto e = small_slot_executor(*p, map_ranks(p->nranks, false));
+    ASSERT_TRUE(e.is_ok()) << e.status().message();
+    executors.push_back(std::move(e.value()));
+  }
+  Streams streams(executors[0]->devices());
+  std::vector<BatchEntry> entries(3);
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    entries[i].program = i == 1 ? &ring128 : &ring;
+    entries[i].executor = executors[i == 1 ? 1 : 0].get();
+    entries[i].devices = map_ranks(4, false);
+    entries[i].count = ef::count_granularity(ring) * (50 + 70 * i);
+    entries[i].inplace = i == 2;
+  }
+  for (int round = 0; round < 3; ++round) {
+    const uint64_t posts = device::resident_stats().posts;
+    device::BatchReport report;
+    const Status s = run_batch_of(entries, streams, 300 * round, &report);
+    ASSERT_TRUE(s.is_ok()) << s.message();
+    for (BatchEntry& e : entries) ASSERT_TRUE(e.executor->wait(e.args).is_ok());
+    EXPECT_EQ(report.launches, 1u);
+    EXPECT_EQ(device::resident_stats().posts - posts, 1u) << "round " << round;
+    const std::string failure = compare_batch(entries);
+    ASSERT_TRUE(failure.empty()) << "round " << round << ": " << failure;
+  }
+}
+
+TEST(ResidentGrid, CapturedCallsAreLaunchedAndReplayCorrectly) {
+  // A call captured into a CUDA graph is a kernel node (a resident post would need the grid
+  // alive for as long as the graph exists; docs/device-executor.md); eager calls around it are
+  // posted, and both orders of replays and posts give the host executor's results.
+  SKIP_WITHOUT_GPU();
+  ResidentOn resident(64);
+  const ef::Program& p = program_as(example("ring_allreduce_4r_2ch.json"), ef::Protocol::kLL);
+  const std::vector<int> devices = map_ranks(p.nranks, false);
+  auto executor = small_slot_executor(p, devices);
+  ASSERT_TRUE(executor.is_ok()) << executor.status().message();
+  device::DeviceExecutor& ex = **executor;
+  Streams streams(ex.devices());
+  const uint64_t count = ef::count_granularity(p) * 200;
+  CallBuffers bufs;
+  make_buffers(p, devices, count, DataType::kFloat32, false, false, 8, bufs);
+  const auto args = run_args(p, bufs, count, DataType::kFloat32, RedOp::kSum, false, streams.get());
+  ASSERT_TRUE(ex.run_and_wait(args).is_ok());  // eager: posted
+  const uint64_t posts = device::resident_stats().posts;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_CUDA(cudaStreamBeginCapture(streams.get()[0], cudaStreamCaptureModeGlobal));
+  const Status captured = ex.run(args);
+  ASSERT_CUDA(cudaStreamEndCapture(streams.get()[0], &graph));
+  ASSERT_TRUE(captured.is_ok()) << captured.message();
+  EXPECT_EQ(device::resident_stats().posts, posts);
+  ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int round = 0; round < 4; ++round) {
+    refill_inputs(p, DataType::kFloat32, 80 + round, bufs);
+    if (round % 2 == 0) {
+      ASSERT_CUDA(cudaGraphLaunch(exec, streams.get()[0]));
+      ASSERT_TRUE(ex.wait(args).is_ok());
+    } else {
+      ASSERT_TRUE(ex.run_and_wait(args).is_ok());
+    }
+    auto result = host::execute(p, host_options(args, kSmallSlotBytes), bufs.host);
+    ASSERT_TRUE(result.status.is_ok()) << result.status.message();
+    const std::string failure = compare(p, DataType::kFloat32, bufs);
+    ASSERT_TRUE(failure.empty()) << "round " << round << ": " << failure;
+  }
+  EXPECT_EQ(device::resident_stats().posts, posts + 2);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+TEST(ResidentGrid, AbortStopsABlockedRunAndTheGridLeavesWithinASecond) {
+  SKIP_WITHOUT_GPU();
+  if (visible_gpus(nullptr) > 1) GTEST_SKIP() << "the blocked program spreads over GPUs; uses GPU 0 only";
+  for (ef::Protocol protocol : kProtocols) {
+    SCOPED_TRACE(protocol_name(protocol));
+    ResidentOn resident(16);
+    BlockedCall call;
+    start_blocked_call(std::chrono::seconds(60), protocol, call);
+    ASSERT_TRUE(call.executor);
+    const uint64_t posts = device::resident_stats().posts;
+    ASSERT_TRUE(call.executor->run(call.args).is_ok());
+    EXPECT_EQ(device::resident_stats().posts, posts + 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_EQ(cudaStreamQuery(call.streams->get()[0]), cudaErrorNotReady)
+        << "the blocked run did not block its stream";
+    const auto start = std::chrono::steady_clock::now();
+    std::thread aborter([&] { call.executor->abort(); });
+    const Status s = call.executor->wait(call.args);
+    aborter.join();
+    const auto aborted = std::chrono::steady_clock::now() - start;
+    ASSERT_FALSE(s.is_ok());
+    EXPECT_NE(s.message().find("aborted"), std::string::npos) << s.message();
+    EXPECT_LT(aborted, std::chrono::seconds(1)) << s.message();
+    // The grid is still up (other executors may use it); stopping it (what the last release
+    // does, also in ResidentOn's destructor) takes under a second.
+    EXPECT_TRUE(device::resident_running(0));
+    call.executor.reset();  // waits for its posted run, as a communicator's destruction does
+    const auto stopping = std::chrono::steady_clock::now();
+    const Status stopped = device::quiesce_resident(0);
+    EXPECT_TRUE(stopped.is_ok()) << stopped.message();
+    EXPECT_LT(std::chrono::steady_clock::now() - stopping, std::chrono::seconds(1));
+    EXPECT_FALSE(device::resident_running(0));
+  }
+}
+
+TEST(ResidentGrid, TimeoutOfAPostedRunNamesTheThreadblock) {
+  SKIP_WITHOUT_GPU();
+  if (visible_gpus(nullptr) > 1) GTEST_SKIP() << "the blocked program spreads over GPUs; uses GPU 0 only";
+  ResidentOn resident(16);
+  BlockedCall call;
+  start_blocked_call(std::chrono::milliseconds(200), ef::Protocol::kLL128, call);
+  ASSERT_TRUE(call.executor);
+  const uint64_t posts = device::resident_stats().posts;
+  const Status s = call.executor->run_and_wait(call.args);
+  EXPECT_EQ(device::resident_stats().posts, posts + 1);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("timed out"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("threadblock 0 op 0 (recv) iteration 0"), std::string::npos)
+      << s.message();
+  // The grid took the failure in its stride: a healthy program runs on it next.
+  const ef::Program& p = program_as(example("ring_allreduce_4r_2ch.json"), ef::Protocol::kSimple);
+  const std::vector<int> devices = map_ranks(p.nranks, false);
+  auto executor = small_slot_executor(p, devices);
+  ASSERT_TRUE(executor.is_ok()) << executor.status().message();
+  Streams streams((*executor)->devices());
+  const std::string failure =
+      run_and_compare(**executor, p, devices, streams, ef::count_granularity(p) * 64,
+                      DataType::kFloat32, RedOp::kSum, false, false, 12, kSmallSlotBytes);
+  EXPECT_TRUE(failure.empty()) << failure;
+  EXPECT_EQ(device::resident_stats().posts, posts + 2);
+}
+
+TEST(ResidentGrid, AnIdleGridLeavesSoThatDeviceSynchronizeReturns) {
+  // cudaDeviceSynchronize (and cudaFree) wait for every kernel, the grid too: it leaves once
+  // nothing is posted for `idle`, and comes back with the next post.
+  SKIP_WITHOUT_GPU();
+  ResidentOn resident(64, std::chrono::milliseconds(2));
+  const ef::Program& p = program_as(example("ring_allreduce_4r_2ch.json"), ef::Protocol::kLL);
+  const std::vector<int> devices = map_ranks(p.nranks, false);
+  auto executor = small_slot_executor(p, devices);
+  ASSERT_TRUE(executor.is_ok()) << executor.status().message();
+  Streams streams((*executor)->devices());
+  for (int round = 0; round < 3; ++round) {
+    const uint64_t launches = device::resident_stats().grid_launches;
+    const std::string failure =
+        run_and_compare(**executor, p, devices, streams, ef::count_granularity(p) * 32,
+                        DataType::kFloat32, RedOp::kSum, false, false, 20 + round, kSmallSlotBytes);
+    ASSERT_TRUE(failure.empty()) << failure;
+    EXPECT_EQ(device::resident_stats().grid_launches, launches + 1) << "round " << round;
+    const auto start = std::chrono::steady_clock::now();
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(500));
+    EXPECT_FALSE(device::resident_running(0));
+  }
 }
 
 // ---- Sizes derived from the program ----

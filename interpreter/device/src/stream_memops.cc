@@ -1,0 +1,64 @@
+// cuStreamBatchMemOp through the runtime's driver entry points.
+#include "stream_memops.h"
+
+#include <cuda.h>
+
+#include <mutex>
+#include <string>
+
+#include "cuda_status.h"
+
+namespace efccl::device {
+namespace {
+
+using BatchMemOp = CUresult (*)(CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int);
+
+/// The driver's cuStreamBatchMemOp (its CUDA 12.0 signature, the one cuda.h declares), looked
+/// up once.
+StatusOr<BatchMemOp> batch_mem_op() {
+  static std::once_flag once;
+  static BatchMemOp fn = nullptr;
+  static std::string failure;
+  std::call_once(once, [] {
+    void* entry = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuStreamBatchMemOp", &entry, 12000,
+                                                           cudaEnableDefault, &found);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      failure = cuda_error("cudaGetDriverEntryPointByVersion(cuStreamBatchMemOp)", e).message();
+    } else if (found != cudaDriverEntryPointSuccess || entry == nullptr) {
+      failure =
+          "the CUDA driver has no cuStreamBatchMemOp (version 12.0) entry point (query "
+          "result " +
+          std::to_string(static_cast<int>(found)) + ")";
+    } else {
+      fn = reinterpret_cast<BatchMemOp>(entry);
+    }
+  });
+  if (fn == nullptr) return Status::error(failure);
+  return fn;
+}
+
+}  // namespace
+
+Status write_then_wait(cudaStream_t stream, uint32_t* word, uint32_t value, uint32_t until) {
+  auto fn = batch_mem_op();
+  if (!fn) return fn.status();
+  CUstreamBatchMemOpParams ops[2] = {};
+  ops[0].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+  ops[0].writeValue.address = reinterpret_cast<CUdeviceptr>(word);
+  ops[0].writeValue.value = value;
+  ops[0].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;  // fenced after the earlier work
+  ops[1].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+  ops[1].waitValue.address = reinterpret_cast<CUdeviceptr>(word);
+  ops[1].waitValue.value = until;
+  ops[1].waitValue.flags = CU_STREAM_WAIT_VALUE_EQ;
+  const CUresult r = (*fn)(reinterpret_cast<CUstream>(stream), 2, ops, 0);
+  if (r != CUDA_SUCCESS)
+    return Status::error("cuStreamBatchMemOp (doorbell write and wait) failed with CUresult " +
+                         std::to_string(static_cast<int>(r)));
+  return Status::ok();
+}
+
+}  // namespace efccl::device

@@ -1,0 +1,18 @@
+// Stream memory operations (the CUDA driver's cuStreamBatchMemOp), reached through the runtime's
+// cudaGetDriverEntryPointByVersion so that nothing links libcuda directly.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "efccl/common/status.h"
+
+namespace efccl::device {
+
+/// Enqueues two memory operations on `stream`, as one batch: `*word = value` (after the
+/// stream's earlier work, with a memory fence before it), then a wait until `*word == until`
+/// (the stream's later work starts after it). `word` is device memory of the stream's device.
+Status write_then_wait(cudaStream_t stream, uint32_t* word, uint32_t value, uint32_t until);
+
+}  // namespace efccl::device
