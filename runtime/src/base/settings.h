@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <string>
 
 namespace efccl::runtime {
 
@@ -18,5 +19,19 @@ std::size_t executor_cache_capacity();
 /// EFCCL_GROUP_FUSION: 1 (default) enqueues a group's launches together, fused where the kernels
 /// allow; 0 launches every program run on its own.
 bool group_fusion_enabled();
+
+/// EFCCL_BALANCE: 1 (default) lets the balancer split large send/receive transfers, all-to-all
+/// and lone pairs over several paths (docs/balancer.md, "In the runtime"); 0 turns it off.
+bool balance_enabled();
+/// EFCCL_BALANCE_TOPOLOGY: "" (the communicator's machine graph), "preset:NAME[:HOSTS]" or a
+/// topology file (NCCL XML, or efccl's topology JSON); rank r then plans as the topology's GPU
+/// r mod its GPU count (testing balanced programs on fewer GPUs than the topology has).
+std::string balance_topology();
+/// EFCCL_BALANCE_STATS: a file the balancer's statistics are appended to, as one JSON object
+/// per communicator when it ends ("%h": host name, "%p": process id); "" none.
+std::string balance_stats_file();
+/// EFCCL_BALANCE_FORCE (tests only): "" plans as the planner says; "spread" splits every pair
+/// at or above EFCCL_BALANCE_MIN_BYTES evenly over all its usable candidates.
+std::string balance_force();
 
 }  // namespace efccl::runtime
