@@ -14,6 +14,8 @@ namespace {
 /// them; the model is approximate at this grain anyway).
 constexpr uint64_t kPredictionChunks = 1u << 15;
 constexpr uint64_t kMinUnitBytes = 4096;
+/// Channels of a transfer on its default path (a send/receive round's, for large ones).
+constexpr int32_t kDirectChannels = 16;
 
 int64_t units(uint64_t bytes, uint64_t unit) {
   if (bytes == 0) return 0;
@@ -26,7 +28,11 @@ StatusOr<double> predict(const BalanceMachine& machine,
   for (const PredictedTransfer& t : transfers)
     if (t.sender != t.receiver) total += t.bytes;
   if (total == 0) return 0.0;
-  const uint64_t unit = std::max(kMinUnitBytes, total / kPredictionChunks);
+  // One chunk size for the whole program: the largest balanced transfer's (the hot pairs set
+  // the time; the model charges a handoff per tile, so the chunks should be the real ones).
+  uint64_t unit = std::max(kMinUnitBytes, total / kPredictionChunks);
+  for (const PredictedTransfer& t : transfers)
+    if (t.balanced != nullptr) unit = std::max(unit, t.balanced->chunk_bytes);
   const int32_t n = machine.nranks();
   std::vector<int64_t> in(static_cast<std::size_t>(n), 0), out(static_cast<std::size_t>(n), 0);
   std::vector<topo::NodeIndex> slot_gpus;
@@ -63,7 +69,7 @@ StatusOr<double> predict(const BalanceMachine& machine,
       }
     } else {
       p.chunks = units(t.bytes, unit);
-      p.shares.push_back({balance::Route::direct(), p.chunks, 16});
+      p.shares.push_back({balance::Route::direct(), p.chunks, kDirectChannels});
     }
     in[static_cast<std::size_t>(t.sender)] += p.chunks;
     out[static_cast<std::size_t>(t.receiver)] += p.chunks;
