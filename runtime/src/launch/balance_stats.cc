@@ -59,6 +59,19 @@ std::string expand(const std::string& path) {
   return out;
 }
 
+/// Relaxed capture mode for the calling thread while it lives: querying and creating events
+/// must not invalidate a capture in global mode on another thread (PyTorch's default).
+class RelaxedCapture {
+ public:
+  RelaxedCapture() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ~RelaxedCapture() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
 }  // namespace
 
 BalanceStats::~BalanceStats() {
@@ -107,6 +120,7 @@ void BalanceStats::begin_run(int32_t id, const std::vector<std::pair<int, cudaSt
     ++p.captured_runs;
     return;
   }
+  RelaxedCapture relaxed;
   poll(false);
   if (pending_.size() >= kMaxPending || streams.empty()) return;
   Measurement m;
@@ -129,6 +143,8 @@ void BalanceStats::begin_run(int32_t id, const std::vector<std::pair<int, cudaSt
 }
 
 void BalanceStats::after_flush() {
+  if (open_ == 0) return;
+  RelaxedCapture relaxed;
   // The open measurements' ends: on the same streams, which now wait for their launches.
   for (std::size_t i = pending_.size() - open_; i < pending_.size(); ++i) {
     Measurement& m = pending_[i];
@@ -188,8 +204,11 @@ void BalanceStats::finish_poll(std::size_t done) {
 
 std::string BalanceStats::to_json(const topo::Topology& topology, const std::string& source,
                                   const std::vector<int32_t>& local_ranks, int32_t nranks,
-                                  int wait_ms) {
-  if (wait_ms > 0) poll(true);
+                                  bool wait) {
+  if (wait) {
+    RelaxedCapture relaxed;
+    poll(true);
+  }
   std::vector<double> link_total(topology.links().size(), 0.0);
   std::string plans;
   for (std::size_t id = 0; id < plans_.size(); ++id) {

@@ -61,10 +61,10 @@ class BalanceStats {
                  bool capturing);
   /// After the submission's launches were enqueued: the end events of its runs.
   void after_flush();
-  /// Waits (at most `wait_ms`) for outstanding measurements, then the JSON object
+  /// Waits (with `wait`, at most 2 s) for outstanding measurements, then the JSON object
   /// (docs/balancer.md, "Statistics"). `topology` names the links.
   std::string to_json(const topo::Topology& topology, const std::string& source,
-                      const std::vector<int32_t>& local_ranks, int32_t nranks, int wait_ms);
+                      const std::vector<int32_t>& local_ranks, int32_t nranks, bool wait);
   /// Appends to_json's object and a newline to `path` ("%h" host name, "%p" process id).
   Status append_to(const std::string& path, const std::string& json);
 

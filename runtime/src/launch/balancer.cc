@@ -405,7 +405,7 @@ void Balancer::write_stats(const std::vector<int32_t>& local_ranks) {
   const topo::Topology& t = machine_ ? machine_->table->topology() : kNone;
   const std::string json = stats_.to_json(t, machine_ ? machine_->source : "",
                                           local_ranks, static_cast<int32_t>(rank_devices_.size()),
-                                          2000);
+                                          true);
   if (Status s = stats_.append_to(stats_file_, json); !s) EFCCL_WARN(-1, s.message());
 }
 

@@ -154,7 +154,7 @@ std::vector<std::pair<int, cudaStream_t>> device_streams(
 
 /// A balancing failure is not the call's: the transfers run on their default paths.
 void balance_failed(const LaunchContext& ctx, const Status& s) {
-  EFCCL_INFO(kLogBalance, ctx.device(0), "balancing skipped: " + s.message());
+  EFCCL_INFO(kLogBalance, -1, "balancing skipped: " + s.message());
 }
 
 }  // namespace
