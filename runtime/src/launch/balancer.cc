@@ -373,7 +373,7 @@ int32_t Balancer::record(const std::string& kind, const std::string& scope,
   const int32_t id = stats_.add_plan(std::move(r));
   if (!logged) return id;
   const BalancePlanRecord& rec = stats_.plan(id);
-  std::string head = "new plan #" + std::to_string(id) + " (" + kind + ", " + scope + "): " +
+  std::string head = "balance plan #" + std::to_string(id) + " (" + kind + ", " + scope + ", new): " +
                      std::to_string(balanced) + " of " + std::to_string(transfers.size()) +
                      " transfer(s) on several paths; max link load " + us(rec.max_load_us) +
                      " (default paths " + us(rec.direct_max_load_us) + ")";
@@ -383,7 +383,7 @@ int32_t Balancer::record(const std::string& kind, const std::string& scope,
   log_line(LogLevel::kInfo, kLogBalance, -1, head);
   for (std::size_t i = 0; i < rec.pairs.size() && i < kMaxLoggedTransfers; ++i) {
     const BalancePlanRecord::Pair& p = rec.pairs[i];
-    std::string line = "plan #" + std::to_string(id) + ": rank " + std::to_string(p.src) +
+    std::string line = "balance plan #" + std::to_string(id) + ": rank " + std::to_string(p.src) +
                        " -> rank " + std::to_string(p.dst) + " " +
                        human(static_cast<double>(p.bytes)) + " over " +
                        std::to_string(p.paths.size()) + " paths:";
@@ -394,7 +394,7 @@ int32_t Balancer::record(const std::string& kind, const std::string& scope,
   }
   if (rec.pairs.size() > kMaxLoggedTransfers)
     log_line(LogLevel::kInfo, kLogBalance, -1,
-             "plan #" + std::to_string(id) + ": ... and " +
+             "balance plan #" + std::to_string(id) + ": ... and " +
                  std::to_string(rec.pairs.size() - kMaxLoggedTransfers) + " more");
   return id;
 }
