@@ -269,5 +269,59 @@ TEST(Balancer, TwoHostPresetsUseOnlyRoutesTheRuntimeRuns) {
   }
 }
 
+TEST(Balancer, TheGpuTestsDemandsSplitAsThoseTestsExpect) {
+  // runtime_balance_test's skewed all-to-all-v (int32 counts; EFCCL_BALANCE_MIN_BYTES 65536)
+  // must run multi-path plans with the host path and the relay kind each case names.
+  Env min("EFCCL_BALANCE_MIN_BYTES", "65536");
+  const auto count = [](int s, int d, int n) -> uint64_t {
+    if (s == d) return 1000 + 17 * static_cast<uint64_t>(s);
+    if (s == 0 && d == 1 % n) return 3 * MiB / 4 + 13;
+    return 40000 + 9973 * static_cast<uint64_t>((s * 3 + d) % 5) + static_cast<uint64_t>(d);
+  };
+  struct Case {
+    const char* preset;
+    int n;
+    const char* relay;
+  };
+  for (const Case& k : {Case{"nimble-h100", 2, "no kernel there"},
+                        Case{"nimble-h100", 4, "forwarded by rank"},
+                        Case{"h200-nv18-x2", 4, ""}}) {
+    SCOPED_TRACE(std::string(k.preset) + " x" + std::to_string(k.n));
+    auto b = balancer_on(k.preset, k.n);
+    std::vector<Balancer::TransferKey> group;
+    for (int32_t r = 0; r < k.n; ++r)
+      for (int32_t q = 0; q < k.n; ++q) group.push_back({r, q, 4 * count(r, q, k.n)});
+    auto prepared = b->prepare_group(group, "p2p");
+    ASSERT_TRUE(prepared) << prepared.status().message();
+    bool host = false, relay = *k.relay == 0;
+    for (const auto& t : (*prepared)->transfers) {
+      if (!t) continue;
+      host = host || has_text(*t, "host memory");
+      relay = relay || has_text(*t, k.relay);
+      expect_verifies(*t);
+    }
+    EXPECT_TRUE(host);
+    EXPECT_TRUE(relay) << k.relay;
+  }
+  // The batch_isend_irecv-like ring of four ranks on nimble-h100: both directions, about
+  // 1.2 MB a message.
+  auto b = balancer_on("nimble-h100", 4);
+  std::vector<Balancer::TransferKey> ring;
+  for (int32_t r = 0; r < 4; ++r)
+    for (int32_t q : {(r + 1) % 4, (r + 3) % 4})
+      ring.push_back({r, q, 4 * (300000 + 4099 * static_cast<uint64_t>(r) + static_cast<uint64_t>(q))});
+  auto prepared = b->prepare_group(ring, "p2p");
+  ASSERT_TRUE(prepared);
+  std::size_t split = 0;
+  bool host = false;
+  for (const auto& t : (*prepared)->transfers)
+    if (t) {
+      ++split;
+      host = host || has_text(*t, "host memory");
+    }
+  EXPECT_GT(split, 0u);
+  EXPECT_TRUE(host);
+}
+
 }  // namespace
 }  // namespace efccl::runtime
