@@ -55,9 +55,9 @@ constexpr Range kSlotDeviceRange{0, std::numeric_limits<int32_t>::max()};
 
 // Accepted fields of each object, in the order save_json writes them.
 constexpr std::array<std::string_view, 17> kProgramFields = {
-    "format",     "version",        "name",      "collective",   "protocol",    "nranks",
-    "nchunksperloop", "nchannels",  "root",      "inplace",      "outofplace",  "min_bytes",
-    "max_bytes",  "slot_devices",   "connections", "ranks",      "postconditions"};
+    "format",         "version",      "name",        "collective", "protocol",      "nranks",
+    "nchunksperloop", "nchannels",    "root",        "inplace",    "outofplace",    "min_bytes",
+    "max_bytes",      "slot_devices", "connections", "ranks",      "postconditions"};
 constexpr std::array<std::string_view, 4> kRankFields = {"input_chunks", "output_chunks",
                                                          "scratch_chunks", "threadblocks"};
 constexpr std::array<std::string_view, 4> kThreadblockFields = {"send", "recv", "channel", "ops"};
@@ -498,8 +498,7 @@ class StructureReader {
     if (const auto max_bytes = doc.find("max_bytes");
         max_bytes != doc.end() && !max_bytes->is_null())
       program.max_bytes = unsigned_field(doc, "", "max_bytes");
-    program.slot_devices =
-        int32_field(doc, "", "slot_devices", kSlotDeviceRange, optional_with(0));
+    program.slot_devices = int32_field(doc, "", "slot_devices", kSlotDeviceRange, optional_with(0));
     if (const Json* connections = array_field(doc, "", "connections", /*required=*/false)) {
       for (std::size_t i = 0; i < connections->size() && !full(); ++i)
         program.placements.push_back(
@@ -535,8 +534,9 @@ class StructureReader {
     if (c.location == SlotLocation::kDevice) {
       c.device = int32_field(v, at, "device", kSlotDeviceRange, kRequired);
     } else if (has_device) {
-      report(at + "/device", "\"device\" is allowed only with \"slots\": \"device\" (found \"slots\": " +
-                                 in_quotes(to_string(c.location)) + ")");
+      report(at + "/device",
+             "\"device\" is allowed only with \"slots\": \"device\" (found \"slots\": " +
+                 in_quotes(to_string(c.location)) + ")");
     }
     return c;
   }

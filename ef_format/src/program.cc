@@ -50,9 +50,7 @@ std::string_view to_string(Collective c) { return kCollectiveNames.at(static_cas
 std::string_view to_string(Protocol p) { return kProtocolNames.at(static_cast<int>(p)); }
 std::string_view to_string(BufferKind b) { return kBufferNames.at(static_cast<int>(b)); }
 std::string_view to_string(OpCode op) { return kOpNames.at(static_cast<int>(op)); }
-std::string_view to_string(SlotLocation s) {
-  return kSlotLocationNames.at(static_cast<int>(s));
-}
+std::string_view to_string(SlotLocation s) { return kSlotLocationNames.at(static_cast<int>(s)); }
 std::string_view to_msccl_string(OpCode op) { return kMscclOpNames.at(static_cast<int>(op)); }
 
 std::optional<Collective> parse_collective(std::string_view s) {

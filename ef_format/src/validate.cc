@@ -604,8 +604,7 @@ class Validator {
       const ConnectionPlacement& c = p_.placements[i];
       const std::string at = top("connections/" + std::to_string(i));
       const std::string name = "connection rank " + std::to_string(c.sender) + " -> rank " +
-                               std::to_string(c.receiver) + " channel " +
-                               std::to_string(c.channel);
+                               std::to_string(c.receiver) + " channel " + std::to_string(c.channel);
       const int location = static_cast<int>(c.location);
       if (location > static_cast<int>(SlotLocation::kDevice)) {
         report(at + "/slots", rule, name + ": unknown slot location " + std::to_string(location));
@@ -631,13 +630,14 @@ class Validator {
         return std::make_tuple(x.sender, x.receiver, x.channel);
       };
       if (key(prev) == key(c))
-        report(at, rule, name + " is placed twice (connections/" + std::to_string(i - 1) +
-                             "); expected one entry per connection");
+        report(at, rule,
+               name + " is placed twice (connections/" + std::to_string(i - 1) +
+                   "); expected one entry per connection");
       else if (key(c) < key(prev))
-        report(at, rule, name + " comes after connection rank " + std::to_string(prev.sender) +
-                             " -> rank " + std::to_string(prev.receiver) + " channel " +
-                             std::to_string(prev.channel) +
-                             "; expected entries sorted by (sender, receiver, channel)");
+        report(at, rule,
+               name + " comes after connection rank " + std::to_string(prev.sender) + " -> rank " +
+                   std::to_string(prev.receiver) + " channel " + std::to_string(prev.channel) +
+                   "; expected entries sorted by (sender, receiver, channel)");
     }
   }
 

@@ -167,8 +167,8 @@ TEST_F(PlanCliTest, RelaysWithoutRanksBecomeSlotDevices) {
 TEST_F(PlanCliTest, DrawsLinkLoadsBeforeAndAfter) {
   const auto d = write("d.json", hotspot_demand());
   const auto svg = dir_ / "loads.svg";
-  auto o = plan("--topology nimble-h100 --nodes 2 --demand " + d.string() + " --svg " +
-                svg.string());
+  auto o =
+      plan("--topology nimble-h100 --nodes 2 --demand " + d.string() + " --svg " + svg.string());
   ASSERT_EQ(o.exit_code, 0) << o.err;
   const std::string text = read_text_file(svg);
   EXPECT_EQ(text.rfind("<?xml", 0), 0u);

@@ -677,11 +677,21 @@ TEST(Validate, HostileModelsProduceDiagnostics) {
 }
 
 TEST(Validate, RandomMutationsNeverCrash) {
-  const std::set<std::string> known = {
-      "program-shape", "collective-shape",     "peer-range",        "channel-range",
-      "duplicate-connection", "op-peer",       "op-operands",       "buffer-range",
-      "connection-mismatch", "dependency-target", "deadlock",       "capacity",
-      "postcondition", "hasdep", "placement"};
+  const std::set<std::string> known = {"program-shape",
+                                       "collective-shape",
+                                       "peer-range",
+                                       "channel-range",
+                                       "duplicate-connection",
+                                       "op-peer",
+                                       "op-operands",
+                                       "buffer-range",
+                                       "connection-mismatch",
+                                       "dependency-target",
+                                       "deadlock",
+                                       "capacity",
+                                       "postcondition",
+                                       "hasdep",
+                                       "placement"};
   const int64_t extremes[] = {0, 1, -1, 2, 3, 1 << 30, std::numeric_limits<int64_t>::max(),
                               std::numeric_limits<int64_t>::min()};
   std::mt19937 rng(12345);
@@ -697,8 +707,7 @@ TEST(Validate, RandomMutationsNeverCrash) {
       if (rng() % 8 == 0) {  // placements: random connections, devices, order
         p.slot_devices = static_cast<int32_t>(rng() % 3) - 1;
         p.placements.push_back({static_cast<int32_t>(rng() % 4) - 1,
-                                static_cast<int32_t>(rng() % 4) - 1,
-                                static_cast<int32_t>(v % 3),
+                                static_cast<int32_t>(rng() % 4) - 1, static_cast<int32_t>(v % 3),
                                 static_cast<SlotLocation>(rng() % 4),
                                 static_cast<int32_t>(rng() % 4) - 1});
       }

@@ -153,8 +153,9 @@ TEST(ProgramBuilder, ErrorsNameTheTransfer) {
   fails(t, "transfer 0 (rank 0 -> rank 3): ranks must be 0..2");
   t = every_route_kind();
   t.shares[1].route = Route::forward(1);
-  fails(t, "hop 0 forwards through rank 1; expected a rank of the program other than the "
-           "route's ends");
+  fails(t,
+        "hop 0 forwards through rank 1; expected a rank of the program other than the "
+        "route's ends");
   t = every_route_kind();
   t.shares[2].route = Route::slot_device(1);
   fails(t, "names slot device 1 with slots at the device; the program has 1 slot devices");
@@ -169,8 +170,9 @@ TEST(ProgramBuilder, ErrorsNameTheTransfer) {
   overlap.sender = 2;
   overlap.dst_chunk = 17;
   overlap.shares.clear();
-  fails(t, "transfer 1 (rank 2 -> rank 1) writes output chunks of rank 1 that transfer 0 (rank "
-           "0 -> rank 1) writes too",
+  fails(t,
+        "transfer 1 (rank 2 -> rank 1) writes output chunks of rank 1 that transfer 0 (rank "
+        "0 -> rank 1) writes too",
         {overlap});
   ProgramTransfer local{1, 1, 0, 0, 2, {{Route::host(), 2, 0}}};
   fails(local, "a copy within one rank takes the direct route only");
@@ -206,6 +208,42 @@ TEST(PlanProgram, ChunkSplitsRoundByLargestRemainder) {
   EXPECT_FALSE(balance::split_into_chunks(pair, MiB));
 }
 
+TEST(PlanProgram, CandidatesSayWhatTheyAre) {
+  const topo::Topology t = *topo::preset("nimble-h100", 2);
+  const std::vector<topo::NodeIndex> g = t.gpus();
+  auto table = balance::PathTable::build(t, g);
+  ASSERT_TRUE(table) << table.status().message();
+  // Inside a host: direct, through each other GPU, through host memory.
+  auto in = (*table)->candidates(0, 1);
+  ASSERT_TRUE(in);
+  const auto& inside = *in;
+  ASSERT_EQ(inside->size(), 4u);
+  EXPECT_EQ((*inside)[0].kind, balance::CandidateKind::kDirect);
+  EXPECT_EQ((*inside)[1].kind, balance::CandidateKind::kRelay);
+  EXPECT_EQ((*inside)[1].relays, (std::vector<topo::NodeIndex>{g[2]}));
+  EXPECT_EQ((*inside)[2].relays, (std::vector<topo::NodeIndex>{g[3]}));
+  EXPECT_EQ((*inside)[3].kind, balance::CandidateKind::kHost);
+  EXPECT_TRUE((*inside)[3].relays.empty());
+  // Between hosts: the own rail, then every rail through the GPUs owning it on each side.
+  auto out = (*table)->candidates(0, 5);
+  ASSERT_TRUE(out);
+  const auto& across = *out;
+  EXPECT_EQ((*across)[0].kind, balance::CandidateKind::kDirect);
+  EXPECT_EQ((*across)[0].rail, 0);
+  for (std::size_t c = 1; c < across->size(); ++c) {
+    const balance::Candidate& k = (*across)[c];
+    EXPECT_EQ(k.kind, balance::CandidateKind::kRail) << k.via;
+    const int32_t r = k.rail;
+    std::vector<topo::NodeIndex> owners;
+    if (r != 0) owners.push_back(g[static_cast<std::size_t>(r)]);      // h0.gpu<r>
+    if (r != 1) owners.push_back(g[static_cast<std::size_t>(4 + r)]);  // h1.gpu<r>
+    EXPECT_EQ(k.relays, owners) << k.via;
+  }
+  auto local = balance::PathTable::build(t, {g[0], g[0]});
+  ASSERT_TRUE(local);
+  EXPECT_EQ((**(*local)->candidates(0, 1))[0].kind, balance::CandidateKind::kLocal);
+}
+
 TEST(PlanProgram, RelayPoliciesPickForwardsSlotDevicesOrNewRanks) {
   const topo::Topology t = *topo::preset("nimble-h100", 2);
   const std::vector<topo::NodeIndex> g = t.gpus();
@@ -221,15 +259,15 @@ TEST(PlanProgram, RelayPoliciesPickForwardsSlotDevicesOrNewRanks) {
     balance::RouteResolver r(t, ranks, balance::RelayPolicy::kForward);
     EXPECT_EQ(*r.route(relay), Route::forward(3));
     EXPECT_EQ(*r.route(rail), (Route{{RouteHop{4}, RouteHop{5}, RouteHop{}}}));
-    EXPECT_EQ(r.binding().rank_gpus, (std::vector<topo::NodeIndex>{g[0], g[1], g[5], g[2], g[3], g[7]}));
+    EXPECT_EQ(r.binding().rank_gpus,
+              (std::vector<topo::NodeIndex>{g[0], g[1], g[5], g[2], g[3], g[7]}));
     EXPECT_EQ(r.slot_devices(), 0);
   }
   {
     balance::RouteResolver r(t, ranks, balance::RelayPolicy::kForwardOrSlotDevice);
     EXPECT_EQ(*r.route(relay), Route::slot_device(0));
     // The first relay takes the slots; the second forwards through a rank added for it.
-    EXPECT_EQ(*r.route(rail),
-              (Route{{RouteHop{3, ef::SlotLocation::kDevice, 1}, RouteHop{}}}));
+    EXPECT_EQ(*r.route(rail), (Route{{RouteHop{3, ef::SlotLocation::kDevice, 1}, RouteHop{}}}));
     EXPECT_EQ(r.binding().slot_device_gpus, (std::vector<topo::NodeIndex>{g[2], g[3]}));
     EXPECT_EQ(r.nranks(), 4);
   }
@@ -253,7 +291,9 @@ TEST(PlanProgram, RelayPoliciesPickForwardsSlotDevicesOrNewRanks) {
 using balance::Demand;
 
 Demand zeros(int n) { return Demand{n, std::vector<uint64_t>(static_cast<std::size_t>(n * n), 0)}; }
-void set(Demand& d, int s, int t, uint64_t b) { d.bytes[static_cast<std::size_t>(s * d.nranks + t)] = b; }
+void set(Demand& d, int s, int t, uint64_t b) {
+  d.bytes[static_cast<std::size_t>(s * d.nranks + t)] = b;
+}
 
 /// A random demand of one of four shapes, in whole units (so that plans stay coarse).
 Demand random_demand(int n, std::mt19937& rng, int shape, uint64_t unit) {
@@ -292,9 +332,8 @@ struct Case {
 };
 
 TEST(PlanProgram, RandomDemandsOnEveryPresetBecomeProgramsThatVerify) {
-  const Case cases[] = {{"nimble-h100", 1}, {"nimble-h100", 2}, {"nimble-h100", 4},
-                        {"dgx-h100", 1},    {"dgx-h100", 2},    {"hgx-h200", 1},
-                        {"h200-nv18-x2", 1}};
+  const Case cases[] = {{"nimble-h100", 1}, {"nimble-h100", 2}, {"nimble-h100", 4}, {"dgx-h100", 1},
+                        {"dgx-h100", 2},    {"hgx-h200", 1},    {"h200-nv18-x2", 1}};
   std::mt19937 rng(20261127);
   int programs = 0, relayed = 0, hosted = 0, slotted = 0, exact = 0;
   for (const Case& c : cases) {
@@ -307,8 +346,8 @@ TEST(PlanProgram, RandomDemandsOnEveryPresetBecomeProgramsThatVerify) {
     balance::PlannerOptions po;
     po.min_split_bytes = 2 * MiB;  // small pairs stay direct, large ones split
     for (int shape = 0; shape < 4; ++shape) {
-      const std::string what = std::string(c.preset) + " x" + std::to_string(c.nodes) +
-                                " shape " + std::to_string(shape);
+      const std::string what = std::string(c.preset) + " x" + std::to_string(c.nodes) + " shape " +
+                               std::to_string(shape);
       SCOPED_TRACE(what);
       const Demand d = random_demand(n, rng, shape, MiB);
       auto plan = balance::Planner(*table, po).plan(d);

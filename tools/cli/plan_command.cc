@@ -22,15 +22,15 @@
 #include <string>
 
 #include "args.h"
-#include "input_file.h"
 #include "efccl/balance/plan_program.h"
 #include "efccl/balance/planner.h"
 #include "efccl/ef/json_io.h"
 #include "efccl/ef/validate.h"
 #include "efccl/host/topology_model.h"
-#include "efccl/topology/svg.h"
 #include "efccl/topology/nccl_xml.h"
 #include "efccl/topology/presets.h"
+#include "efccl/topology/svg.h"
+#include "input_file.h"
 
 namespace efccl::cli {
 namespace {
@@ -125,12 +125,13 @@ struct Bench {
 StatusOr<Bench> bench(balance::Planner& planner, const balance::Demand& demand) {
   std::vector<double> times;
   const auto begin = std::chrono::steady_clock::now();
-  while (times.size() < 5 || (times.size() < 1000 && std::chrono::steady_clock::now() - begin <
-                                                         std::chrono::seconds(1))) {
+  while (times.size() < 5 || (times.size() < 1000 &&
+                              std::chrono::steady_clock::now() - begin < std::chrono::seconds(1))) {
     const auto start = std::chrono::steady_clock::now();
     auto plan = planner.plan(demand);
     times.push_back(
-        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+            .count());
     if (!plan) return plan.status();
   }
   std::sort(times.begin(), times.end());
@@ -213,7 +214,8 @@ int cmd_plan(const std::vector<std::string>& argv) {
   // The balanced and the all-direct programs, in one chunk size (docs/balancer.md, "efccl plan").
   const uint64_t exact = balance::exact_chunk_bytes(*plan);
   const uint64_t chunk =
-      chunk_arg ? *chunk_arg : balance::demand_chunk_bytes(*plan, kMaxProgramChunks, kMaxChunkBytes);
+      chunk_arg ? *chunk_arg
+                : balance::demand_chunk_bytes(*plan, kMaxProgramChunks, kMaxChunkBytes);
   std::optional<TimedProgram> balanced, direct;
   if (chunk > 0) {
     auto b = build_and_time(**table, *plan, chunk, relays);
@@ -289,8 +291,8 @@ int cmd_plan(const std::vector<std::string>& argv) {
       j["program"] = std::move(program);
     }
     if (timing)
-      j["bench"] = {{"runs", timing->runs}, {"min_us", timing->min_us},
-                    {"median_us", timing->median_us}};
+      j["bench"] = {
+          {"runs", timing->runs}, {"min_us", timing->min_us}, {"median_us", timing->median_us}};
     std::cout << j.dump(1) << '\n';
     return 0;
   }
@@ -307,10 +309,11 @@ int cmd_plan(const std::vector<std::string>& argv) {
   std::printf("max link load %.1f us (every pair on its default path: %.1f us); planned in %.1f us\n",
               plan->max_load_us, plan->direct_max_load_us, plan_us);
   if (balanced)
-    std::printf("predicted (timing model, chunks of %llu bytes%s): balanced %.1f us, every pair "
-                "on its default path %.1f us\n",
-                static_cast<unsigned long long>(chunk), chunk == exact ? ", exact" : "",
-                predicted_us, direct_predicted_us);
+    std::printf(
+        "predicted (timing model, chunks of %llu bytes%s): balanced %.1f us, every pair "
+        "on its default path %.1f us\n",
+        static_cast<unsigned long long>(chunk), chunk == exact ? ", exact" : "", predicted_us,
+        direct_predicted_us);
   if (timing)
     std::printf("planner: %zu plans, min %.1f us, median %.1f us\n", timing->runs, timing->min_us,
                 timing->median_us);

@@ -23,6 +23,7 @@
 namespace efccl::topo {
 namespace {
 
+using svg_text::box_lines;
 using svg_text::escape;
 using svg_text::gbps_text;
 using svg_text::heat_color;
@@ -120,43 +121,16 @@ std::string edge_label(const Edge& e) {
   return s;
 }
 
-/// The text lines of a node's box (the first in bold).
-std::vector<std::string> box_lines(const Node& n) {
-  std::vector<std::string> lines = {n.id};
-  const auto numa = [&] { return n.numa >= 0 ? "numa " + std::to_string(n.numa) : std::string(); };
-  switch (n.kind) {
-    case NodeKind::kGpu: {
-      if (!n.name.empty()) lines.push_back(n.name);
-      std::string info = n.sm > 0 ? "sm " + std::to_string(n.sm) : "";
-      if (n.numa >= 0) info += (info.empty() ? "" : " \u00b7 ") + numa();
-      if (!info.empty()) lines.push_back(info);
-      break;
-    }
-    case NodeKind::kNic:
-      if (!n.name.empty()) lines.push_back(n.name);
-      lines.push_back(gbps_text(n.gbps) + " GB/s" +
-                      (n.rail >= 0 ? " \u00b7 rail " + std::to_string(n.rail) : ""));
-      break;
-    case NodeKind::kCpu:
-      lines.push_back(n.numa >= 0 ? "CPU \u00b7 " + numa() : "CPU");
-      break;
-    case NodeKind::kHostMemory:
-      lines.push_back("memory");
-      break;
-    default:
-      break;
-  }
-  if (!n.pci.empty() && n.kind != NodeKind::kCpu && n.kind != NodeKind::kHostMemory)
-    lines.push_back(n.pci);
-  return lines;
-}
-
 /// Accumulates the drawing in layers (painted in this order) and lays the graph out.
 class Drawing {
  public:
   explicit Drawing(const Topology& t, const LinkHeat* heat = nullptr, double heat_max = 0,
                    std::string_view unit = {})
-      : t_(t), boxes_(t.nodes().size()), heat_(heat), heat_max_(heat_max), unit_(unit),
+      : t_(t),
+        boxes_(t.nodes().size()),
+        heat_(heat),
+        heat_max_(heat_max),
+        unit_(unit),
         parent_(t.nodes().size(), kNone) {}
   /// The picture's elements (no <svg> element around them) and its size.
   std::string render(double& width, double& height);
@@ -228,8 +202,8 @@ void Drawing::line(std::string& layer, const std::string& points, const Edge& e,
   std::string stroke = link_stroke(e.kind);
   std::string width = e.kind == LinkKind::kNvlink ? "2.2" : "1.6";
   if (heat_ != nullptr) {
-    const double f = heat_max_ > 0 ? std::max(heat_of(e.ab_links), heat_of(e.ba_links)) / heat_max_
-                                   : 0.0;
+    const double f =
+        heat_max_ > 0 ? std::max(heat_of(e.ab_links), heat_of(e.ba_links)) / heat_max_ : 0.0;
     stroke = heat_color(f);
     width = px(1.6 + 4.4 * std::clamp(f, 0.0, 1.0));
   }
@@ -237,8 +211,8 @@ void Drawing::line(std::string& layer, const std::string& points, const Edge& e,
     layer += "<polyline points=\"" + points +
              "\" fill=\"none\" stroke=\"#ffffff\" stroke-width=\"6\"/>\n";
   layer += "<polyline points=\"" + points + "\" fill=\"none\" stroke=\"" + stroke +
-           "\" stroke-width=\"" + width + "\"" +
-           (one_way ? " marker-end=\"url(#arrow)\"" : "") + "/>\n";
+           "\" stroke-width=\"" + width + "\"" + (one_way ? " marker-end=\"url(#arrow)\"" : "") +
+           "/>\n";
 }
 
 std::string pt(double x, double y) { return px(x) + "," + px(y) + " "; }

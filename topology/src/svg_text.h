@@ -1,5 +1,6 @@
 // Text and colours of the SVG pictures (svg.cc): XML escaping, estimated text widths,
-// coordinates, capacities and loads as the pictures print them, the heat map's colours.
+// coordinates, capacities and loads as the pictures print them, the heat map's colours, the
+// text of a node's box.
 #pragma once
 
 #include <algorithm>
@@ -7,6 +8,9 @@
 #include <cstdio>
 #include <string>
 #include <string_view>
+#include <vector>
+
+#include "efccl/topology/topology.h"
 
 namespace efccl::topo::svg_text {
 
@@ -97,7 +101,8 @@ inline std::string heat_color(double f) {
   char buf[8];
   int rgb[3];
   for (int c = 0; c < 3; ++c)
-    rgb[c] = static_cast<int>(std::lround(255 * (kStops[i][c] + u * (kStops[i + 1][c] - kStops[i][c]))));
+    rgb[c] =
+        static_cast<int>(std::lround(255 * (kStops[i][c] + u * (kStops[i + 1][c] - kStops[i][c]))));
   std::snprintf(buf, sizeof(buf), "#%02x%02x%02x", rgb[0], rgb[1], rgb[2]);
   return buf;
 }
@@ -107,6 +112,37 @@ inline std::string value_text(double v) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), v >= 100 && v < 1e15 ? "%.0f" : "%.3g", v);
   return buf;
+}
+
+/// The text lines of a node's box (the first in bold).
+inline std::vector<std::string> box_lines(const Node& n) {
+  std::vector<std::string> lines = {n.id};
+  const auto numa = [&] { return n.numa >= 0 ? "numa " + std::to_string(n.numa) : std::string(); };
+  switch (n.kind) {
+    case NodeKind::kGpu: {
+      if (!n.name.empty()) lines.push_back(n.name);
+      std::string info = n.sm > 0 ? "sm " + std::to_string(n.sm) : "";
+      if (n.numa >= 0) info += (info.empty() ? "" : " \u00b7 ") + numa();
+      if (!info.empty()) lines.push_back(info);
+      break;
+    }
+    case NodeKind::kNic:
+      if (!n.name.empty()) lines.push_back(n.name);
+      lines.push_back(gbps_text(n.gbps) + " GB/s" +
+                      (n.rail >= 0 ? " \u00b7 rail " + std::to_string(n.rail) : ""));
+      break;
+    case NodeKind::kCpu:
+      lines.push_back(n.numa >= 0 ? "CPU \u00b7 " + numa() : "CPU");
+      break;
+    case NodeKind::kHostMemory:
+      lines.push_back("memory");
+      break;
+    default:
+      break;
+  }
+  if (!n.pci.empty() && n.kind != NodeKind::kCpu && n.kind != NodeKind::kHostMemory)
+    lines.push_back(n.pci);
+  return lines;
 }
 
 }  // namespace efccl::topo::svg_text

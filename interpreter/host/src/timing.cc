@@ -159,7 +159,7 @@ StatusOr<LinkCosts::ConnectionPath> LinkCosts::topology_links(int64_t sender, in
 }
 
 StatusOr<LinkCosts::ConnectionPath> LinkCosts::placed_path(int64_t sender, int64_t receiver,
-                                                            const ef::ConnectionPlacement& placed) {
+                                                           const ef::ConnectionPlacement& placed) {
   const bool host = placed.location == ef::SlotLocation::kHost;
   const Transport transport = host ? Transport::kPcieHostStaged : Transport::kNvlink;
   const LinkCost& cost = model_.cost(transport);
@@ -213,7 +213,8 @@ StatusOr<LinkCosts::ConnectionPath> LinkCosts::placed_path(int64_t sender, int64
     for (const topo::LinkIndex l : links) {
       hops.push_back({&topology_ports_[l], t.link(l).gbps});
       if (cost.reverse_fraction <= 0) continue;
-      if (const auto back = reverse_link(t, l)) reverse.push_back({&topology_ports_[*back], t.link(*back).gbps});
+      if (const auto back = reverse_link(t, l))
+        reverse.push_back({&topology_ports_[*back], t.link(*back).gbps});
     }
   };
   fill(write, path.forward, path.reverse, path.latency_us);
@@ -304,8 +305,9 @@ double LinkCosts::run(const WalkUnit& unit) {
     // Slots away from the receiver: it reads the tile out of them.
     const ConnectionPath& path = connection_paths_[static_cast<std::size_t>(t.recv_connection)];
     if (!path.read.empty())
-      end = std::max(end, occupy(path.read, path.read_reverse, path.reverse_fraction, bytes,
-                                 ready) + path.read_latency_us);
+      end =
+          std::max(end, occupy(path.read, path.read_reverse, path.reverse_fraction, bytes, ready) +
+                            path.read_latency_us);
   }
   if (ef::op_sends(unit.op.code)) {
     const ConnectionPath& path = connection_paths_[static_cast<std::size_t>(t.send_connection)];

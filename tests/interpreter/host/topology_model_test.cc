@@ -7,8 +7,8 @@
 
 #include <cmath>
 #include <set>
-#include <tuple>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "efccl/algorithms/algorithm_library.h"
@@ -295,8 +295,7 @@ ef::Program placed(ef::Program p, ef::SlotLocation location) {
   std::set<std::tuple<int32_t, int32_t, int32_t>> connections;
   for (std::size_t r = 0; r < p.ranks.size(); ++r)
     for (const ef::Threadblock& tb : p.ranks[r].threadblocks)
-      if (tb.send_peer >= 0)
-        connections.emplace(static_cast<int32_t>(r), tb.send_peer, tb.channel);
+      if (tb.send_peer >= 0) connections.emplace(static_cast<int32_t>(r), tb.send_peer, tb.channel);
   for (const auto& [s, r, c] : connections) p.placements.push_back({s, r, c, location, 0});
   if (location == ef::SlotLocation::kDevice) p.slot_devices = 1;
   return p;
@@ -338,7 +337,9 @@ TEST(TopologyModel, AHostPlacementIsChargedOnThePcieLinksThroughHostMemory) {
   EXPECT_NEAR(staged.time_us, static_cast<double>(count) / (55.0 * 1e3), 0.05 * staged.time_us);
   EXPECT_GT(staged.time_us, 3 * on_nvlink.time_us);
   for (topo::LinkIndex l = 0; l < t.links().size(); ++l)
-    if (t.link(l).kind == topo::LinkKind::kNvlink) EXPECT_GT(on_nvlink.link_busy_us[l], 0.0);
+    if (t.link(l).kind == topo::LinkKind::kNvlink) {
+      EXPECT_GT(on_nvlink.link_busy_us[l], 0.0);
+    }
   // About the host-staged transport chosen for the pair, with and without a topology (the
   // placement stores each tile in host memory between its write and its read; the transport
   // streams it through).
@@ -363,8 +364,7 @@ TEST(TopologyModel, ASlotDevicePlacementCrossesTheGpuBoundToIt) {
   const ef::Program relayed = placed(gather_to_last(2, 16), ef::SlotLocation::kDevice);
   ASSERT_EQ(diagnostics(relayed), "");
   const ExecOptions o = call(uint64_t{1} << 28, ef::DataType::kInt8);
-  StatusOr<LinkCostModel> model =
-      model_for_topology(t, {g[0], g[1]}, LinkCostModel{}, {g[2]});
+  StatusOr<LinkCostModel> model = model_for_topology(t, {g[0], g[1]}, LinkCostModel{}, {g[2]});
   ASSERT_TRUE(model.is_ok()) << model.status().message();
   const TimingResult r = predict_time(relayed, o, *model);
   ASSERT_TRUE(r.status.is_ok()) << r.status.message();

@@ -87,8 +87,8 @@ StatusOr<ChunkSplit> split_into_chunks(const PairPlan& pair, uint64_t chunk_byte
   const uint64_t chunks = pair.bytes / chunk_bytes;
   if (chunks > static_cast<uint64_t>(ef::kMaxChunks))
     return Status::error("ranks " + std::to_string(pair.src) + " -> " + std::to_string(pair.dst) +
-                         ": " + std::to_string(pair.bytes) + " bytes are more than 2^24 chunks of " +
-                         std::to_string(chunk_bytes));
+                         ": " + std::to_string(pair.bytes) +
+                         " bytes are more than 2^24 chunks of " + std::to_string(chunk_bytes));
   split.chunks = static_cast<int64_t>(chunks);
   split.tail_bytes = pair.bytes % chunk_bytes;
   uint64_t sum = 0;

@@ -91,8 +91,8 @@ Status check_transfer(std::size_t i, ProgramTransfer& t, const ProgramBuildOptio
   return Status::ok();
 }
 
-ef::Op make_op(ef::OpCode code, std::optional<ef::BufferRef> src,
-               std::optional<ef::BufferRef> dst, int64_t count) {
+ef::Op make_op(ef::OpCode code, std::optional<ef::BufferRef> src, std::optional<ef::BufferRef> dst,
+               int64_t count) {
   ef::Op op;
   op.code = code;
   op.src = src;
@@ -155,7 +155,8 @@ class Builder {
       const int64_t q = std::min(options_.forward_op_chunks, n - off);
       tb(stops[0], -1, stops[1], channel)
           .ops.push_back(make_op(ef::OpCode::kSend,
-                                 ef::BufferRef{ef::BufferKind::kInput, src + off}, std::nullopt, q));
+                                 ef::BufferRef{ef::BufferKind::kInput, src + off}, std::nullopt,
+                                 q));
       for (std::size_t k = 1; k + 1 < stops.size(); ++k) {
         const int64_t scratch = forward_scratch(stops[k], stops[k - 1], stops[k + 1], channel);
         tb(stops[k], stops[k - 1], stops[k + 1], channel)
@@ -169,9 +170,9 @@ class Builder {
   }
 
   void copy(int32_t rank, int64_t src, int64_t dst, int64_t n) {
-    tb(rank, -1, -1, 0).ops.push_back(
-        make_op(ef::OpCode::kCopy, ef::BufferRef{ef::BufferKind::kInput, src},
-                ef::BufferRef{ef::BufferKind::kOutput, dst}, n));
+    tb(rank, -1, -1, 0)
+        .ops.push_back(make_op(ef::OpCode::kCopy, ef::BufferRef{ef::BufferKind::kInput, src},
+                               ef::BufferRef{ef::BufferKind::kOutput, dst}, n));
   }
 
   void transfer(const ProgramTransfer& t) {
@@ -195,7 +196,8 @@ class Builder {
  private:
   ef::Threadblock& tb(int32_t rank, int32_t recv_peer, int32_t send_peer, int32_t channel) {
     auto& tbs = p_.ranks[static_cast<std::size_t>(rank)].threadblocks;
-    auto [it, fresh] = tb_of_.emplace(std::make_tuple(rank, recv_peer, send_peer, channel), tbs.size());
+    auto [it, fresh] =
+        tb_of_.emplace(std::make_tuple(rank, recv_peer, send_peer, channel), tbs.size());
     if (fresh) {
       ef::Threadblock t;
       t.recv_peer = recv_peer;
@@ -235,8 +237,9 @@ StatusOr<ef::Program> build_program(std::span<const ProgramTransfer> given,
                          "; expected 0..64");
   if (options.channels_per_share < 1 || options.channels_per_share > kMaxChannels ||
       options.forward_op_chunks < 1 || options.forward_op_chunks > ef::kMaxChunks)
-    return Status::error("channels_per_share (1..1024) and forward_op_chunks (1..2^24) must be "
-                         "positive");
+    return Status::error(
+        "channels_per_share (1..1024) and forward_op_chunks (1..2^24) must be "
+        "positive");
   std::vector<ProgramTransfer> transfers(given.begin(), given.end());
   for (std::size_t i = 0; i < transfers.size(); ++i)
     if (Status s = check_transfer(i, transfers[i], options); !s) return s;
@@ -252,8 +255,7 @@ StatusOr<ef::Program> build_program(std::span<const ProgramTransfer> given,
       if (prev.dst_chunk + prev.chunks > starts[k].first)
         return Status::error(transfer_name(starts[k].second, transfers[starts[k].second]) +
                              " writes output chunks of rank " + std::to_string(receiver) +
-                             " that " + transfer_name(starts[k - 1].second, prev) +
-                             " writes too");
+                             " that " + transfer_name(starts[k - 1].second, prev) + " writes too");
     }
   }
 
@@ -264,12 +266,13 @@ StatusOr<ef::Program> build_program(std::span<const ProgramTransfer> given,
     if (t.sender == t.receiver) continue;
     for (const RouteShare& s : t.shares) {
       if (s.chunks == 0) continue;
-      auto [it, fresh] = lane_of.emplace(std::make_tuple(t.sender, t.receiver, s.route), lanes.size());
+      auto [it, fresh] =
+          lane_of.emplace(std::make_tuple(t.sender, t.receiver, s.route), lanes.size());
       if (fresh) lanes.push_back({t.sender, t.receiver, s.route, 1, {}});
       const int32_t want = s.channels > 0 ? s.channels : options.channels_per_share;
       Lane& lane = lanes[it->second];
-      lane.channels = std::max<int32_t>(
-          lane.channels, static_cast<int32_t>(std::min<int64_t>(want, s.chunks)));
+      lane.channels =
+          std::max<int32_t>(lane.channels, static_cast<int32_t>(std::min<int64_t>(want, s.chunks)));
     }
   }
   Builder b(options);
@@ -287,8 +290,8 @@ StatusOr<ef::Program> build_program(std::span<const ProgramTransfer> given,
       if (s.chunks == 0) continue;
       const Lane& lane = lanes[lane_of.at(std::make_tuple(t.sender, t.receiver, s.route))];
       const int32_t want = s.channels > 0 ? s.channels : options.channels_per_share;
-      const auto k = static_cast<int64_t>(
-          std::min<int64_t>(std::min<int64_t>(want, s.chunks), lane.channels));
+      const auto k =
+          static_cast<int64_t>(std::min<int64_t>(std::min<int64_t>(want, s.chunks), lane.channels));
       const int64_t base = s.chunks / k, extra = s.chunks % k;
       int64_t off = first;
       for (int64_t j = 0; j < k; ++j) {
