@@ -36,9 +36,7 @@ std::string number(double v) {
   return text;
 }
 
-std::string optional_number(const std::optional<double>& v) {
-  return v ? number(*v) : "null";
-}
+std::string optional_number(const std::optional<double>& v) { return v ? number(*v) : "null"; }
 
 std::string expand(const std::string& path) {
   std::string out;
@@ -105,7 +103,8 @@ cudaEvent_t BalanceStats::take_event(int device) {
 
 void BalanceStats::give_back(Measurement& m) {
   for (std::size_t i = 0; i < m.devices.size(); ++i) {
-    if (i < m.start.size() && m.start[i] != nullptr) free_events_.push_back({m.devices[i], m.start[i]});
+    if (i < m.start.size() && m.start[i] != nullptr)
+      free_events_.push_back({m.devices[i], m.start[i]});
     if (i < m.end.size() && m.end[i] != nullptr) free_events_.push_back({m.devices[i], m.end[i]});
   }
   m.start.clear();
@@ -152,7 +151,8 @@ void BalanceStats::after_flush() {
       const cudaEvent_t e = take_event(m.devices[d]);
       if (e == nullptr) break;
       m.end.push_back(e);
-      if (cudaSetDevice(m.devices[d]) != cudaSuccess || cudaEventRecord(e, m.streams[d]) != cudaSuccess) {
+      if (cudaSetDevice(m.devices[d]) != cudaSuccess ||
+          cudaEventRecord(e, m.streams[d]) != cudaSuccess) {
         (void)cudaGetLastError();
         break;
       }

@@ -54,7 +54,9 @@ class BalanceStats {
 
   /// A new plan; returns its id.
   int32_t add_plan(BalancePlanRecord record);
-  const BalancePlanRecord& plan(int32_t id) const { return plans_[static_cast<std::size_t>(id)].record; }
+  const BalancePlanRecord& plan(int32_t id) const {
+    return plans_[static_cast<std::size_t>(id)].record;
+  }
   /// A run of plan `id` on `streams` (device, stream of a rank of this process taking part, one
   /// per device). Not captured: records start events now; their ends at after_flush().
   void begin_run(int32_t id, const std::vector<std::pair<int, cudaStream_t>>& streams,

@@ -81,8 +81,8 @@ bool Balancer::active() {
   if (n > 16) placement += ", ...";
   EFCCL_INFO(kLogBalance, -1,
              "balancer on: " + std::to_string(n) + " ranks planned on " + machine_->source +
-                 (machine_->simulated ? " (simulated: rank r on its GPU r mod n)" : "") +
-                 " [" + placement + "], min split " +
+                 (machine_->simulated ? " (simulated: rank r on its GPU r mod n)" : "") + " [" +
+                 placement + "], min split " +
                  human(static_cast<double>(options->min_split_bytes)) + ", " +
                  (multiprocess_ ? "pair-local plans across processes (no forwards through third "
                                   "ranks), all-to-all planned globally"
@@ -147,15 +147,16 @@ std::optional<balance::PairPlan> Balancer::pair_plan(const balance::Plan& plan, 
                                                      int32_t d,
                                                      const RelayResolution& relays) const {
   // Plan::pairs is src-major, then dst: a binary search.
-  const auto it = std::lower_bound(
-      plan.pairs.begin(), plan.pairs.end(), std::make_pair(s, d),
-      [](const balance::PairPlan& p, const std::pair<int32_t, int32_t>& k) {
-        return std::make_pair(p.src, p.dst) < k;
-      });
+  const auto it =
+      std::lower_bound(plan.pairs.begin(), plan.pairs.end(), std::make_pair(s, d),
+                       [](const balance::PairPlan& p, const std::pair<int32_t, int32_t>& k) {
+                         return std::make_pair(p.src, p.dst) < k;
+                       });
   if (it == plan.pairs.end() || it->src != s || it->dst != d) return std::nullopt;
   if (force_spread_ && it->bytes >= planner_->options().min_split_bytes) {
     balance::PairPlan every = *it;  // the planner may have looked up candidates[0] only
-    if (auto all = machine_->table->candidates(s, d); all && (*all)->size() > every.candidates->size())
+    if (auto all = machine_->table->candidates(s, d);
+        all && (*all)->size() > every.candidates->size())
       every.candidates = *all;
     return spread_over_candidates(every, relays);
   }
@@ -307,9 +308,9 @@ StatusOr<std::shared_ptr<const Balancer::Prepared>> Balancer::prepare_pair(
     any = true;
   }
   if (any)
-    prepared->plan = record(alltoall_bytes > 0 ? "alltoall" : "p2p",
-                            alltoall_bytes > 0 ? "global" : "pair",
-                            {directions[0], directions[1]}, *prepared, *plan);
+    prepared->plan =
+        record(alltoall_bytes > 0 ? "alltoall" : "p2p", alltoall_bytes > 0 ? "global" : "pair",
+               {directions[0], directions[1]}, *prepared, *plan);
   pairs_.emplace(key, prepared);
   return std::shared_ptr<const Prepared>(prepared);
 }
@@ -373,8 +374,9 @@ int32_t Balancer::record(const std::string& kind, const std::string& scope,
   const int32_t id = stats_.add_plan(std::move(r));
   if (!logged) return id;
   const BalancePlanRecord& rec = stats_.plan(id);
-  std::string head = "balance plan #" + std::to_string(id) + " (" + kind + ", " + scope + ", new): " +
-                     std::to_string(balanced) + " of " + std::to_string(transfers.size()) +
+  std::string head = "balance plan #" + std::to_string(id) + " (" + kind + ", " + scope +
+                     ", new): " + std::to_string(balanced) + " of " +
+                     std::to_string(transfers.size()) +
                      " transfer(s) on several paths; max link load " + us(rec.max_load_us) +
                      " (default paths " + us(rec.direct_max_load_us) + ")";
   if (rec.predicted_us)
@@ -403,9 +405,8 @@ void Balancer::write_stats(const std::vector<int32_t>& local_ranks) {
   if (stats_file_.empty()) return;
   static const topo::Topology kNone;
   const topo::Topology& t = machine_ ? machine_->table->topology() : kNone;
-  const std::string json = stats_.to_json(t, machine_ ? machine_->source : "",
-                                          local_ranks, static_cast<int32_t>(rank_devices_.size()),
-                                          true);
+  const std::string json = stats_.to_json(t, machine_ ? machine_->source : "", local_ranks,
+                                          static_cast<int32_t>(rank_devices_.size()), true);
   if (Status s = stats_.append_to(stats_file_, json); !s) EFCCL_WARN(-1, s.message());
 }
 

@@ -108,9 +108,10 @@ TransferChunks chunks_of(uint64_t bytes) {
   return t;
 }
 
-StatusOr<std::optional<BalancedTransfer>> build_balanced_transfer(
-    int32_t sender, int32_t receiver, uint64_t bytes, const balance::PairPlan& pair,
-    const RelayResolution& relays) {
+StatusOr<std::optional<BalancedTransfer>> build_balanced_transfer(int32_t sender, int32_t receiver,
+                                                                  uint64_t bytes,
+                                                                  const balance::PairPlan& pair,
+                                                                  const RelayResolution& relays) {
   const TransferChunks cut = chunks_of(bytes);
   if (cut.chunks == 0 || pair.bytes == 0) return std::optional<BalancedTransfer>();
   const auto k = static_cast<uint64_t>(cut.chunks);
@@ -145,8 +146,12 @@ StatusOr<std::optional<BalancedTransfer>> build_balanced_transfer(
   t.chunks = cut.chunks;
   t.main_bytes = cut.chunk_bytes * k;
   t.candidates = pair.candidates;
-  balance::ProgramTransfer transfer{.sender = 0, .receiver = 1, .src_chunk = 0, .dst_chunk = 0,
-                                    .chunks = cut.chunks, .shares = {}};
+  balance::ProgramTransfer transfer{.sender = 0,
+                                    .receiver = 1,
+                                    .src_chunk = 0,
+                                    .dst_chunk = 0,
+                                    .chunks = cut.chunks,
+                                    .shares = {}};
   for (const Part& p : parts) {
     if (p.candidate >= pair.candidates->size())
       return Status::error("the plan of ranks " + std::to_string(sender) + " -> " +
@@ -172,8 +177,8 @@ StatusOr<std::optional<BalancedTransfer>> build_balanced_transfer(
           auto at = std::find(t.ranks.begin(), t.ranks.end(), forwarder);
           if (at == t.ranks.end()) at = t.ranks.insert(t.ranks.end(), forwarder);
           share.route = balance::Route::forward(static_cast<int32_t>(at - t.ranks.begin()));
-          share.text = "relay " + node_name(c) + " (forwarded by rank " +
-                       std::to_string(forwarder) + ")";
+          share.text =
+              "relay " + node_name(c) + " (forwarded by rank " + std::to_string(forwarder) + ")";
         } else {
           auto at = std::find(t.slot_device_gpus.begin(), t.slot_device_gpus.end(), gpu);
           if (at == t.slot_device_gpus.end())

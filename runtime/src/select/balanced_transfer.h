@@ -62,12 +62,12 @@ TransferChunks chunks_of(uint64_t bytes);
 
 /// A transfer's program and what runs it.
 struct BalancedTransfer {
-  ef::Program program;  ///< program rank 0 sends, 1 receives, 2.. forward
-  std::vector<int32_t> ranks;                   ///< program rank -> clique rank
+  ef::Program program;                            ///< program rank 0 sends, 1 receives, 2.. forward
+  std::vector<int32_t> ranks;                     ///< program rank -> clique rank
   std::vector<topo::NodeIndex> slot_device_gpus;  ///< per slot device: its GPU node
-  uint64_t chunk_bytes = 0;  ///< the run's count (int8 elements per chunk)
+  uint64_t chunk_bytes = 0;                       ///< the run's count (int8 elements per chunk)
   int64_t chunks = 0;
-  uint64_t main_bytes = 0;    ///< chunks * chunk_bytes, from the buffers' start
+  uint64_t main_bytes = 0;     ///< chunks * chunk_bytes, from the buffers' start
   std::size_t slot_bytes = 0;  ///< ExecutorConfig::slot_bytes
   /// Equal signatures: equal programs and slot bytes (the executor cache key's program part;
   /// the same in every process).
@@ -87,8 +87,9 @@ struct BalancedTransfer {
 /// The program of `bytes` from clique rank `sender` to `receiver` split as `pair` (a plan of
 /// that pair, whose shares give the fractions; only usable candidates), or nullopt when the
 /// split leaves every whole chunk on candidates[0] or the transfer is too small to split.
-StatusOr<std::optional<BalancedTransfer>> build_balanced_transfer(
-    int32_t sender, int32_t receiver, uint64_t bytes, const balance::PairPlan& pair,
-    const RelayResolution& relays);
+StatusOr<std::optional<BalancedTransfer>> build_balanced_transfer(int32_t sender, int32_t receiver,
+                                                                  uint64_t bytes,
+                                                                  const balance::PairPlan& pair,
+                                                                  const RelayResolution& relays);
 
 }  // namespace efccl::runtime
