@@ -13,8 +13,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
-
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -22,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <thread>
@@ -159,12 +158,12 @@ struct AllToAllV {
     ASSERT_EQ(ncclGroupStart(), ncclSuccess);
     for (int r = 0; r < n; ++r)
       for (int q = 0; q < n; ++q) {
-        ASSERT_EQ(ncclSend(send[r] + send_off[r][q], count[r][q], ncclInt32, q, c.comms[r],
-                           c.streams[r]),
-                  ncclSuccess);
-        ASSERT_EQ(ncclRecv(recv[r] + recv_off[q][r], count[q][r], ncclInt32, q, c.comms[r],
-                           c.streams[r]),
-                  ncclSuccess);
+        ASSERT_EQ(
+            ncclSend(send[r] + send_off[r][q], count[r][q], ncclInt32, q, c.comms[r], c.streams[r]),
+            ncclSuccess);
+        ASSERT_EQ(
+            ncclRecv(recv[r] + recv_off[q][r], count[q][r], ncclInt32, q, c.comms[r], c.streams[r]),
+            ncclSuccess);
       }
     ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
   }
@@ -241,9 +240,9 @@ TEST(Balance, SkewedAllToAllVInOneProcess) {
     int n;
     const char* relay;  // the relay kind the plan must use ("" none)
   };
-  for (const Case& k : {Case{"preset:nimble-h100", 2, "no kernel there"},
-                        Case{"preset:nimble-h100", 4, "forwarded by rank"},
-                        Case{"preset:h200-nv18-x2", 4, ""}}) {
+  for (const Case& k :
+       {Case{"preset:nimble-h100", 2, "no kernel there"},
+        Case{"preset:nimble-h100", 4, "forwarded by rank"}, Case{"preset:h200-nv18-x2", 4, ""}}) {
     SCOPED_TRACE(std::string(k.preset) + ", " + std::to_string(k.n) + " ranks on GPU 0");
     BalanceEnv env(k.preset);
     {
@@ -452,13 +451,13 @@ std::vector<int> run_processes(int n, const std::function<int(int, const ncclUni
   return status;
 }
 
-#define CHILD_CHECK(cond, what)                                                         \
-  do {                                                                                  \
-    if (!(cond)) {                                                                      \
-      std::fprintf(stderr, "[rank %d] %s:%d: %s failed: %s (%s)\n", rank, __FILE__,     \
-                   __LINE__, #cond, std::string(what).c_str(), ncclGetLastError(nullptr)); \
-      return 1;                                                                         \
-    }                                                                                   \
+#define CHILD_CHECK(cond, what)                                                               \
+  do {                                                                                        \
+    if (!(cond)) {                                                                            \
+      std::fprintf(stderr, "[rank %d] %s:%d: %s failed: %s (%s)\n", rank, __FILE__, __LINE__, \
+                   #cond, std::string(what).c_str(), ncclGetLastError(nullptr));              \
+      return 1;                                                                               \
+    }                                                                                         \
   } while (0)
 
 /// One rank of the two-process test: a lone pair, the skewed all-to-all-v as a group, an
@@ -495,7 +494,8 @@ int two_process_rank(int rank, const ncclUniqueId& id) {
   CHILD_CHECK(cudaMalloc(&recv, recv_off[n] * 4) == cudaSuccess, "cudaMalloc");
   std::vector<int32_t> h(send_off[n]);
   for (int q = 0; q < n; ++q)
-    for (std::size_t i = 0; i < skewed_count(rank, q, n); ++i) h[send_off[q] + i] = value(rank, q, i);
+    for (std::size_t i = 0; i < skewed_count(rank, q, n); ++i)
+      h[send_off[q] + i] = value(rank, q, i);
   cudaMemcpy(send, h.data(), h.size() * 4, cudaMemcpyHostToDevice);
   const auto alltoallv = [&] {
     ncclGroupStart();
@@ -537,7 +537,8 @@ int two_process_rank(int rank, const ncclUniqueId& id) {
   cudaStreamSynchronize(stream);
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
-  CHILD_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) == cudaSuccess, "capture");
+  CHILD_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) == cudaSuccess,
+              "capture");
   CHILD_CHECK(lone() == ncclSuccess, "captured lone pair");
   CHILD_CHECK(cudaStreamEndCapture(stream, &graph) == cudaSuccess, "end capture");
   CHILD_CHECK(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess, "instantiate");

@@ -237,7 +237,8 @@ TEST(Balancer, OffOrUnusableTopologiesLeaveEverythingAlone) {
     Balancer b(nullptr, {0, 0}, false, true);
     EXPECT_FALSE(b.active());
   }
-  for (const char* bad : {"preset:no-such-machine", "preset:nimble-h100:0", "/nonexistent/t.json"}) {
+  for (const char* bad :
+       {"preset:no-such-machine", "preset:nimble-h100:0", "/nonexistent/t.json"}) {
     Env topology("EFCCL_BALANCE_TOPOLOGY", bad);
     Balancer b(nullptr, {0, 0}, false, true);
     EXPECT_FALSE(b.active()) << bad;
@@ -284,8 +285,7 @@ TEST(Balancer, TheGpuTestsDemandsSplitAsThoseTestsExpect) {
     const char* relay;
   };
   for (const Case& k : {Case{"nimble-h100", 2, "no kernel there"},
-                        Case{"nimble-h100", 4, "forwarded by rank"},
-                        Case{"h200-nv18-x2", 4, ""}}) {
+                        Case{"nimble-h100", 4, "forwarded by rank"}, Case{"h200-nv18-x2", 4, ""}}) {
     SCOPED_TRACE(std::string(k.preset) + " x" + std::to_string(k.n));
     auto b = balancer_on(k.preset, k.n);
     std::vector<Balancer::TransferKey> group;
@@ -309,7 +309,8 @@ TEST(Balancer, TheGpuTestsDemandsSplitAsThoseTestsExpect) {
   std::vector<Balancer::TransferKey> ring;
   for (int32_t r = 0; r < 4; ++r)
     for (int32_t q : {(r + 1) % 4, (r + 3) % 4})
-      ring.push_back({r, q, 4 * (300000 + 4099 * static_cast<uint64_t>(r) + static_cast<uint64_t>(q))});
+      ring.push_back(
+          {r, q, 4 * (300000 + 4099 * static_cast<uint64_t>(r) + static_cast<uint64_t>(q))});
   auto prepared = b->prepare_group(ring, "p2p");
   ASSERT_TRUE(prepared);
   std::size_t split = 0;

@@ -17,14 +17,13 @@
 #include <nccl.h>
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -100,10 +99,10 @@ double time_calls(Comms& c, int iters, const std::function<void()>& call) {
     const auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < iters; ++i) call();
     c.sync();
-    best = std::min(best, std::chrono::duration<double, std::micro>(
-                              std::chrono::steady_clock::now() - start)
-                                  .count() /
-                              iters);
+    best = std::min(
+        best, std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+                      .count() /
+                  iters);
   }
   return best;
 }
@@ -126,20 +125,19 @@ int print_plans(const std::string& path) {
     const nlohmann::json stats = nlohmann::json::parse(line);
     for (const nlohmann::json& p : stats["plans"]) {
       ++plans;
-      std::printf("    plan #%d (%s): %zu runs, measured %s us (mean of %zu), predicted %s us "
-                  "(default paths %s us)\n",
-                  p["id"].get<int>(), p["kind"].get<std::string>().c_str(),
-                  p["runs"].get<std::size_t>(),
-                  p["measured_us"].is_null()
-                      ? "-"
-                      : std::to_string(p["measured_us"]["mean"].get<double>()).c_str(),
-                  p["measured_runs"].get<std::size_t>(),
-                  p["predicted_us"].is_null()
-                      ? "-"
-                      : std::to_string(p["predicted_us"].get<double>()).c_str(),
-                  p["direct_predicted_us"].is_null()
-                      ? "-"
-                      : std::to_string(p["direct_predicted_us"].get<double>()).c_str());
+      std::printf(
+          "    plan #%d (%s): %zu runs, measured %s us (mean of %zu), predicted %s us "
+          "(default paths %s us)\n",
+          p["id"].get<int>(), p["kind"].get<std::string>().c_str(), p["runs"].get<std::size_t>(),
+          p["measured_us"].is_null()
+              ? "-"
+              : std::to_string(p["measured_us"]["mean"].get<double>()).c_str(),
+          p["measured_runs"].get<std::size_t>(),
+          p["predicted_us"].is_null() ? "-"
+                                      : std::to_string(p["predicted_us"].get<double>()).c_str(),
+          p["direct_predicted_us"].is_null()
+              ? "-"
+              : std::to_string(p["direct_predicted_us"].get<double>()).c_str());
       for (const nlohmann::json& pair : p["pairs"]) {
         std::string paths;
         for (const nlohmann::json& path_share : pair["paths"])

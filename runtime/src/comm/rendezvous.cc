@@ -305,10 +305,9 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
           }
           check_shared_gpus(locations, member_ranks, devices);
           const std::set<int> leaders(processes->leader.begin(), processes->leader.end());
-          status = exchanged_machine_graph(placements, *boots.front(),
-                                           std::vector<int>(leaders.begin(), leaders.end()),
-                                           net::Deadline(build_deadline), &r.abort, &graph,
-                                           &every_process_sees_every_gpu);
+          status = exchanged_machine_graph(
+              placements, *boots.front(), std::vector<int>(leaders.begin(), leaders.end()),
+              net::Deadline(build_deadline), &r.abort, &graph, &every_process_sees_every_gpu);
         }
       } catch (const std::exception& e) {
         status = ApiStatus::internal(std::string("the machine graph: ") + e.what());

@@ -267,9 +267,9 @@ ApiStatus run_send_recv(LaunchContext& ctx, const std::vector<Call>& calls, Laun
                   prepared.main_bytes[i] = t->main_bytes;
             }
           }
-          prepared.plan = plan_pair_rounds(a, b, bytes_ab - prepared.main_bytes[0],
-                                           bytes_ba - prepared.main_bytes[1], &p2p_channels,
-                                           protocol_for);
+          prepared.plan =
+              plan_pair_rounds(a, b, bytes_ab - prepared.main_bytes[0],
+                               bytes_ba - prepared.main_bytes[1], &p2p_channels, protocol_for);
           prepared.executors.assign(prepared.plan.rounds.size(), nullptr);
           cached = ctx.pair_rounds.emplace(key, std::move(prepared)).first;
         }
@@ -283,9 +283,9 @@ ApiStatus run_send_recv(LaunchContext& ctx, const std::vector<Call>& calls, Laun
           for (int i = 0; i < 2; ++i) {
             const BalancedTransfer* t = pair.balanced->transfers[i].get();
             if (t == nullptr) continue;
-            if (ApiStatus s = add_balanced(ctx, *t, slot[2 * i], slot[2 * i + 1], stream_of,
-                                           *capturing, ExchangeName::pair(a, b),
-                                           &pair.balanced_executors[i], batch);
+            if (ApiStatus s =
+                    add_balanced(ctx, *t, slot[2 * i], slot[2 * i + 1], stream_of, *capturing,
+                                 ExchangeName::pair(a, b), &pair.balanced_executors[i], batch);
                 !s)
               return s;
             ++balanced;
@@ -313,10 +313,12 @@ ApiStatus run_send_recv(LaunchContext& ctx, const std::vector<Call>& calls, Laun
   if (logged || selection_observed()) {
     const std::string reason =
         std::to_string(transfers) + " transfer(s) between ranks and " + std::to_string(to_self) +
-        " to self -> " + (balanced > 0 ? std::to_string(balanced) + " balanced program(s) + " : "") +
+        " to self -> " +
+        (balanced > 0 ? std::to_string(balanced) + " balanced program(s) + " : "") +
         std::to_string(ready.size()) + " launch(es) of generated 'p2p' programs" +
-        (ready.empty() ? std::string()
-                       : " (channels per transfer: " + std::to_string(ready.front().round->channels) + ")") +
+        (ready.empty()
+             ? std::string()
+             : " (channels per transfer: " + std::to_string(ready.front().round->channels) + ")") +
         (ctx.processes != nullptr ? ", pairs in one global order across processes" : "");
     if (logged)
       log_line(LogLevel::kInfo, kLogP2p, ctx.device(stream_of.begin()->first),
