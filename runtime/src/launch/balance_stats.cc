@@ -82,8 +82,19 @@ BalanceStats::~BalanceStats() {
 }
 
 int32_t BalanceStats::add_plan(BalancePlanRecord record) {
-  plans_.push_back(Plan{std::move(record)});
-  return static_cast<int32_t>(plans_.size() - 1);
+  if (plans_.size() < kMaxPlans) {
+    plans_.push_back(Plan{std::move(record)});
+    return static_cast<int32_t>(plans_.size() - 1);
+  }
+  // Demands that change every call would grow the list without end: later plans share one
+  // entry, which counts their runs (their paths and link bytes are not kept).
+  if (plans_.size() == kMaxPlans) {
+    BalancePlanRecord later;
+    later.kind = "later plans";
+    later.scope = record.scope;
+    plans_.push_back(Plan{std::move(later)});
+  }
+  return static_cast<int32_t>(kMaxPlans);
 }
 
 cudaEvent_t BalanceStats::take_event(int device) {

@@ -52,7 +52,7 @@ class BalanceStats {
   BalanceStats(const BalanceStats&) = delete;
   BalanceStats& operator=(const BalanceStats&) = delete;
 
-  /// A new plan; returns its id.
+  /// A new plan; returns its id (past kMaxPlans plans, the id of one entry they all share).
   int32_t add_plan(BalancePlanRecord record);
   const BalancePlanRecord& plan(int32_t id) const {
     return plans_[static_cast<std::size_t>(id)].record;
@@ -90,6 +90,7 @@ class BalanceStats {
   void finish_poll(std::size_t done);
 
   static constexpr std::size_t kMaxPending = 64;
+  static constexpr std::size_t kMaxPlans = 4096;  ///< kept one by one; later ones share one
   std::vector<Plan> plans_;
   std::vector<Measurement> pending_;  ///< oldest first
   std::size_t open_ = 0;              ///< pending_'s last `open_` entries await after_flush

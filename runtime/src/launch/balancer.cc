@@ -225,6 +225,7 @@ StatusOr<const Balancer::Prepared*> Balancer::prepare_group(
 
 StatusOr<std::shared_ptr<const balance::Plan>> Balancer::uniform_plan(uint64_t bytes) {
   if (auto it = uniform_.find(bytes); it != uniform_.end()) return it->second;
+  if (uniform_.size() >= kMaxCachedGroups) uniform_.clear();
   const int32_t n = machine_->nranks();
   balance::Demand demand;
   demand.nranks = n;
@@ -239,6 +240,15 @@ StatusOr<std::shared_ptr<const balance::Plan>> Balancer::uniform_plan(uint64_t b
 }
 
 StatusOr<bool> Balancer::alltoall_balances(uint64_t bytes) {
+  if (auto it = alltoall_decisions_.find(bytes); it != alltoall_decisions_.end()) return it->second;
+  StatusOr<bool> decided = decide_alltoall(bytes);
+  if (!decided) return decided;
+  if (alltoall_decisions_.size() >= kMaxCachedGroups) alltoall_decisions_.clear();
+  alltoall_decisions_.emplace(bytes, *decided);
+  return decided;
+}
+
+StatusOr<bool> Balancer::decide_alltoall(uint64_t bytes) {
   const TransferChunks cut = chunks_of(bytes);
   if (cut.chunks == 0) return false;
   auto plan = uniform_plan(bytes);
@@ -371,9 +381,9 @@ int32_t Balancer::record(const std::string& kind, const std::string& scope,
     }
   }
   const std::size_t balanced = r.pairs.size();
+  if (!logged) return stats_.add_plan(std::move(r));
+  const BalancePlanRecord rec = r;  // past the statistics' bound the id is a shared entry's
   const int32_t id = stats_.add_plan(std::move(r));
-  if (!logged) return id;
-  const BalancePlanRecord& rec = stats_.plan(id);
   std::string head = "balance plan #" + std::to_string(id) + " (" + kind + ", " + scope +
                      ", new): " + std::to_string(balanced) + " of " +
                      std::to_string(transfers.size()) +
@@ -385,10 +395,13 @@ int32_t Balancer::record(const std::string& kind, const std::string& scope,
   log_line(LogLevel::kInfo, kLogBalance, -1, head);
   for (std::size_t i = 0; i < rec.pairs.size() && i < kMaxLoggedTransfers; ++i) {
     const BalancePlanRecord::Pair& p = rec.pairs[i];
+    const auto paths =
+        std::count_if(p.paths.begin(), p.paths.end(),
+                      [](const BalancePlanRecord::Path& x) { return x.channels > 0; });
     std::string line = "balance plan #" + std::to_string(id) + ": rank " + std::to_string(p.src) +
                        " -> rank " + std::to_string(p.dst) + " " +
-                       human(static_cast<double>(p.bytes)) + " over " +
-                       std::to_string(p.paths.size()) + " paths:";
+                       human(static_cast<double>(p.bytes)) + " over " + std::to_string(paths) +
+                       " paths:";
     for (const BalancePlanRecord::Path& path : p.paths)
       line += " [" + path.via + " " + human(static_cast<double>(path.bytes)) +
               (path.channels > 0 ? ", " + std::to_string(path.channels) + " ch" : "") + "]";

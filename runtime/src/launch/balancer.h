@@ -84,6 +84,7 @@ class Balancer {
 
  private:
   StatusOr<std::shared_ptr<const balance::Plan>> uniform_plan(uint64_t bytes);
+  StatusOr<bool> decide_alltoall(uint64_t bytes);
   /// How transfers sender -> receiver may go; `participants`: ranks taking part (one
   /// process: they may forward), sorted.
   RelayResolution resolution(int32_t sender, int32_t receiver,
@@ -115,6 +116,7 @@ class Balancer {
            std::shared_ptr<const Prepared>>
       pairs_;
   std::map<uint64_t, std::shared_ptr<const balance::Plan>> uniform_;
+  std::map<uint64_t, bool> alltoall_decisions_;  ///< alltoall_balances by bytes per pair
   /// Across processes: the distinct programs each pair has run (bounded: executors shared
   /// between processes are never evicted).
   std::map<std::pair<int32_t, int32_t>, std::set<std::string>> pair_programs_;
