@@ -107,28 +107,37 @@ for log in "$logs"/runtime_balance_test*.log; do
 done
 
 # 3. torchrun, ranks on GPU 0, the balancer planning on nimble-h100 (relays and the host path).
+# torch_step N [efccl]: ProcessGroupNCCL under LD_PRELOAD, or (efccl) efccl's own backend.
 torch_step() {
-  local n="$1"
-  local log="$logs/torchrun_$n.out"
-  run_step "torchrun --nproc_per_node $n, ranks on GPU 0, LD_PRELOAD, balancer on (nimble-h100)" 150 \
-    env CUDA_VISIBLE_DEVICES=0 LD_PRELOAD="$library" EFCCL_BALANCE_TOPOLOGY=preset:nimble-h100 \
+  local n="$1" backend="${2:-nccl}"
+  local log="$logs/torchrun_${backend}_$n.out"
+  local how=(env LD_PRELOAD="$library")
+  [[ "$backend" == efccl ]] && how=(env PYTHONPATH="$repo/build-torch/python" EFCCL_LIBRARY="$library")
+  run_step "torchrun --nproc_per_node $n, ranks on GPU 0, $backend backend, balancer on (nimble-h100)" 150 \
+    "${how[@]}" CUDA_VISIBLE_DEVICES=0 EFCCL_BALANCE_TOPOLOGY=preset:nimble-h100 \
       EFCCL_BALANCE_MIN_BYTES=262144 EFCCL_DEBUG=INFO EFCCL_DEBUG_SUBSYS=BALANCE \
       EFCCL_DEBUG_FILE="$log.%p" \
       "$python" -m torch.distributed.run --standalone --nproc_per_node="$n" \
-      tests/torch/torch_collectives.py --only all_to_all,batch_isend,send/recv
+      tests/torch/torch_collectives.py --backend "$backend" --only all_to_all,batch_isend,send/recv
   local plans multi
   plans=$(cat "$log".* 2>/dev/null | grep -c 'balance plan #[0-9]* (.*, new)' || true)
   multi=$(cat "$log".* 2>/dev/null | grep -E -c 'over [2-9] paths' || true)
   say "  BALANCE log: $plans new plan(s), $multi transfer(s) over several paths; for example:"
   cat "$log".* 2>/dev/null | grep -E 'over [2-9] paths' | head -3 | sed 's/^/    /'
   if (( multi > 0 )); then
-    summary+=("PASS     torchrun $n ranks: EFCCL_DEBUG=INFO shows $plans plan(s), $multi multi-path transfer(s)")
+    summary+=("PASS     torchrun $n ranks ($backend): EFCCL_DEBUG=INFO shows $plans plan(s), $multi multi-path transfer(s)")
   else
-    summary+=("FAIL     torchrun $n ranks: no multi-path plan in the BALANCE log ($log.*)"); failures=$((failures + 1))
+    summary+=("FAIL     torchrun $n ranks ($backend): no multi-path plan in the BALANCE log ($log.*)"); failures=$((failures + 1))
   fi
 }
 torch_step 2
 torch_step 4
+# efccl's own torch backend, where tests/torch/run_gpu_checks.sh has built it (optional).
+if [[ -d build-torch/python/efccl ]]; then
+  torch_step 2 efccl
+else
+  summary+=("NOT RUN  (optional) torch_collectives.py --backend efccl: build-torch/python is absent (tests/torch/run_gpu_checks.sh builds it)")
+fi
 
 # 4. Real GPUs: a lone pair and a skewed all-to-all-v, off and on, on the machine's own graph.
 if (( gpus >= 2 )); then
