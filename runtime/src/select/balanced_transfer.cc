@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdio>
 #include <map>
 
@@ -22,6 +23,9 @@ constexpr int64_t kMaxChunksPerTransfer = int64_t{1} << 16;
 /// A share's channels: its candidate's bottleneck / what one threadblock moves, at most this.
 constexpr double kThreadblockGbps = 25.0;
 constexpr int32_t kMaxChannelsPerShare = 16;
+/// The host path's channels, at most: its connections live in pinned host memory (across
+/// processes in /dev/shm), 8 slots each; two carry PCIe's rate in the timing model.
+constexpr int32_t kMaxHostChannels = 2;
 /// Connection slots of a balanced program: as a send/receive round's (its chunk rounded up to
 /// a power of two, 32-512 KiB), halved while the program's connections would hold more.
 constexpr std::size_t kMinSlotBytes = std::size_t{32} << 10;
@@ -195,9 +199,10 @@ StatusOr<std::optional<BalancedTransfer>> build_balanced_transfer(int32_t sender
         break;
     }
     const double wanted = c.gbps / kThreadblockGbps;
-    int32_t channels = wanted > 1 ? static_cast<int32_t>(std::min<double>(
-                                        kMaxChannelsPerShare, static_cast<int32_t>(wanted + 0.999)))
-                                  : 1;
+    int32_t channels =
+        wanted > 1 ? static_cast<int32_t>(std::min<double>(kMaxChannelsPerShare, std::ceil(wanted)))
+                   : 1;
+    if (c.kind == balance::CandidateKind::kHost) channels = std::min(channels, kMaxHostChannels);
     channels = static_cast<int32_t>(std::min<int64_t>(channels, share.chunks));
     share.channels = channels;
     transfer.shares.push_back({share.route, share.chunks, channels});
