@@ -163,6 +163,13 @@ std::optional<balance::PairPlan> Balancer::pair_plan(const balance::Plan& plan, 
   return usable_shares(*it, relays);
 }
 
+bool Balancer::worth_it(const balance::Plan& plan) const {
+  // Leaving the default paths (the tuned programs) is a change of plan like any other: it must
+  // lower the busiest link's load by more than the hysteresis.
+  return force_spread_ ||
+         plan.max_load_us < (1.0 - planner_->options().hysteresis) * plan.direct_max_load_us;
+}
+
 void Balancer::reset_caches() {
   groups_.clear();
   pairs_.clear();
@@ -204,7 +211,7 @@ StatusOr<const Balancer::Prepared*> Balancer::prepare_group(
   auto prepared = std::make_unique<Prepared>();
   prepared->transfers.resize(transfers.size());
   bool any = false;
-  for (std::size_t i = 0; i < transfers.size(); ++i) {
+  for (std::size_t i = 0; i < transfers.size() && worth_it(*plan); ++i) {
     const TransferKey& t = transfers[i];
     if (t.sender == t.receiver || t.bytes == 0) continue;
     const RelayResolution relays = resolution(t.sender, t.receiver, &participants);
@@ -255,6 +262,7 @@ StatusOr<bool> Balancer::decide_alltoall(uint64_t bytes) {
   if (!plan) return plan.status();
   std::vector<int32_t> everyone(static_cast<std::size_t>(machine_->nranks()));
   for (int32_t r = 0; r < machine_->nranks(); ++r) everyone[static_cast<std::size_t>(r)] = r;
+  if (!worth_it(**plan)) return false;
   for (const balance::PairPlan& p : (*plan)->pairs) {
     const RelayResolution relays = resolution(p.src, p.dst, multiprocess_ ? nullptr : &everyone);
     const std::optional<balance::PairPlan> usable = pair_plan(**plan, p.src, p.dst, relays);
@@ -294,7 +302,7 @@ StatusOr<std::shared_ptr<const Balancer::Prepared>> Balancer::prepare_pair(
   const TransferKey directions[2] = {{a, b, ab}, {b, a, ba}};
   std::set<std::string>& programs = pair_programs_[{a, b}];
   bool any = false;
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < 2 && worth_it(*plan); ++i) {
     const TransferKey& t = directions[i];
     if (t.bytes == 0) continue;
     const RelayResolution relays = resolution(t.sender, t.receiver, nullptr);

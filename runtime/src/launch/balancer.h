@@ -97,6 +97,8 @@ class Balancer {
   int32_t record(const std::string& kind, const std::string& scope,
                  const std::vector<TransferKey>& transfers, const Prepared& prepared,
                  const balance::Plan& plan);
+  /// Whether `plan` lowers the busiest link's load enough to leave the default paths.
+  bool worth_it(const balance::Plan& plan) const;
   void reset_caches();
 
   std::shared_ptr<const topo::ClusterGraph> graph_;
