@@ -283,7 +283,7 @@ TEST(Balance, BatchIsendIrecvLikeGroupInOneProcess) {
       cudaMalloc(&from_prev[r], size(prev, r) * 4);
       cudaMalloc(&from_next[r], size(next, r) * 4);
     }
-    for (int round = 0; round < 2; ++round) {
+    const auto enqueue = [&] {
       NCCL_OK(ncclGroupStart());
       for (int r = 0; r < n; ++r) {
         const int next = (r + 1) % n, prev = (r + n - 1) % n;
@@ -293,6 +293,8 @@ TEST(Balance, BatchIsendIrecvLikeGroupInOneProcess) {
         NCCL_OK(ncclRecv(from_next[r], size(next, r), ncclInt32, next, c.comms[r], c.streams[r]));
       }
       NCCL_OK(ncclGroupEnd());
+    };
+    const auto check = [&](const std::string& what) {
       c.sync();
       for (int r = 0; r < n; ++r) {
         const int next = (r + 1) % n, prev = (r + n - 1) % n;
@@ -300,10 +302,25 @@ TEST(Balance, BatchIsendIrecvLikeGroupInOneProcess) {
           std::vector<int32_t> h(size(s, r));
           cudaMemcpy(h.data(), p, h.size() * 4, cudaMemcpyDeviceToHost);
           for (std::size_t i = 0; i < h.size(); ++i)
-            ASSERT_EQ(h[i], value(s, r, i)) << "rank " << r << " from " << s << " element " << i;
+            ASSERT_EQ(h[i], value(s, r, i))
+                << what << ": rank " << r << " from " << s << " element " << i;
+          cudaMemset(p, 0, h.size() * 4);
         }
       }
+      cudaDeviceSynchronize();
+    };
+    for (int round = 0; round < 2; ++round) {
+      enqueue();
+      check("eager round " + std::to_string(round));
     }
+    cudaGraphExec_t exec = capture(c, enqueue);
+    ASSERT_NE(exec, nullptr);
+    for (int replay = 0; replay < 2; ++replay) {
+      cudaSetDevice(c.devices[0]);
+      ASSERT_EQ(cudaGraphLaunch(exec, c.streams[0]), cudaSuccess);
+      check("graph replay " + std::to_string(replay));
+    }
+    cudaGraphExecDestroy(exec);
     for (auto* v : {&to_next, &to_prev, &from_prev, &from_next})
       for (int32_t* p : *v) cudaFree(p);
   }
@@ -356,20 +373,33 @@ TEST(Balance, AllToAllAndLonePairInOneProcess) {
     check("ncclAlltoAll, graph replay");
     cudaGraphExecDestroy(exec);
 
-    // A lone pair 0 -> 2 (ranks 1 and 3 idle: relays through their GPUs are slot devices).
+    // A lone pair 0 -> 2 (ranks 1 and 3 idle: relays through their GPUs are slot devices),
+    // eagerly and captured.
     const std::size_t pair = 5 * kMiB / 4 + 3;
-    for (int i = 0; i < 2; ++i) {
-      cudaMemset(out[2], 0, pair * 4);
+    const auto lone = [&] {
       NCCL_OK(ncclGroupStart());
       NCCL_OK(ncclSend(in[0], pair, ncclInt32, 2, c.comms[0], c.streams[0]));
       NCCL_OK(ncclRecv(out[2], pair, ncclInt32, 0, c.comms[2], c.streams[2]));
       NCCL_OK(ncclGroupEnd());
+    };
+    const auto check_lone = [&](const std::string& what) {
       c.sync();
       std::vector<int32_t> h(pair), want(pair);
       cudaMemcpy(h.data(), out[2], pair * 4, cudaMemcpyDeviceToHost);
       cudaMemcpy(want.data(), in[0], pair * 4, cudaMemcpyDeviceToHost);
-      ASSERT_EQ(h, want) << "lone pair, run " << i;
+      ASSERT_EQ(h, want) << what;
+      cudaMemset(out[2], 0, pair * 4);
+      cudaDeviceSynchronize();
+    };
+    for (int i = 0; i < 2; ++i) {
+      lone();
+      check_lone("lone pair, run " + std::to_string(i));
     }
+    cudaGraphExec_t lone_exec = capture(c, lone);
+    ASSERT_NE(lone_exec, nullptr);
+    cudaGraphLaunch(lone_exec, c.streams[0]);
+    check_lone("lone pair, graph replay");
+    cudaGraphExecDestroy(lone_exec);
     for (int r = 0; r < n; ++r) {
       cudaFree(in[r]);
       cudaFree(out[r]);
