@@ -14,6 +14,9 @@ backend instead (`import efccl.torch`; no preload: torch's NCCL stays loaded bes
     PYTHONPATH=build-torch/python torchrun --nproc_per_node 2 tests/torch/torch_collectives.py --backend efccl
 
 It reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (both launchers set them).
+`--only all_to_all,batch_isend` runs only the checks whose names contain one of the parts. The
+skewed all_to_all_single checks exercise efccl's balancer (on by default; docs/balancer.md):
+tests/runtime/run_gpu_balance.sh runs them on one GPU with EFCCL_BALANCE_TOPOLOGY set.
 Without the preload it checks torch's own NCCL, which is how the script itself is validated.
 Inputs are small integers (or sums divisible by the world size for AVG), so every result is
 exactly representable in every dtype and is compared exactly. Prints "PASS <check>" or
@@ -37,6 +40,12 @@ if "--backend" in sys.argv:
     BACKEND = sys.argv[sys.argv.index("--backend") + 1]
 if BACKEND == "efccl":
     import efccl.torch  # noqa: F401 - registers the backend
+
+# --only SUBSTR[,SUBSTR...]: run only the checks whose names contain one of them (the balancer's
+# GPU script runs the all-to-all and point-to-point checks this way).
+ONLY = []
+if "--only" in sys.argv:
+    ONLY = [part for part in sys.argv[sys.argv.index("--only") + 1].split(",") if part]
 
 RANK = int(os.environ["RANK"])
 WORLD = int(os.environ["WORLD_SIZE"])
@@ -83,6 +92,8 @@ def trace(what, name):
 
 def check(name, fn):
     """Runs one check; an exception is a failure with its message."""
+    if ONLY and not any(part in name for part in ONLY):
+        return
     trace("START", name)
     try:
         result = fn()
@@ -172,6 +183,8 @@ def all_reduce_checks():
             for op_name, op in OPS:
                 name = f"all_reduce {op_name} {str(dtype).replace('torch.', '')} x{n}"
                 if op == dist.ReduceOp.AVG and dtype in FLOATS and not POWER_OF_TWO:
+                    if ONLY and not any(part in name for part in ONLY):
+                        continue
                     report(name, False, f"not checked: the world size {WORLD} is not a power of two")
                     continue
                 check(name, all_reduce_check(op, dtype, n))
@@ -421,6 +434,60 @@ def all_to_all_uneven():
     return compare(out, torch.cat([block(s, RANK) for s in range(WORLD)]))
 
 
+def skewed_size(src, dst):
+    """Elements src sends dst in the skewed all-to-all: one hot pair (rank 0 -> rank 1, about
+    8 MiB of int64) and odd, uneven sizes of tens to hundreds of KiB elsewhere, so that the
+    balancer (EFCCL_BALANCE, on by default) splits the large transfers and their tails (bytes
+    past the last whole chunk) and the small ones take their default paths."""
+    if src == 0 and dst == 1:
+        return (1 << 20) + 7
+    return 2000 + 20011 * ((3 * src + dst) % 7) + 13 * dst + src
+
+
+def all_to_all_skewed(graph):
+    def run():
+        def block(src, dst):
+            return (1000000 * src + 1000 * dst
+                    + torch.arange(skewed_size(src, dst), device=DEVICE) % 1000).to(torch.int64)
+
+        inp = torch.cat([block(RANK, d) for d in range(WORLD)])
+        out_sizes = [skewed_size(s, RANK) for s in range(WORLD)]
+        in_sizes = [skewed_size(RANK, d) for d in range(WORLD)]
+        out = torch.full((sum(out_sizes),), -1, device=DEVICE, dtype=torch.int64)
+        expected = torch.cat([block(s, RANK) for s in range(WORLD)])
+        for _ in range(2):  # the second call repeats the demand: the plan and programs are kept
+            out.fill_(-1)
+            dist.all_to_all_single(out, inp, output_split_sizes=out_sizes,
+                                   input_split_sizes=in_sizes)
+            problem = compare(out, expected)
+            if problem:
+                return problem
+        if not graph:
+            return None
+        # Captured (the balanced programs' executors are pinned to the graph), replayed twice;
+        # warmed up on a side stream first, as torch recommends.
+        side = torch.cuda.Stream(device=DEVICE)
+        side.wait_stream(torch.cuda.current_stream(DEVICE))
+        with torch.cuda.stream(side):
+            dist.all_to_all_single(out, inp, output_split_sizes=out_sizes,
+                                   input_split_sizes=in_sizes)
+        torch.cuda.current_stream(DEVICE).wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            dist.all_to_all_single(out, inp, output_split_sizes=out_sizes,
+                                   input_split_sizes=in_sizes)
+        for step in range(2):
+            out.fill_(-1)
+            torch.cuda.synchronize(DEVICE)
+            g.replay()
+            torch.cuda.synchronize(DEVICE)
+            problem = compare(out, expected)
+            if problem:
+                return f"replay {step}: {problem}"
+        return None
+    return run
+
+
 # ---- point to point ---------------------------------------------------------------------------
 
 NEXT = (RANK + 1) % WORLD
@@ -584,6 +651,9 @@ def main():
         check(f"reduce_scatter_tensor x{n}", reduce_scatter_tensor(n))
         check(f"all_to_all_single even splits x{n}", all_to_all_even(n))
     check("all_to_all_single uneven splits", all_to_all_uneven)
+    check("all_to_all_single skewed uneven splits (a hot pair)", all_to_all_skewed(False))
+    check("all_to_all_single skewed uneven splits in a CUDA graph, replayed",
+          all_to_all_skewed(True))
     check("all_reduce_coalesced (three tensors, mixed types)", all_reduce_coalesced_check)
     check("coalescing manager: all_reduce, all_gather_into_tensor, reduce_scatter_tensor",
           coalescing_manager_check)

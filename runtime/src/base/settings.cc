@@ -63,4 +63,30 @@ uint32_t resident_ctas() {
   return static_cast<uint32_t>(positive_integer("EFCCL_RESIDENT_CTAS", kDefault, 128, "CTAs"));
 }
 
+bool balance_enabled() {
+  const char* v = std::getenv("EFCCL_BALANCE");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "1") == 0) return true;
+  if (std::strcmp(v, "0") == 0) return false;
+  EFCCL_WARN(-1, "EFCCL_BALANCE=" + std::string(v) + " is neither 0 nor 1; using 1");
+  return true;
+}
+
+std::string balance_topology() {
+  const char* v = std::getenv("EFCCL_BALANCE_TOPOLOGY");
+  return v == nullptr ? "" : v;
+}
+
+std::string balance_stats_file() {
+  const char* v = std::getenv("EFCCL_BALANCE_STATS");
+  return v == nullptr ? "" : v;
+}
+
+std::string balance_force() {
+  const char* v = std::getenv("EFCCL_BALANCE_FORCE");
+  if (v == nullptr || *v == '\0') return "";
+  if (std::strcmp(v, "spread") == 0) return v;
+  EFCCL_WARN(-1, "EFCCL_BALANCE_FORCE=" + std::string(v) + " is not 'spread'; ignored");
+  return "";
+}
+
 }  // namespace efccl::runtime

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace efccl::runtime {
 
@@ -26,5 +27,19 @@ bool resident_enabled();
 /// EFCCL_RESIDENT_CTAS (default 16, 1..128): CTAs of each GPU's resident grid; calls whose
 /// threadblocks on a GPU need more are launched.
 uint32_t resident_ctas();
+
+/// EFCCL_BALANCE: 1 (default) lets the balancer split large send/receive transfers, all-to-all
+/// and lone pairs over several paths (docs/balancer.md, "In the runtime"); 0 turns it off.
+bool balance_enabled();
+/// EFCCL_BALANCE_TOPOLOGY: "" (the communicator's machine graph), "preset:NAME[:HOSTS]" or a
+/// topology file (NCCL XML, or efccl's topology JSON); rank r then plans as the topology's GPU
+/// r mod its GPU count (testing balanced programs on fewer GPUs than the topology has).
+std::string balance_topology();
+/// EFCCL_BALANCE_STATS: a file the balancer's statistics are appended to, as one JSON object
+/// per communicator when it ends ("%h": host name, "%p": process id); "" none.
+std::string balance_stats_file();
+/// EFCCL_BALANCE_FORCE (tests only): "" plans as the planner says; "spread" splits every pair
+/// at or above EFCCL_BALANCE_MIN_BYTES evenly over all its usable candidates.
+std::string balance_force();
 
 }  // namespace efccl::runtime

@@ -61,6 +61,25 @@ topo::Detection detect_now() {
   }
 }
 
+/// Whether this process sees, as a CUDA device, every GPU of its host (the host of the ranks
+/// placed with `host`) in `graph`.
+bool sees_every_gpu_of_host(const topo::ClusterGraph& graph,
+                            const std::vector<topo::RankPlacement>& ranks, uint64_t host) {
+  int32_t index = -1;
+  for (std::size_t r = 0; r < ranks.size() && index < 0; ++r)
+    if (ranks[r].host == host && r < graph.rank_host.size()) index = graph.rank_host[r];
+  if (index < 0) return false;
+  for (topo::NodeIndex g : graph.topology.gpus_of_host(index)) {
+    int device = -1;
+    const std::string& pci = graph.topology.node(g).pci;
+    if (pci.empty() || cudaDeviceGetByPCIBusId(&device, pci.c_str()) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+  }
+  return true;
+}
+
 ApiStatus graph_status(const Status& s) {
   return ApiStatus::internal("the machine graph: " + s.message());
 }
@@ -90,7 +109,8 @@ ApiStatus local_machine_graph(const std::vector<int>& devices,
 ApiStatus exchanged_machine_graph(const std::vector<topo::RankPlacement>& ranks,
                                   net::Bootstrap& boot, const std::vector<int>& leaders,
                                   net::Deadline deadline, const std::atomic<bool>* abort,
-                                  std::shared_ptr<const topo::ClusterGraph>* out) {
+                                  std::shared_ptr<const topo::ClusterGraph>* out,
+                                  bool* every_process_sees_every_gpu) {
   // Each process sends its host hash and its host's graph.
   const uint64_t host = net::host_hash();
   std::string mine(reinterpret_cast<const char*>(&host), sizeof(host));
@@ -110,17 +130,22 @@ ApiStatus exchanged_machine_graph(const std::vector<topo::RankPlacement>& ranks,
   }
   auto graph = topo::assemble_cluster(ranks, host_graphs);
   if (!graph) return graph_status(graph.status());
-  // Every rank computed the graph from the same bytes; the hashes say whether all agree.
+  // Every rank computed the graph from the same bytes; the hashes say whether all agree. A
+  // byte after the hash says whether this process sees every GPU of its host.
   const uint64_t hash = graph->hash;
-  auto hashes = boot.allgather(leaders, kGraphHashTag,
-                               std::string(reinterpret_cast<const char*>(&hash), sizeof(hash)),
-                               deadline, abort);
+  std::string hash_blob(reinterpret_cast<const char*>(&hash), sizeof(hash));
+  hash_blob += sees_every_gpu_of_host(*graph, ranks, host) ? '\1' : '\0';
+  auto hashes = boot.allgather(leaders, kGraphHashTag, std::move(hash_blob), deadline, abort);
   if (!hashes)
     return ApiStatus::system("exchanging the machine graph's hash: " + hashes.status().message());
+  bool all_see = true;
   for (std::size_t i = 0; i < hashes->size(); ++i) {
     uint64_t theirs = 0;
-    if ((*hashes)[i].size() == sizeof(theirs)) std::memcpy(&theirs, (*hashes)[i].data(), 8);
-    if ((*hashes)[i].size() != sizeof(theirs) || theirs != hash) {
+    const std::string& blob = (*hashes)[i];
+    const bool sized = blob.size() == sizeof(theirs) + 1;
+    if (sized) std::memcpy(&theirs, blob.data(), 8);
+    all_see = all_see && sized && blob[sizeof(theirs)] == '\1';
+    if (!sized || theirs != hash) {
       char text[96];
       std::snprintf(text, sizeof(text), "0x%016llx here, 0x%016llx at rank %d",
                     static_cast<unsigned long long>(hash),
@@ -129,6 +154,7 @@ ApiStatus exchanged_machine_graph(const std::vector<topo::RankPlacement>& ranks,
                                  text + "): are they running different efccl versions?");
     }
   }
+  if (every_process_sees_every_gpu != nullptr) *every_process_sees_every_gpu = all_see;
   *out = std::make_shared<const topo::ClusterGraph>(std::move(*graph));
   return ApiStatus::ok();
 }

@@ -28,10 +28,13 @@ ApiStatus local_machine_graph(const std::vector<int>& devices,
 /// The graph of a communicator spanning processes. `ranks`: every rank's host and bus id (from
 /// the bootstrap's table). `boot`: the bootstrap of this process's lowest rank; `leaders`: the
 /// lowest rank of every process, ascending (every leader calls this, with the same lists).
+/// `*every_process_sees_every_gpu` (optional): whether every process sees (as a CUDA device)
+/// every GPU of its host, agreed by all (the balancer's relays need it).
 ApiStatus exchanged_machine_graph(const std::vector<topo::RankPlacement>& ranks,
                                   net::Bootstrap& boot, const std::vector<int>& leaders,
                                   net::Deadline deadline, const std::atomic<bool>* abort,
-                                  std::shared_ptr<const topo::ClusterGraph>* out);
+                                  std::shared_ptr<const topo::ClusterGraph>* out,
+                                  bool* every_process_sees_every_gpu = nullptr);
 
 /// One INFO line (GRAPH) per local rank: its GPU node, NVLink capacity and rail NIC, and the
 /// graph's size and hash.

@@ -288,6 +288,7 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
     const bool single_process = processes == nullptr;
     // The machine graph: detected here, exchanged between processes (comm/machine_graph.h).
     std::shared_ptr<const topo::ClusterGraph> graph;
+    bool every_process_sees_every_gpu = true;
     if (status) {
       try {
         if (single_process) {
@@ -304,9 +305,9 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
           }
           check_shared_gpus(locations, member_ranks, devices);
           const std::set<int> leaders(processes->leader.begin(), processes->leader.end());
-          status = exchanged_machine_graph(placements, *boots.front(),
-                                           std::vector<int>(leaders.begin(), leaders.end()),
-                                           net::Deadline(build_deadline), &r.abort, &graph);
+          status = exchanged_machine_graph(
+              placements, *boots.front(), std::vector<int>(leaders.begin(), leaders.end()),
+              net::Deadline(build_deadline), &r.abort, &graph, &every_process_sees_every_gpu);
         }
       } catch (const std::exception& e) {
         status = ApiStatus::internal(std::string("the machine graph: ") + e.what());
@@ -317,7 +318,7 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
       created =
           Clique::create(all_devices, ProgramRegistry::from_environment(), std::move(processes));
     if (status && created) {
-      (*created)->set_machine_graph(graph);
+      (*created)->set_machine_graph(graph, every_process_sees_every_gpu);
       log_machine_graph(*graph, member_ranks, devices);
     }
     if (status && created) {

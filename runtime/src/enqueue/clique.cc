@@ -106,11 +106,27 @@ StatusOr<std::shared_ptr<Clique>> Clique::create(std::vector<int> rank_devices,
 
 Clique::~Clique() {
   DeviceGuard guard;
+  if (balancer_ != nullptr) {
+    std::vector<int32_t> local;
+    for (int32_t r = 0; r < nranks(); ++r)
+      if (is_local(r)) local.push_back(r);
+    balancer_->write_stats(local);
+  }
   batch_.reset();
   executors_.reset();  // each waits for its launches (aborted ones end within a millisecond)
   // The last communicator of a GPU stops its resident grid (within a second; docs/runtime.md).
   for (int d : resident_devices_)
     if (Status s = device::release_resident(d); !s) EFCCL_WARN(d, s.message());
+}
+
+void Clique::set_machine_graph(std::shared_ptr<const topo::ClusterGraph> graph,
+                               bool every_process_sees_every_gpu) {
+  machine_graph_ = std::move(graph);
+  if (balance_enabled()) {
+    balancer_ = std::make_unique<Balancer>(machine_graph_, launch_.rank_devices,
+                                           processes_ != nullptr, every_process_sees_every_gpu);
+    launch_.balancer = balancer_.get();
+  }
 }
 
 void Clique::set_fallback(std::shared_ptr<CollectiveFallback> fallback) {
@@ -149,6 +165,7 @@ ApiStatus Clique::submit(std::vector<Call> calls, bool whole_clique,
   }
   const ApiStatus p2p_status = p2p.empty() ? ApiStatus::ok() : run_send_recv(launch_, p2p, batch);
   const ApiStatus flushed = batch.flush();
+  if (launch_.balancer != nullptr) launch_.balancer->stats().after_flush();
   for (ApiStatus& s : ran)
     if (s) s = flushed;  // a set whose launches were all added fails with the batch
   ApiStatus first = admission ? queue_->settle(*admission, ran, unfinished) : ApiStatus::ok();

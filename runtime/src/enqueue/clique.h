@@ -29,6 +29,7 @@
 #include "base/api_status.h"
 #include "efccl/topology/cluster.h"
 #include "enqueue/call_queue.h"
+#include "launch/balancer.h"
 #include "launch/call.h"
 #include "launch/collective_fallback.h"
 #include "launch/executor_store.h"
@@ -100,10 +101,11 @@ class Clique {
   void set_fallback(std::shared_ptr<CollectiveFallback> fallback);
   CollectiveFallback* fallback() const { return fallback_.get(); }
   /// The communicator's machine graph (comm/machine_graph.h), set once before the clique is
-  /// used; every rank's GPU node in it.
-  void set_machine_graph(std::shared_ptr<const topo::ClusterGraph> graph) {
-    machine_graph_ = std::move(graph);
-  }
+  /// used; every rank's GPU node in it. `every_process_sees_every_gpu`: across processes,
+  /// whether each process sees every GPU of its host (agreed at init; relays as slot devices
+  /// need it). Sets up the balancer (launch/balancer.h).
+  void set_machine_graph(std::shared_ptr<const topo::ClusterGraph> graph,
+                         bool every_process_sees_every_gpu = true);
   const topo::ClusterGraph* machine_graph() const { return machine_graph_.get(); }
   /// How long a call may wait without progress (EFCCL_TIMEOUT_MS).
   std::chrono::nanoseconds timeout() const { return launch_.timeout; }
@@ -132,6 +134,7 @@ class Clique {
   /// EFCCL_RESIDENT=1: this process's GPUs of the clique, whose resident grids it holds
   /// (released after the executors, whose destruction waits for their last posted calls).
   std::vector<int> resident_devices_;
+  std::unique_ptr<Balancer> balancer_;  ///< null until set_machine_graph
 
   /// Guards async_error_ and peer_failure_, never held across a blocking call, so that abort()
   /// and async_error() return at once even while another thread launches.

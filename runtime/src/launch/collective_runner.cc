@@ -5,6 +5,7 @@
 #include <string>
 
 #include "efccl/common/log.h"
+#include "launch/p2p_runner.h"
 
 namespace efccl::runtime {
 namespace {
@@ -59,6 +60,45 @@ int copy_for(LaunchContext& ctx, LaunchBatch& batch, const ef::Program& program,
   return use % copies;
 }
 
+/// An out-of-place ncclAlltoAll that the balancer would run over several paths: its blocks as
+/// sends and receives of a group (launch/p2p_runner.h); `*ran` false: run the library's program.
+ApiStatus run_balanced_alltoall(LaunchContext& ctx, const std::vector<Call>& set, bool inplace,
+                                LaunchBatch& batch, bool* ran) {
+  *ran = false;
+  const Call& ref = set[0];
+  if (ref.kind != CallKind::kAllToAll || inplace || ctx.balancer == nullptr ||
+      !ctx.balancer->active())
+    return ApiStatus::ok();
+  const uint64_t bytes = call_bytes(ref);
+  StatusOr<bool> balances = ctx.balancer->alltoall_balances(bytes);
+  if (!balances) {
+    EFCCL_INFO(kLogBalance, ctx.device(ref.rank),
+               "balancing skipped: " + balances.status().message());
+    return ApiStatus::ok();
+  }
+  if (!*balances) return ApiStatus::ok();
+  std::vector<Call> p2p;
+  for (const Call& c : set)
+    for (int32_t q = 0; q < ctx.nranks(); ++q) {
+      Call send;
+      send.kind = CallKind::kSend;
+      send.rank = c.rank;
+      send.peer = q;
+      send.sendbuff = static_cast<const char*>(c.sendbuff) + static_cast<uint64_t>(q) * bytes;
+      send.count = bytes;
+      send.dtype = ef::DataType::kInt8;
+      send.stream = c.stream;
+      Call recv = send;
+      recv.kind = CallKind::kRecv;
+      recv.sendbuff = nullptr;
+      recv.recvbuff = static_cast<char*>(c.recvbuff) + static_cast<uint64_t>(q) * bytes;
+      p2p.push_back(send);
+      p2p.push_back(recv);
+    }
+  *ran = true;
+  return run_send_recv(ctx, p2p, batch, bytes);
+}
+
 }  // namespace
 
 ApiStatus run_collective(LaunchContext& ctx, const std::vector<Call>& set, LaunchBatch& batch) {
@@ -85,6 +125,12 @@ ApiStatus run_collective(LaunchContext& ctx, const std::vector<Call>& set, Launc
             (inplace ? "in place" : "out of place") + " but rank " + std::to_string(c.rank) +
             " does not; efccl runs a call in one mode on every rank");
     }
+  }
+
+  if (ref.kind == CallKind::kAllToAll) {
+    bool ran = false;
+    ApiStatus s = run_balanced_alltoall(ctx, set, inplace, batch, &ran);
+    if (ran || !s) return s;
   }
 
   CallShape shape;

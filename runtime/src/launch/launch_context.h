@@ -8,6 +8,7 @@
 #include <tuple>
 #include <vector>
 
+#include "launch/balancer.h"
 #include "launch/collective_fallback.h"
 #include "launch/executor_store.h"
 #include "launch/process_map.h"
@@ -24,13 +25,19 @@ struct LaunchContext {
   CollectiveFallback* fallback = nullptr;  ///< EFCCL_FALLBACK=nccl; null: none
   std::chrono::nanoseconds timeout{};      ///< for kernels' waits and the fallback
   uint64_t launches = 0;                   ///< runs so far, for the logs (NCCL's opCount)
-  /// Across processes: the pair rounds planned so far, by (a, b, bytes a->b, bytes b->a), with
-  /// their executors once prepared (multi-process executors are never evicted).
+  Balancer* balancer = nullptr;            ///< null: no balancing (EFCCL_BALANCE=0)
+  /// Across processes: the pair messages planned so far, by (a, b, bytes a->b, bytes b->a,
+  /// the all-to-all's bytes per pair or 0), with their executors once prepared
+  /// (multi-process executors are never evicted).
   struct PreparedPair {
-    PairRounds plan;
+    /// The balanced part of each direction (a -> b, b -> a), or null.
+    std::shared_ptr<const Balancer::Prepared> balanced;
+    device::DeviceExecutor* balanced_executors[2] = {nullptr, nullptr};
+    uint64_t main_bytes[2] = {0, 0};  ///< per direction: the bytes its balanced program moves
+    PairRounds plan;                  ///< rounds of the rest (all of it when not balanced)
     std::vector<device::DeviceExecutor*> executors;  ///< per round; null until prepared
   };
-  std::map<std::tuple<int32_t, int32_t, uint64_t, uint64_t>, PreparedPair> pair_rounds;
+  std::map<std::tuple<int32_t, int32_t, uint64_t, uint64_t, uint64_t>, PreparedPair> pair_rounds;
 
   int32_t nranks() const { return static_cast<int32_t>(rank_devices.size()); }
   int device(int32_t rank) const { return rank_devices[static_cast<std::size_t>(rank)]; }

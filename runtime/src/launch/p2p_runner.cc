@@ -104,9 +104,63 @@ ApiStatus copy_to_self(const LaunchContext& ctx, const std::map<DirectionKey, Di
   return ApiStatus::ok();
 }
 
+/// Adds the run of one balanced transfer: `src` on its sender, `dst` on its receiver (null
+/// where the rank is another process's).
+ApiStatus add_balanced(LaunchContext& ctx, const BalancedTransfer& t, const void* src, void* dst,
+                       const std::map<int32_t, cudaStream_t>& stream_of, bool capturing,
+                       const ExchangeName& exchange, device::DeviceExecutor** cached,
+                       LaunchBatch& batch) {
+  device::DeviceExecutor* executor = cached != nullptr ? *cached : nullptr;
+  if (executor == nullptr) {
+    device::ExecutorConfig config;
+    config.slot_bytes = t.slot_bytes;
+    config.slot_devices = ctx.balancer->slot_devices(t, ctx.is_local(t.ranks[1]));
+    if (ApiStatus s = ctx.executors->get(t.program, t.signature, t.ranks, capturing, t.chunk_bytes,
+                                         ef::DataType::kInt8, exchange, batch, &executor, config);
+        !s)
+      return s;
+    if (cached != nullptr) *cached = executor;
+  }
+  Launch l;
+  l.executor = executor;
+  l.args.count = t.chunk_bytes;  // nchunksperloop 1: one chunk of chunk_bytes int8
+  l.args.dtype = ef::DataType::kInt8;
+  l.args.op = ef::RedOp::kSum;
+  l.args.inplace = false;
+  l.args.timeout = ctx.timeout;
+  l.args.inputs.assign(t.ranks.size(), nullptr);
+  l.args.outputs.assign(t.ranks.size(), nullptr);
+  l.args.inputs[0] = src;
+  l.args.outputs[1] = dst;
+  for (int32_t rank : t.ranks) {
+    if (!ctx.is_local(rank)) continue;
+    l.ranks.push_back(rank);
+    l.rank_streams.push_back(stream_of.at(rank));
+  }
+  return batch.add(std::move(l), capturing);
+}
+
+/// One stream per device among `ranks` (statistics' events).
+std::vector<std::pair<int, cudaStream_t>> device_streams(
+    const LaunchContext& ctx, const std::map<int32_t, cudaStream_t>& stream_of) {
+  std::vector<std::pair<int, cudaStream_t>> out;
+  for (const auto& [rank, stream] : stream_of) {
+    const int device = ctx.device(rank);
+    if (std::none_of(out.begin(), out.end(), [&](const auto& e) { return e.first == device; }))
+      out.push_back({device, stream});
+  }
+  return out;
+}
+
+/// A balancing failure is not the call's: the transfers run on their default paths.
+void balance_failed(const LaunchContext& ctx, const Status& s) {
+  EFCCL_INFO(kLogBalance, -1, "balancing skipped: " + s.message());
+}
+
 }  // namespace
 
-ApiStatus run_send_recv(LaunchContext& ctx, const std::vector<Call>& calls, LaunchBatch& batch) {
+ApiStatus run_send_recv(LaunchContext& ctx, const std::vector<Call>& calls, LaunchBatch& batch,
+                        uint64_t alltoall_bytes) {
   std::map<DirectionKey, Direction> directions;
   std::map<DirectionKey, std::vector<uint64_t>> bytes;
   std::map<int32_t, cudaStream_t> stream_of;
@@ -124,6 +178,8 @@ ApiStatus run_send_recv(LaunchContext& ctx, const std::vector<Call>& calls, Laun
   std::vector<P2pRound> local_rounds;  // one process: the group's rounds
   std::vector<ReadyRound> ready;
   std::size_t transfers = 0;
+  std::size_t balanced = 0;
+  const bool balancing = ctx.balancer != nullptr && ctx.balancer->active();
   if (ctx.processes == nullptr) {
     std::vector<Transfer> list;
     for (const auto& [dir, d] : directions) {
@@ -133,6 +189,36 @@ ApiStatus run_send_recv(LaunchContext& ctx, const std::vector<Call>& calls, Laun
           list.push_back({dir.first, dir.second, d.sends[k]->sendbuff, d.recvs[k]->recvbuff, b});
     }
     transfers = list.size();
+    if (balancing && !list.empty()) {
+      std::vector<Balancer::TransferKey> keys;
+      for (const Transfer& t : list) keys.push_back({t.sender, t.receiver, t.bytes});
+      StatusOr<const Balancer::Prepared*> prepared =
+          ctx.balancer->prepare_group(keys, alltoall_bytes > 0 ? "alltoall" : "p2p");
+      if (!prepared) balance_failed(ctx, prepared.status());
+      if (prepared && (*prepared)->plan >= 0) {
+        ctx.balancer->stats().begin_run((*prepared)->plan, device_streams(ctx, stream_of),
+                                        *capturing);
+        std::vector<Transfer> rest;
+        for (std::size_t i = 0; i < list.size(); ++i) {
+          const BalancedTransfer* t = (*prepared)->transfers[i].get();
+          if (t == nullptr) {
+            rest.push_back(list[i]);
+            continue;
+          }
+          if (ApiStatus s = add_balanced(ctx, *t, list[i].src, list[i].dst, stream_of, *capturing,
+                                         ExchangeName{}, nullptr, batch);
+              !s)
+            return s;
+          ++balanced;
+          if (list[i].bytes > t->main_bytes)  // the tail: on the default path
+            rest.push_back({list[i].sender, list[i].receiver,
+                            static_cast<const char*>(list[i].src) + t->main_bytes,
+                            static_cast<char*>(list[i].dst) + t->main_bytes,
+                            list[i].bytes - t->main_bytes});
+        }
+        list = std::move(rest);
+      }
+    }
     // Programs are built only for signatures without a prepared executor: a group repeated
     // with the same layout (every training step) skips building them.
     local_rounds = plan_p2p_rounds(std::move(list), &p2p_channels, protocol_for,
@@ -162,20 +248,54 @@ ApiStatus run_send_recv(LaunchContext& ctx, const std::vector<Call>& calls, Laun
         transfers += (bytes_ab > 0) + (bytes_ba > 0);
         // The pair's four buffers (a's send, b's receive, b's send, a's receive); those of
         // the other process's ranks stay null.
-        void* const slot[4] = {
+        void* slot[4] = {
             bytes_ab > 0 && ctx.is_local(a) ? const_cast<void*>(dab.sends[k]->sendbuff) : nullptr,
             bytes_ab > 0 && ctx.is_local(b) ? dab.recvs[k]->recvbuff : nullptr,
             bytes_ba > 0 && ctx.is_local(b) ? const_cast<void*>(dba.sends[k]->sendbuff) : nullptr,
             bytes_ba > 0 && ctx.is_local(a) ? dba.recvs[k]->recvbuff : nullptr};
-        const auto key = std::make_tuple(a, b, bytes_ab, bytes_ba);
+        const auto key = std::make_tuple(a, b, bytes_ab, bytes_ba, alltoall_bytes);
         auto cached = ctx.pair_rounds.find(key);
         if (cached == ctx.pair_rounds.end()) {
           LaunchContext::PreparedPair prepared;
-          prepared.plan = plan_pair_rounds(a, b, bytes_ab, bytes_ba, &p2p_channels, protocol_for);
+          if (balancing) {
+            auto b_plan = ctx.balancer->prepare_pair(a, b, bytes_ab, bytes_ba, alltoall_bytes);
+            if (!b_plan) balance_failed(ctx, b_plan.status());
+            if (b_plan && (*b_plan)->plan >= 0) {
+              prepared.balanced = *b_plan;
+              for (int i = 0; i < 2; ++i)
+                if (const BalancedTransfer* t = prepared.balanced->transfers[i].get())
+                  prepared.main_bytes[i] = t->main_bytes;
+            }
+          }
+          prepared.plan =
+              plan_pair_rounds(a, b, bytes_ab - prepared.main_bytes[0],
+                               bytes_ba - prepared.main_bytes[1], &p2p_channels, protocol_for);
           prepared.executors.assign(prepared.plan.rounds.size(), nullptr);
           cached = ctx.pair_rounds.emplace(key, std::move(prepared)).first;
         }
         LaunchContext::PreparedPair& pair = cached->second;
+        if (pair.balanced != nullptr) {
+          std::map<int32_t, cudaStream_t> pair_streams;
+          for (int32_t r : {a, b})
+            if (ctx.is_local(r)) pair_streams.emplace(r, stream_of.at(r));
+          ctx.balancer->stats().begin_run(pair.balanced->plan, device_streams(ctx, pair_streams),
+                                          *capturing);
+          for (int i = 0; i < 2; ++i) {
+            const BalancedTransfer* t = pair.balanced->transfers[i].get();
+            if (t == nullptr) continue;
+            if (ApiStatus s =
+                    add_balanced(ctx, *t, slot[2 * i], slot[2 * i + 1], stream_of, *capturing,
+                                 ExchangeName::pair(a, b), &pair.balanced_executors[i], batch);
+                !s)
+              return s;
+            ++balanced;
+          }
+          // The rounds carry what follows the balanced part (the tails).
+          for (int i = 0; i < 2; ++i)
+            for (int side = 0; side < 2; ++side)
+              if (void*& p = slot[2 * i + side]; p != nullptr)
+                p = static_cast<char*>(p) + pair.main_bytes[i];
+        }
         const PairRounds& plan = pair.plan;
         for (std::size_t i = 0; i < plan.rounds.size(); ++i) {
           ReadyRound r{&plan.rounds[i], {}, {}, ExchangeName::pair(a, b), &pair.executors[i]};
@@ -187,15 +307,18 @@ ApiStatus run_send_recv(LaunchContext& ctx, const std::vector<Call>& calls, Laun
     }
   }
 
-  if (ready.empty()) return ApiStatus::ok();  // only copies to self, or nothing
+  if (ready.empty() && balanced == 0) return ApiStatus::ok();  // only copies to self, or nothing
   const uint64_t op_count = ctx.launches++;
   const bool logged = log_enabled(LogLevel::kInfo, kLogP2p);
   if (logged || selection_observed()) {
     const std::string reason =
         std::to_string(transfers) + " transfer(s) between ranks and " + std::to_string(to_self) +
-        " to self -> " + std::to_string(ready.size()) +
-        " launch(es) of generated 'p2p' programs (channels per transfer: " +
-        std::to_string(ready.front().round->channels) + ")" +
+        " to self -> " +
+        (balanced > 0 ? std::to_string(balanced) + " balanced program(s) + " : "") +
+        std::to_string(ready.size()) + " launch(es) of generated 'p2p' programs" +
+        (ready.empty()
+             ? std::string()
+             : " (channels per transfer: " + std::to_string(ready.front().round->channels) + ")") +
         (ctx.processes != nullptr ? ", pairs in one global order across processes" : "");
     if (logged)
       log_line(LogLevel::kInfo, kLogP2p, ctx.device(stream_of.begin()->first),

@@ -19,6 +19,7 @@
 
 namespace efccl::runtime {
 
-ApiStatus run_send_recv(LaunchContext& ctx, const std::vector<Call>& calls, LaunchBatch& batch);
+ApiStatus run_send_recv(LaunchContext& ctx, const std::vector<Call>& calls, LaunchBatch& batch,
+                        uint64_t alltoall_bytes = 0);
 
 }  // namespace efccl::runtime
