@@ -308,9 +308,17 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
       }
     }
     StatusOr<std::shared_ptr<Clique>> created = Status::error("not created");
-    if (status)
-      created =
-          Clique::create(all_devices, ProgramRegistry::from_environment(), std::move(processes));
+    if (status) {
+      std::unique_ptr<ProgramRegistry> registry = ProgramRegistry::from_environment();
+      if (processes != nullptr) {
+        registry->set_host_layout(HostLayout::of(processes->host));
+        if (processes->host_count() > 1)
+          EFCCL_INFO(kLogInit | kLogNet | kLogTuning, devices.front(),
+                     "the communicator spans " + registry->host_layout().describe() +
+                         ": ranks on other hosts are joined by network connections");
+      }
+      created = Clique::create(all_devices, std::move(registry), std::move(processes));
+    }
     if (status && created) {
       (*created)->set_machine_graph(graph);
       log_machine_graph(*graph, member_ranks, devices);
