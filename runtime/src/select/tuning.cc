@@ -81,7 +81,7 @@ constexpr Row kTable[] = {
 /// that apply before kTable's. A row applies when ranks per host >= min_per_host, nranks <=
 /// max_ranks and bytes in [min_bytes, max_bytes). Why (the timing model over two DGX H100
 /// joined by their 8 rails, 2 x 2, 2 x 4 and 2 x 8 ranks: tests/runtime/multihost_selection_test.cc,
-/// docs/performance.md "Selection across hosts"):
+/// docs/net.md "Selection across hosts"):
 ///  * a ring crosses the host boundary with the whole vector on one connection (2 (n-1)/n of
 ///    it each way through one NIC); the hierarchical programs reduce within the host first and
 ///    cross once per lane (local index), so each GPU's rail NIC carries 1/G of it: from 4 MiB
