@@ -38,8 +38,8 @@ TEST(HostLayout, ContiguousEqualBlocksAreHostsInBlocks) {
   EXPECT_TRUE(HostLayout::of({1, 2, 3}).blocks());  // one rank per host
 
   // Interleaved, unequal, or one host in two blocks: several hosts, not the hierarchical shape.
-  for (const std::vector<uint64_t>& h : std::vector<std::vector<uint64_t>>{
-           {5, 9, 5, 9}, {5, 5, 5, 9}, {5, 5, 9, 9, 5, 5}}) {
+  for (const std::vector<uint64_t>& h :
+       std::vector<std::vector<uint64_t>>{{5, 9, 5, 9}, {5, 5, 5, 9}, {5, 5, 9, 9, 5, 5}}) {
     const HostLayout l = HostLayout::of(h);
     EXPECT_EQ(l.hosts, 2);
     EXPECT_FALSE(l.blocks());
@@ -70,8 +70,9 @@ TEST(MultiHostSelection, TheTableByLayoutAndSize) {
             "two_step_alltoall");
   EXPECT_EQ(pick(ef::Collective::kAllToAll, 8, 64 * KiB, two_by_four).algorithm, "direct_alltoall");
   // Many ranks: no all-pairs across hosts.
-  const HostLayout four_by_eight = HostLayout::of(std::vector<uint64_t>{
-      1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 4, 4, 4, 4, 4, 4, 4, 4});
+  const HostLayout four_by_eight =
+      HostLayout::of(std::vector<uint64_t>{1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2,
+                                           3, 3, 3, 3, 3, 3, 3, 3, 4, 4, 4, 4, 4, 4, 4, 4});
   EXPECT_EQ(pick(ef::Collective::kAllReduce, 32, 8, four_by_eight).algorithm,
             "multilane_allreduce");
   // The other collectives keep the single-host rings; the layout is named in the reason.
@@ -93,8 +94,8 @@ TEST(MultiHostSelection, TheRegistrysProgramsAcrossHostsVerify) {
   ProgramRegistry registry({}, ProtocolFilter{}, true);
   registry.set_host_layout(HostLayout::of({1, 1, 2, 2}));
   std::string seen;
-  for (const uint64_t count : {uint64_t{3}, uint64_t{16 * 1024 + 5}, uint64_t{(1 << 20) + 7},
-                               uint64_t{(2 << 20) + 3}}) {
+  for (const uint64_t count :
+       {uint64_t{3}, uint64_t{16 * 1024 + 5}, uint64_t{(1 << 20) + 7}, uint64_t{(2 << 20) + 3}}) {
     for (const bool inplace : {false, true}) {
       CallShape call;
       call.collective = ef::Collective::kAllReduce;
@@ -111,8 +112,7 @@ TEST(MultiHostSelection, TheRegistrysProgramsAcrossHostsVerify) {
         o.op = ef::RedOp::kSum;
         o.dtype = ef::DataType::kInt32;
         const auto r = host::run_and_verify(*piece.program, o, 11);
-        EXPECT_TRUE(r.pass) << piece.program->name << " count " << piece.count << ": "
-                            << r.message;
+        EXPECT_TRUE(r.pass) << piece.program->name << " count " << piece.count << ": " << r.message;
       }
     }
   }
@@ -171,12 +171,12 @@ TEST(MultiHostSelection, ThePicksAreTheTimingModelsOnTwoDgxHosts) {
     int32_t instances, channels;
   };
   const std::vector<Candidate> allreduce = {
-      {"ring_allreduce", 1, 1},        {"ring_allreduce", 8, 1},
-      {"ring_allreduce", 32, 1},       {"allpairs_allreduce", 1, 1},
-      {"hierarchical_allreduce", 1, 1}, {"hierarchical_allreduce", 4, 1},
-      {"hierarchical_allreduce", 8, 1}, {"hierarchical_allreduce", 16, 1},
+      {"ring_allreduce", 1, 1},          {"ring_allreduce", 8, 1},
+      {"ring_allreduce", 32, 1},         {"allpairs_allreduce", 1, 1},
+      {"hierarchical_allreduce", 1, 1},  {"hierarchical_allreduce", 4, 1},
+      {"hierarchical_allreduce", 8, 1},  {"hierarchical_allreduce", 16, 1},
       {"hierarchical_allreduce", 32, 1}, {"multilane_allreduce", 1, 1},
-      {"multilane_allreduce", 1, 4},   {"multilane_allreduce", 1, 8},
+      {"multilane_allreduce", 1, 4},     {"multilane_allreduce", 1, 8},
       {"multilane_allreduce", 1, 16}};
   for (const int32_t gpus : {2, 4, 8}) {
     std::vector<uint64_t> hosts;
@@ -190,17 +190,17 @@ TEST(MultiHostSelection, ThePicksAreTheTimingModelsOnTwoDgxHosts) {
       double best = picked;
       std::string best_name = std::string(pick.algorithm);
       for (const Candidate& c : allreduce) {
-        const double t = predict(c.algorithm, gpus, c.instances, c.channels, bytes,
-                                 ef::Collective::kAllReduce);
+        const double t =
+            predict(c.algorithm, gpus, c.instances, c.channels, bytes, ef::Collective::kAllReduce);
         if (t < best) {
           best = t;
           best_name = std::string(c.algorithm) + " i" + std::to_string(c.instances) + " c" +
                       std::to_string(c.channels);
         }
       }
-      EXPECT_LE(picked, 1.2 * best) << "2 x " << gpus << ", " << bytes << " bytes: "
-                                    << pick.algorithm << " " << picked << " us, " << best_name
-                                    << " " << best << " us";
+      EXPECT_LE(picked, 1.2 * best)
+          << "2 x " << gpus << ", " << bytes << " bytes: " << pick.algorithm << " " << picked
+          << " us, " << best_name << " " << best << " us";
       // The single-host table's choice (the ring from 1 MiB) is far slower across hosts.
       const BuiltinChoice flat = choose_builtin(ef::Collective::kAllReduce, 2 * gpus, bytes);
       if (bytes >= 1 * MiB) {
@@ -216,8 +216,8 @@ TEST(MultiHostSelection, ThePicksAreTheTimingModelsOnTwoDgxHosts) {
       const double two_step =
           predict("two_step_alltoall", gpus, 4, 1, bytes, ef::Collective::kAllToAll);
       for (const int32_t instances : {1, 4})
-        EXPECT_LT(two_step, predict("direct_alltoall", gpus, instances, 1, bytes,
-                                    ef::Collective::kAllToAll))
+        EXPECT_LT(two_step,
+                  predict("direct_alltoall", gpus, instances, 1, bytes, ef::Collective::kAllToAll))
             << "2 x " << gpus << ", " << bytes << " bytes";
     }
 }

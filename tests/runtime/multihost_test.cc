@@ -46,14 +46,14 @@ int g_rank = -1;
       _exit(1);                                                                               \
     }                                                                                         \
   } while (0)
-#define CHILD_CUDA(x)                                                 \
-  do {                                                                \
-    const cudaError_t e_ = (x);                                       \
-    CHILD_CHECK(e_ == cudaSuccess, "%s", cudaGetErrorString(e_));     \
+#define CHILD_CUDA(x)                                             \
+  do {                                                            \
+    const cudaError_t e_ = (x);                                   \
+    CHILD_CHECK(e_ == cudaSuccess, "%s", cudaGetErrorString(e_)); \
   } while (0)
-#define CHILD_NCCL(x)                                                                         \
-  do {                                                                                        \
-    const ncclResult_t r_ = (x);                                                              \
+#define CHILD_NCCL(x)                                                                             \
+  do {                                                                                            \
+    const ncclResult_t r_ = (x);                                                                  \
     CHILD_CHECK(r_ == ncclSuccess, "%s (%s)", ncclGetErrorString(r_), ncclGetLastError(nullptr)); \
   } while (0)
 
@@ -131,15 +131,15 @@ std::vector<int> run_job(const Job& job) {
   return status;
 }
 
-#define EXPECT_JOB_PASSED(statuses)                                                     \
-  do {                                                                                  \
-    const std::vector<int> s_ = (statuses);                                             \
-    ASSERT_FALSE(s_.empty()) << "could not start the job";                              \
-    bool skipped_ = false;                                                              \
-    for (int v : s_) skipped_ = skipped_ || v == kSkip;                                 \
+#define EXPECT_JOB_PASSED(statuses)                                                        \
+  do {                                                                                     \
+    const std::vector<int> s_ = (statuses);                                                \
+    ASSERT_FALSE(s_.empty()) << "could not start the job";                                 \
+    bool skipped_ = false;                                                                 \
+    for (int v : s_) skipped_ = skipped_ || v == kSkip;                                    \
     if (skipped_) GTEST_SKIP() << "no CUDA device is visible (the processes share GPU 0)"; \
-    for (std::size_t p_ = 0; p_ < s_.size(); ++p_)                                      \
-      EXPECT_EQ(s_[p_], 0) << "process " << p_ << " failed (see its output above)";     \
+    for (std::size_t p_ = 0; p_ < s_.size(); ++p_)                                         \
+      EXPECT_EQ(s_[p_], 0) << "process " << p_ << " failed (see its output above)";        \
   } while (0)
 
 bool have_gpu() {
@@ -157,8 +157,7 @@ std::vector<T> download(const void* d, std::size_t n) {
 template <typename T>
 void* upload(const std::vector<T>& h) {
   void* d = nullptr;
-  if (cudaMalloc(&d, std::max<std::size_t>(1, h.size()) * sizeof(T)) != cudaSuccess)
-    return nullptr;
+  if (cudaMalloc(&d, std::max<std::size_t>(1, h.size()) * sizeof(T)) != cudaSuccess) return nullptr;
   cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
   cudaStreamSynchronize(cudaStreamLegacy);  // a pageable copy's DMA may still be running
   return d;
@@ -222,8 +221,8 @@ void check_allreduce(ncclComm_t comm, cudaStream_t stream, int rank, int n, std:
   for (std::size_t i = 0; i < elems; ++i) {
     int32_t want = 0;
     for (int r = 0; r < n; ++r)
-      want = std::max(want, static_cast<int32_t>((i * 7919 + static_cast<std::size_t>(r) * 104729) %
-                                                 100003));
+      want = std::max(
+          want, static_cast<int32_t>((i * 7919 + static_cast<std::size_t>(r) * 104729) % 100003));
     CHILD_CHECK(out[i] == want, "allreduce max of %zu: [%zu] = %d, want %d", elems, i, out[i],
                 want);
   }
@@ -261,8 +260,8 @@ void check_gather_scatter(ncclComm_t comm, cudaStream_t stream, int rank, int n,
 }
 
 /// broadcast, reduce, gather and scatter from every root in `roots`; alltoall.
-void check_rooted_and_alltoall(ncclComm_t comm, cudaStream_t stream, int rank, int n,
-                               std::size_t c, const std::vector<int>& roots) {
+void check_rooted_and_alltoall(ncclComm_t comm, cudaStream_t stream, int rank, int n, std::size_t c,
+                               const std::vector<int>& roots) {
   const auto value = [](int r, std::size_t i) { return r * 7 + static_cast<int32_t>(i); };
   std::vector<int32_t> v(c);
   for (std::size_t i = 0; i < c; ++i) v[i] = value(rank, i);
@@ -306,7 +305,8 @@ void check_rooted_and_alltoall(ncclComm_t comm, cudaStream_t stream, int rank, i
     for (void* p : {b, sb, rb, gb, back}) cudaFree(p);
   }
   std::vector<float> a(all);
-  for (std::size_t i = 0; i < all; ++i) a[i] = static_cast<float>(rank * 100000 + static_cast<int>(i));
+  for (std::size_t i = 0; i < all; ++i)
+    a[i] = static_cast<float>(rank * 100000 + static_cast<int>(i));
   void* sb = upload(a);
   void* rb = upload(std::vector<float>(all, -1.0f));
   CHILD_NCCL(ncclAlltoAll(sb, rb, c, ncclFloat, comm, stream));
@@ -314,9 +314,10 @@ void check_rooted_and_alltoall(ncclComm_t comm, cudaStream_t stream, int rank, i
   const auto out = download<float>(rb, all);
   for (int r = 0; r < n; ++r)
     for (std::size_t i = 0; i < c; ++i)
-      CHILD_CHECK(out[static_cast<std::size_t>(r) * c + i] ==
-                      static_cast<float>(r * 100000 + rank * static_cast<int>(c) + static_cast<int>(i)),
-                  "alltoall from %d [%zu]", r, i);
+      CHILD_CHECK(
+          out[static_cast<std::size_t>(r) * c + i] ==
+              static_cast<float>(r * 100000 + rank * static_cast<int>(c) + static_cast<int>(i)),
+          "alltoall from %d [%zu]", r, i);
   cudaFree(sb);
   cudaFree(rb);
 }
@@ -396,8 +397,9 @@ int two_host_body(int rank, int n, const ncclUniqueId& id,
   cudaStream_t stream = nullptr;
   CHILD_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   work(comm, stream, watch);
-  CHILD_CHECK(watch.logged("via NET/Socket", "[send]") && watch.logged("via NET/Socket", "[receive]"),
-              "no network connection was logged (NET)");
+  CHILD_CHECK(
+      watch.logged("via NET/Socket", "[send]") && watch.logged("via NET/Socket", "[receive]"),
+      "no network connection was logged (NET)");
   ncclResult_t async = ncclInProgress;
   CHILD_NCCL(ncclCommGetAsyncError(comm, &async));
   CHILD_CHECK(async == ncclSuccess, "async error %d", async);
@@ -412,8 +414,8 @@ TEST(TwoHostsOnOneGpu, EveryCollectiveAndSendRecvOneRankPerHost) {
   job.body = [](int proc, const ncclUniqueId& id) {
     return two_host_body(proc, 2, id, [proc](ncclComm_t comm, cudaStream_t stream, Watch&) {
       // All-pairs below 1 MiB, the ring with 16 and 32 instances above.
-      for (const std::size_t elems : {std::size_t{1}, std::size_t{1000}, std::size_t{262147},
-                                      std::size_t{2} << 20})
+      for (const std::size_t elems :
+           {std::size_t{1}, std::size_t{1000}, std::size_t{262147}, std::size_t{2} << 20})
         check_allreduce(comm, stream, proc, 2, elems);
       for (const std::size_t elems : {std::size_t{1}, std::size_t{4099}, std::size_t{300000}})
         check_gather_scatter(comm, stream, proc, 2, elems);
@@ -507,7 +509,8 @@ TEST(TwoHostsOnOneGpu, APeerKilledMidTransferFailsTheSurvivorWithinItsTimeout) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
       CHILD_CHECK(ncclCommGetAsyncError(comm, &async) == ncclSuccess, "ncclCommGetAsyncError");
     }
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::fprintf(stderr, "[rank 0] the peer's death surfaced after %.2f s: %s\n", s,
                  ncclGetLastError(comm));
     CHILD_CHECK(async == ncclRemoteError, "async error %d (%s), want ncclRemoteError", async,

@@ -202,15 +202,13 @@ StatusOr<RecvConnectionDeviceHandle> ConnectionArena::recv_handle(
     char* counters = counter_base(location[c.receiver], device);
     if (it == network_ends_.end() || counters == nullptr)
       return Status::error("internal: the network end of " + connection_name(c) +
-                           " is not connected on device " + std::to_string(device) +
-                           " (receiver)");
+                           " is not connected on device " + std::to_string(device) + " (receiver)");
     const NetworkEndMemory& m = it->second;
     RecvConnectionDeviceHandle r{};
     r.slots = m.device + m.slots_offset;
     r.tail = reinterpret_cast<uint64_t*>(m.device + m.tail_offset);  // raised by the proxy
     r.head = reinterpret_cast<uint64_t*>(m.device + m.head_offset);
-    r.position =
-        reinterpret_cast<uint64_t*>(counters + c.recv_end_offset + kRecvEndPositionOffset);
+    r.position = reinterpret_cast<uint64_t*>(counters + c.recv_end_offset + kRecvEndPositionOffset);
     r.slot_stride = layout_.slot_stride;
     r.nslots = layout_.nslots;
     r.peer = c.sender;

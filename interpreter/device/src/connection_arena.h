@@ -15,8 +15,8 @@
 #include "connection_device_handle.h"
 #include "connection_layout.h"
 #include "cuda_raii.h"
-#include "efccl/device/device_executor.h"
 #include "efccl/common/status.h"
+#include "efccl/device/device_executor.h"
 #include "shared_host_segment.h"
 
 namespace efccl::device {

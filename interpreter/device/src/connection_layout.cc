@@ -65,14 +65,15 @@ StatusOr<std::vector<ConnectionPlan>> plan_connections(const ef::Program& progra
 }
 
 Status mark_network_connections(std::vector<ConnectionPlan>& connections,
-                                const std::vector<uint64_t>& hosts, const std::vector<bool>& local) {
+                                const std::vector<uint64_t>& hosts,
+                                const std::vector<bool>& local) {
   if (hosts.empty()) return Status::ok();
   for (ConnectionPlan& c : connections) {
     const auto s = static_cast<std::size_t>(c.sender), r = static_cast<std::size_t>(c.receiver);
     if (s >= hosts.size() || r >= hosts.size() || s >= local.size() || r >= local.size())
       return Status::error("the hosts of the ranks (" + std::to_string(hosts.size()) +
-                           " entries) do not cover connection " + std::to_string(c.sender) +
-                           "->" + std::to_string(c.receiver));
+                           " entries) do not cover connection " + std::to_string(c.sender) + "->" +
+                           std::to_string(c.receiver));
     c.network = hosts[s] != hosts[r];
     if (!c.network) continue;
     if (local[s] && local[r])

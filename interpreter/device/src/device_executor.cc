@@ -218,8 +218,9 @@ Status DeviceExecutor::Impl::build() {
                            " joins two hosts, and PeerProcesses has no connect_network");
   }
   if (network_ends > 0 && config.first_position != 0)
-    return Status::error("ExecutorConfig::first_position must be 0 with network connections "
-                         "(their proxies count from 0)");
+    return Status::error(
+        "ExecutorConfig::first_position must be 0 with network connections "
+        "(their proxies count from 0)");
   if (Status s = check_slot_devices(); !s) return s;
   if (Status s = enable_peer_access_between_connected_devices(); !s) return s;
   auto note = choose_wire_formats(p, local_rank, rank_devices, connections);

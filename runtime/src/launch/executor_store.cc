@@ -59,10 +59,10 @@ StatusOr<device::NetworkEnds> connect_network_ends(
   NetworkLinks::Options options;
   options.pinned = true;
   options.tag = tag;
-  const auto deadline = net::Deadline::after(
-      std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
-  auto links = NetworkLinks::connect(**proxy, boot, leader, requests, options, deadline, abort,
-                                     on_failure);
+  const auto deadline =
+      net::Deadline::after(std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
+  auto links =
+      NetworkLinks::connect(**proxy, boot, leader, requests, options, deadline, abort, on_failure);
   if (!links) return links.status();
   device::NetworkEnds out;
   for (const NetworkEnd& e : (*links)->ends()) {
@@ -171,11 +171,11 @@ std::unique_ptr<device::PeerProcesses> ExecutorStore::peers_for(const std::vecto
   for (int32_t r : ranks) hosts.insert(pm.host[static_cast<std::size_t>(r)]);
   if (hosts.size() > 1) {
     for (int32_t r : ranks) peers->hosts.push_back(pm.host[static_cast<std::size_t>(r)]);
-    peers->connect_network = [boot, ranks, leader = pm.leader, tag, timeout, abort,
-                              on_failure = network_failure_](
-                                 const std::vector<device::NetworkEndRequest>& ends) {
-      return connect_network_ends(*boot, ranks, leader, ends, tag, timeout, abort, on_failure);
-    };
+    peers->connect_network =
+        [boot, ranks, leader = pm.leader, tag, timeout, abort,
+         on_failure = network_failure_](const std::vector<device::NetworkEndRequest>& ends) {
+          return connect_network_ends(*boot, ranks, leader, ends, tag, timeout, abort, on_failure);
+        };
   }
   // Called once, inside DeviceExecutor::create, at the same point in every process.
   peers->exchange = [boot, subset, rank_leader, tag, timeout,

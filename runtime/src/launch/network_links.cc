@@ -126,14 +126,14 @@ StatusOr<std::unique_ptr<NetworkLinks>> NetworkLinks::connect(
     links->ends_[i].connection = &c;
     // A goodbye is the peer's executor going (its communicator destroyed), not a failure: the
     // data it sent before has arrived, and a kernel that still waits for more times out.
-    c.set_failure_handler([on_failure, name = c.name()](net::NetConnection::Failure f,
-                                                        const std::string& why) {
-      if (f == net::NetConnection::Failure::kPeerClosed) {
-        EFCCL_INFO(kLogNet, -1, "network connection " + name + " closed by its peer");
-        return;
-      }
-      if (on_failure) on_failure(network_failure_code(f), why);
-    });
+    c.set_failure_handler(
+        [on_failure, name = c.name()](net::NetConnection::Failure f, const std::string& why) {
+          if (f == net::NetConnection::Failure::kPeerClosed) {
+            EFCCL_INFO(kLogNet, -1, "network connection " + name + " closed by its peer");
+            return;
+          }
+          if (on_failure) on_failure(network_failure_code(f), why);
+        });
     const NetworkEndRequest& r = requests[i];
     EFCCL_INFO(kLogNet | kLogInit, -1,
                "channel " + std::to_string(r.channel) + ": rank " + std::to_string(r.sender) +

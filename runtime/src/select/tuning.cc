@@ -80,8 +80,8 @@ constexpr Row kTable[] = {
 /// Communicators spanning hosts (HostLayout::blocks(), at least 2 ranks per host): the rows
 /// that apply before kTable's. A row applies when ranks per host >= min_per_host, nranks <=
 /// max_ranks and bytes in [min_bytes, max_bytes). Why (the timing model over two DGX H100
-/// joined by their 8 rails, 2 x 2, 2 x 4 and 2 x 8 ranks: tests/runtime/multihost_selection_test.cc,
-/// docs/net.md "Selection across hosts"):
+/// joined by their 8 rails, 2 x 2, 2 x 4 and 2 x 8 ranks:
+/// tests/runtime/multihost_selection_test.cc, docs/net.md "Selection across hosts"):
 ///  * a ring crosses the host boundary with the whole vector on one connection (2 (n-1)/n of
 ///    it each way through one NIC); the hierarchical programs reduce within the host first and
 ///    cross once per lane (local index), so each GPU's rail NIC carries 1/G of it: from 4 MiB
@@ -165,8 +165,8 @@ BuiltinChoice choose_builtin(ef::Collective collective, int32_t nranks, uint64_t
       c.instances = row.instances;
       c.channels = row.channels;
       c.nodes = hosts.hosts;
-      c.why = "tuning table across hosts (" + hosts.describe() + "): " +
-              describe_range(row.min_bytes, row.max_bytes) + " -> " +
+      c.why = "tuning table across hosts (" + hosts.describe() +
+              "): " + describe_range(row.min_bytes, row.max_bytes) + " -> " +
               std::to_string(row.instances) + " instance(s), " + std::to_string(row.channels) +
               " lane(s), Simple";
       return c;

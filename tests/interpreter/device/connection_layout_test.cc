@@ -364,10 +364,10 @@ TEST(ConnectionLayout, NetworkConnectionsHaveOnlyTheirEndsPositions) {
   ASSERT_TRUE(layout.is_ok()) << layout.status().message();
   const std::size_t entry = layout->connection_fifo_bytes;
   // Connection order: 0->1, 1->2, 2->3, 3->0.
-  EXPECT_EQ(layout->fifo_bytes.at(8), entry);  // 0->1
-  EXPECT_EQ(layout->fifo_bytes.at(9), 0u);     // 1->2: network
-  EXPECT_EQ(layout->fifo_bytes.at(10), entry); // 2->3
-  EXPECT_EQ(layout->fifo_bytes.at(7), 0u);     // 3->0: network
+  EXPECT_EQ(layout->fifo_bytes.at(8), entry);   // 0->1
+  EXPECT_EQ(layout->fifo_bytes.at(9), 0u);      // 1->2: network
+  EXPECT_EQ(layout->fifo_bytes.at(10), entry);  // 2->3
+  EXPECT_EQ(layout->fifo_bytes.at(7), 0u);      // 3->0: network
   EXPECT_TRUE(layout->placed_bytes.empty());
   EXPECT_EQ(layout->counter_bytes.at(7), kSendEndBytes + kRecvEndBytes);  // sends 0->1, 3->0's end
   EXPECT_EQ(layout->counter_bytes.at(8), kSendEndBytes);                  // sends 1->2
