@@ -84,8 +84,8 @@ struct SendConnectionDeviceHandle {
   }
   /// A network connection: carries the counters for its proxy in every wire format.
   __device__ __forceinline__ bool network() const { return sizes != nullptr; }
-  /// Thread 0, before the CTA's barrier that precedes post_filled_slot (network connections):
-  /// the slot of push `position` holds `bytes` wire bytes. The release of `tail` orders it.
+  /// Thread 0, between the wait for the slot and post_filled_slot (network connections): the
+  /// slot of push `position` holds `bytes` wire bytes. The release of `tail` orders it.
   __device__ __forceinline__ void record_size(uint64_t position, uint32_t bytes) const {
     sizes[position % nslots] = bytes;
   }

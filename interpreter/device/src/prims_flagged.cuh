@@ -274,15 +274,16 @@ class Primitives<E, R, ProtoFlagged> {
         wire.out_format = ends_.send->wire;
         wire.out_position = ends_.send_position;
       }
-      const WaitSite data_site = t.pops ? ends_.recv->waiting_for_data(site) : site;
-      ok = process_flagged<E, R>(t.operands, wire, n, scalar_, bound_, data_site);
       if (threadIdx.x == 0 && t.pushes && ends_.send->network()) {
-        // The wire bytes of the unit's groups (every group is stored whole).
+        // The wire bytes of the unit's groups (every group is stored whole), recorded before the
+        // lines (the slot is this side's until tail moves), so that `n` need not outlive them.
         const uint64_t groups =
             (n * sizeof(typename E::Storage) + kGroupDataBytes - 1) / kGroupDataBytes;
         const uint32_t line = ends_.send->wire == kWireLL128 ? kLL128LineBytes : kLLGroupWireBytes;
         ends_.send->record_size(ends_.send_position, static_cast<uint32_t>(groups * line));
       }
+      const WaitSite data_site = t.pops ? ends_.recv->waiting_for_data(site) : site;
+      ok = process_flagged<E, R>(t.operands, wire, n, scalar_, bound_, data_site);
     } else {
       reduce_copy<E, R>(t.operands, n, scalar_);
     }

@@ -3,8 +3,9 @@
 // Per unit: wait(): thread 0 waits (after the decoder's dependencies: a filled slot to pop, a
 // free slot to push), a barrier releases the CTA; move(): all threads move the tile
 // (reduce_copy: 16-byte vectors when every pointer allows, elements otherwise), a second
-// barrier (thread 0 records the unit's bytes first on a network connection); post(): thread 0
-// publishes `tail` to the receiver and `head` to the sender.
+// barrier (on a network connection thread 0 records the unit's bytes before it, which the
+// release of `tail` publishes with the tile); post(): thread 0 publishes `tail` to the receiver
+// and `head` to the sender.
 #pragma once
 
 #include <cstdint>
