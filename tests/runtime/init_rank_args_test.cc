@@ -207,33 +207,35 @@ TEST(InitRankArgs, MismatchedNranksIsInvalidArgument) {
   EXPECT_EQ(ncclCommDestroy(a), ncclSuccess);
 }
 
-TEST(InitRankArgs, RanksOnAnotherHostAreRefusedByName) {
+TEST(InitRankArgs, RanksOnAnotherHostAreNotRefused) {
   // Two processes, the child claiming another host (NCCL_HOSTID, as efccl-mprun --hosts sets
-  // it): both learn from the table that a rank runs elsewhere and fail at once.
+  // it): the communicator spans two hosts, joined by network connections. Without a GPU the
+  // init fails for lack of a device, never for the host; with one it completes.
   const ncclUniqueId id = new_id();
   const pid_t child = fork();
   if (child == 0) {
     setenv("NCCL_HOSTID", "another-host", 1);
     ncclComm_t comm = nullptr;
     const ncclResult_t r = ncclCommInitRank(&comm, 2, id, 1);
-    const bool named = contains(last_error(), "rank 0 runs on another host");
-    if (comm != nullptr) ncclCommAbort(comm);
-    _exit(r == ncclInvalidUsage && named ? 0 : 1);
+    const bool host_named = contains(last_error(), "another host");
+    if (comm != nullptr) ncclCommDestroy(comm);
+    _exit(!host_named && (r == ncclSuccess || contains(last_error(), "CUDA")) ? 0 : 1);
   }
   ASSERT_GT(child, 0);
   ncclComm_t comm = nullptr;
   const auto start = Clock::now();
-  EXPECT_EQ(ncclCommInitRank(&comm, 2, id, 0), ncclInvalidUsage);
+  const ncclResult_t r = ncclCommInitRank(&comm, 2, id, 0);
   EXPECT_LT(seconds_since(start), 30.0);
-  const std::string e = last_error();
-  EXPECT_TRUE(contains(e, "rank 1 runs on another host")) << e;
-  EXPECT_TRUE(contains(e, "network connections")) << e;
+  const std::string e = r == ncclSuccess ? std::string() : last_error();
+  EXPECT_FALSE(contains(e, "another host")) << e;
+  if (r != ncclSuccess) EXPECT_TRUE(contains(e, "CUDA")) << e;
   if (comm != nullptr) {
-    EXPECT_EQ(ncclCommAbort(comm), ncclSuccess);
+    EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
   }
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child's init did not fail so";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "the child's init was refused for its host";
 }
 
 TEST(InitRankArgs, MissingRankTimesOut) {

@@ -208,7 +208,8 @@ Status share_arenas(ConnectionArena& arena, const ArenaSharing& sharing) {
   for (const ConnectionPlan& c : *sharing.connections) {
     const bool sends_here = local_rank[c.sender], receives_here = local_rank[c.receiver];
     if (sends_here == receives_here) continue;
-    talks.insert(sends_here ? c.receiver : c.sender);
+    talks.insert(sends_here ? c.receiver : c.sender);  // network peers too: same program?
+    if (c.network) continue;  // its memory is this host's own (connect_network)
     if (c.placed()) {
       if (sends_here) needed_placed[c.placed_arena(location)] = rank_devices[c.sender];
     } else if (sends_here) {

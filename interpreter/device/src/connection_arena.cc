@@ -149,8 +149,32 @@ char* ConnectionArena::fifo_entry(const ConnectionPlan& c, const std::vector<int
   return base == nullptr ? nullptr : base + c.recv_offset;
 }
 
+void ConnectionArena::add_network_end(const ConnectionPlan& c, const NetworkEndMemory& memory) {
+  network_ends_[{c.sender, c.receiver, c.channel}] = memory;
+}
+
 StatusOr<SendConnectionDeviceHandle> ConnectionArena::send_handle(
     const ConnectionPlan& c, const std::vector<int64_t>& location, int device) const {
+  if (c.network) {
+    auto it = network_ends_.find({c.sender, c.receiver, c.channel});
+    char* counters = counter_base(location[c.sender], device);
+    if (it == network_ends_.end() || counters == nullptr)
+      return Status::error("internal: the network end of " + connection_name(c) +
+                           " is not connected on device " + std::to_string(device) + " (sender)");
+    const NetworkEndMemory& m = it->second;
+    SendConnectionDeviceHandle s{};
+    s.slots = m.device + m.slots_offset;
+    s.tail = reinterpret_cast<uint64_t*>(m.device + m.tail_offset);
+    s.head = reinterpret_cast<uint64_t*>(m.device + m.head_offset);  // raised by the proxy
+    s.sizes = reinterpret_cast<uint32_t*>(m.device + m.sizes_offset);
+    s.position = reinterpret_cast<uint64_t*>(counters + c.send_offset + kSendPositionOffset);
+    s.slot_stride = layout_.slot_stride;
+    s.nslots = layout_.nslots;
+    s.peer = c.receiver;
+    s.channel = c.channel;
+    s.wire = c.wire;
+    return s;
+  }
   char* fifo = fifo_entry(c, location, device);
   char* counters = counter_base(location[c.sender], device);
   if (fifo == nullptr || counters == nullptr)
@@ -173,6 +197,26 @@ StatusOr<SendConnectionDeviceHandle> ConnectionArena::send_handle(
 
 StatusOr<RecvConnectionDeviceHandle> ConnectionArena::recv_handle(
     const ConnectionPlan& c, const std::vector<int64_t>& location, int device) const {
+  if (c.network) {
+    auto it = network_ends_.find({c.sender, c.receiver, c.channel});
+    char* counters = counter_base(location[c.receiver], device);
+    if (it == network_ends_.end() || counters == nullptr)
+      return Status::error("internal: the network end of " + connection_name(c) +
+                           " is not connected on device " + std::to_string(device) + " (receiver)");
+    const NetworkEndMemory& m = it->second;
+    RecvConnectionDeviceHandle r{};
+    r.slots = m.device + m.slots_offset;
+    r.tail = reinterpret_cast<uint64_t*>(m.device + m.tail_offset);  // raised by the proxy
+    r.head = reinterpret_cast<uint64_t*>(m.device + m.head_offset);
+    r.position = reinterpret_cast<uint64_t*>(counters + c.recv_end_offset + kRecvEndPositionOffset);
+    r.slot_stride = layout_.slot_stride;
+    r.nslots = layout_.nslots;
+    r.peer = c.sender;
+    r.channel = c.channel;
+    r.wire = c.wire;
+    r.network = 1;
+    return r;
+  }
   char* fifo = fifo_entry(c, location, device);
   // A placed connection's head lies with its slots, and its receiver's position here; else
   // head is at the sender and the position in the FIFO entry.

@@ -1,5 +1,6 @@
-// The memory behind a program's connections on this process's GPUs, in pinned host memory and
-// on slot devices, and the device handles that the kernels use to reach it.
+// The memory behind a program's connections on this process's GPUs, in pinned host memory, on
+// slot devices and (network connections) in the blocks the runtime joins through its proxies,
+// and the device handles that the kernels use to reach it.
 #pragma once
 
 #include <cstddef>
@@ -7,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -14,6 +16,7 @@
 #include "connection_layout.h"
 #include "cuda_raii.h"
 #include "efccl/common/status.h"
+#include "efccl/device/device_executor.h"
 #include "shared_host_segment.h"
 
 namespace efccl::device {
@@ -67,6 +70,11 @@ class ConnectionArena {
   /// and keeps it until the arena goes.
   Status add_remote_host(const PlacedArenaKey& key, int device, SharedHostSegment segment);
 
+  /// The block of one end of network connection `c` that this process runs (the sending end,
+  /// or the receiving end), as the runtime made it (PeerProcesses::connect_network): its slots
+  /// and counters at the given offsets, reached from every local device at `memory.device`.
+  void add_network_end(const ConnectionPlan& c, const NetworkEndMemory& memory);
+
   /// The sending end of `c` for a CTA on local `device`; `location[rank]` as in the layout. An
   /// error when a piece of memory it needs is not mapped there (a bug, not an input error).
   StatusOr<SendConnectionDeviceHandle> send_handle(const ConnectionPlan& c,
@@ -117,6 +125,9 @@ class ConnectionArena {
     HostRegistration registration;
   };
   std::vector<std::unique_ptr<RemoteHost>> remote_hosts_;
+  /// This process's ends of network connections, by (sender, receiver, channel): one end per
+  /// connection (its other end is on another host).
+  std::map<std::tuple<int, int, int>, NetworkEndMemory> network_ends_;
 };
 
 }  // namespace efccl::device

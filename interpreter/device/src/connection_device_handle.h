@@ -14,6 +14,16 @@
 // `tail` (prims_flagged.cuh). Freeing a slot (`head`): all threads read -> __syncthreads ->
 // thread 0 stores head, relaxed (see post_free_slot).
 //
+// Network connections (ranks on different hosts, docs/net.md "The proxy transport"): each end's
+// slots and counters are a block of its own host's pinned memory, and the proxies in between
+// move the slots over sockets. The sender fills its block's slots, records each slot's byte
+// count in `sizes` (only those bytes travel) and release-stores `tail`; its proxy raises `head`
+// once a slot's bytes have left. The receiver's proxy fills the receiver's block and
+// release-stores its `tail`; the receiver frees slots through `head`. The proxies read no LL or
+// LL128 flags, so on a network connection those formats use the counters too: the sender also
+// publishes `tail`, and the receiver waits for it before it polls the lines (which are whole by
+// then).
+//
 // Counters only grow, across calls and graph replays; every wait is bounded (WaitBound).
 #pragma once
 
@@ -31,9 +41,12 @@ namespace efccl::device {
 /// receiver.
 struct SendConnectionDeviceHandle {
   char* slots;           ///< slot memory: `nslots` slots of `slot_stride` bytes
-  uint64_t* tail;        ///< slot memory: units pushed so far (Simple only)
+  uint64_t* tail;        ///< slot memory: units pushed so far (Simple, and network connections)
   uint64_t* head;        ///< sender's (or slot) memory: units popped (written by the receiver)
   uint64_t* position;    ///< sender's memory: this side's push count, persisted between calls
+  /// Network connections only (else null): per slot, the wire bytes of the unit in it, written
+  /// before `tail` (the proxy sends that many).
+  uint32_t* sizes;
   uint64_t slot_stride;  ///< wire bytes per slot
   uint32_t nslots;
   int32_t peer;  ///< receiving rank
@@ -64,9 +77,17 @@ struct SendConnectionDeviceHandle {
   __device__ __forceinline__ char* slot(uint64_t position) const {
     return slots + (position % nslots) * slot_stride;
   }
-  /// Thread 0, after the CTA's barrier (Simple): the slot of push `position` is filled.
+  /// Thread 0, after the CTA's barrier (Simple, and network connections): the slot of push
+  /// `position` is filled.
   __device__ __forceinline__ void post_filled_slot(uint64_t position) const {
     store_release_system(tail, position + 1);
+  }
+  /// A network connection: carries the counters for its proxy in every wire format.
+  __device__ __forceinline__ bool network() const { return sizes != nullptr; }
+  /// Thread 0, between the wait for the slot and post_filled_slot (network connections): the
+  /// slot of push `position` holds `bytes` wire bytes. The release of `tail` orders it.
+  __device__ __forceinline__ void record_size(uint64_t position, uint32_t bytes) const {
+    sizes[position % nslots] = bytes;
   }
 #endif
 };
@@ -82,6 +103,10 @@ struct RecvConnectionDeviceHandle {
   int32_t peer;  ///< sending rank
   int32_t channel;
   uint32_t wire;  ///< WireFormat
+  /// Nonzero: a network connection, whose proxy publishes `tail` in every wire format (the
+  /// flagged formats wait for it too).
+  uint32_t network;
+  uint32_t reserved;
 
 #if defined(__CUDACC__)
   /// The pop count where the previous launch left it.
@@ -96,8 +121,8 @@ struct RecvConnectionDeviceHandle {
     site.channel = channel;
     return site;
   }
-  /// Thread 0 (Simple): waits until pop number `position` has been pushed; false when the call
-  /// must stop instead.
+  /// Thread 0 (Simple, and network connections): waits until pop number `position` has been
+  /// pushed; false when the call must stop instead.
   __device__ __forceinline__ bool wait_filled_slot(const WaitBound& bound, uint64_t position,
                                                    const WaitSite& site) const {
     return bound.spin_until(waiting_for_data(site),

@@ -64,6 +64,28 @@ StatusOr<std::vector<ConnectionPlan>> plan_connections(const ef::Program& progra
   return connections;
 }
 
+Status mark_network_connections(std::vector<ConnectionPlan>& connections,
+                                const std::vector<uint64_t>& hosts,
+                                const std::vector<bool>& local) {
+  if (hosts.empty()) return Status::ok();
+  for (ConnectionPlan& c : connections) {
+    const auto s = static_cast<std::size_t>(c.sender), r = static_cast<std::size_t>(c.receiver);
+    if (s >= hosts.size() || r >= hosts.size() || s >= local.size() || r >= local.size())
+      return Status::error("the hosts of the ranks (" + std::to_string(hosts.size()) +
+                           " entries) do not cover connection " + std::to_string(c.sender) + "->" +
+                           std::to_string(c.receiver));
+    c.network = hosts[s] != hosts[r];
+    if (!c.network) continue;
+    if (local[s] && local[r])
+      return Status::error("ranks " + std::to_string(c.sender) + " and " +
+                           std::to_string(c.receiver) +
+                           " run in this process but on different hosts (PeerProcesses::hosts)");
+    c.placement = ef::SlotLocation::kReceiver;
+    c.slot_device = -1;
+  }
+  return Status::ok();
+}
+
 std::size_t slot_wire_bytes(WireFormat wire, std::size_t slot_bytes) {
   const auto align_up = [](std::size_t v, std::size_t a) { return (v + a - 1) / a * a; };
   const std::size_t groups =
@@ -113,13 +135,16 @@ StatusOr<ConnectionLayout> lay_out_connections(std::vector<ConnectionPlan>& conn
   };
   // Offsets per arena, in connection order.
   for (ConnectionPlan& c : connections) {
-    std::size_t& fifo_end = c.placed() ? layout.placed_bytes[c.placed_arena(location)]
-                                       : layout.fifo_bytes.at(location.at(c.receiver));
-    const auto fifo = take(fifo_end, layout.connection_fifo_bytes);
+    std::optional<std::size_t> fifo = 0;  // network connections have no FIFO entry
+    if (!c.network) {
+      std::size_t& fifo_end = c.placed() ? layout.placed_bytes[c.placed_arena(location)]
+                                         : layout.fifo_bytes.at(location.at(c.receiver));
+      fifo = take(fifo_end, layout.connection_fifo_bytes);
+    }
     const auto send = take(layout.counter_bytes.at(location.at(c.sender)), kSendEndBytes);
     const auto recv_end =
-        c.placed() ? take(layout.counter_bytes.at(location.at(c.receiver)), kRecvEndBytes)
-                   : std::optional<std::size_t>(0);
+        c.has_recv_end() ? take(layout.counter_bytes.at(location.at(c.receiver)), kRecvEndBytes)
+                         : std::optional<std::size_t>(0);
     if (!fifo || !send || !recv_end)
       return Status::error("the connection memory of " + std::to_string(connections.size()) +
                            " connections overflows 64-bit sizes");

@@ -4,9 +4,12 @@
 // arena with, per connection sent from there, `head` and the sender's position. A connection the
 // program places elsewhere (ef::ConnectionPlacement: pinned host memory, or a slot device) has
 // its FIFO entry (`tail`, `head`, slots) in a placed arena instead, and its receiver's position
-// in the receiver location's counter arena. The layout depends only on the program, the
-// locations and the slot geometry, so that every process of a multi-process executor derives
-// the same offsets without exchanging them.
+// in the receiver location's counter arena. A network connection (its ranks on different hosts)
+// has no FIFO entry in any arena: its slots and counters are the two ends' blocks of pinned host
+// memory that the runtime joins through its proxies (docs/net.md); only the sender's push
+// position and the receiver's pop position lie in their locations' counter arenas. The layout
+// depends only on the program, the locations, the hosts and the slot geometry, so that every
+// process of a multi-process executor derives the same offsets without exchanging them.
 #pragma once
 
 #include <compare>
@@ -34,7 +37,7 @@ inline constexpr std::size_t kSlotsOffset = 2 * kCounterStride;
 inline constexpr std::size_t kHeadOffset = 0;                       ///< written by the receiver
 inline constexpr std::size_t kSendPositionOffset = kCounterStride;  ///< the sender's pushes
 inline constexpr std::size_t kSendEndBytes = 2 * kCounterStride;
-// Placed connections, in the receiver's counter arena: the receiver's position.
+// Placed and network connections, in the receiver's counter arena: the receiver's position.
 inline constexpr std::size_t kRecvEndPositionOffset = 0;
 inline constexpr std::size_t kRecvEndBytes = kCounterStride;
 
@@ -57,15 +60,22 @@ struct ConnectionPlan {
   int send_tb = -1, recv_tb = -1;
   WireFormat wire = kWireSimple;
   /// Where its FIFO entry lies (Program::placements): the receiver's GPU, pinned host memory,
-  /// or slot device `slot_device`.
+  /// or slot device `slot_device`. Network connections: kReceiver (a placement does not apply).
   ef::SlotLocation placement = ef::SlotLocation::kReceiver;
   int slot_device = -1;  ///< kDevice only
-  /// The FIFO entry: in the receiver location's FIFO arena, or in placed_arena()'s.
+  /// Its ranks run on different hosts (mark_network_connections): each end's slots and counters
+  /// are a block the runtime provides (PeerProcesses::connect_network), not an arena's.
+  bool network = false;
+  /// The FIFO entry: in the receiver location's FIFO arena, or in placed_arena()'s (none for
+  /// network connections).
   std::size_t recv_offset = 0;
   std::size_t send_offset = 0;      ///< the sender's end, in the sender location's counter arena
-  std::size_t recv_end_offset = 0;  ///< placed only: in the receiver location's counter arena
+  /// Placed and network connections: the receiver's end, in its location's counter arena.
+  std::size_t recv_end_offset = 0;
 
   bool placed() const { return placement != ef::SlotLocation::kReceiver; }
+  /// The receiver keeps its pop position in its own counter arena (not in a FIFO entry).
+  bool has_recv_end() const { return placed() || network; }
   /// The placed arena of a placed connection, given the ranks' locations.
   PlacedArenaKey placed_arena(const std::vector<int64_t>& location) const {
     return {location.at(receiver), location.at(sender),
@@ -78,6 +88,14 @@ struct ConnectionPlan {
 /// does not have, listed twice, or on a slot device it does not name (validation rules those
 /// out; the executor must not trust it to).
 StatusOr<std::vector<ConnectionPlan>> plan_connections(const ef::Program& program);
+
+/// Marks the connections whose sender and receiver run on different hosts (`hosts[rank]`; empty:
+/// one host) as network connections, dropping any placement they have (their memory is each
+/// host's own pinned memory). An error when `hosts` does not have one entry per rank, or when a
+/// network connection's two ranks run in one process (`local`: per rank, run here; a process
+/// lives on one host).
+Status mark_network_connections(std::vector<ConnectionPlan>& connections,
+                                const std::vector<uint64_t>& hosts, const std::vector<bool>& local);
 
 /// Wire bytes of a slot that carries `slot_bytes` data bytes in `wire` (a tile has at most
 /// max(slot_bytes, 8) bytes: max(1, slot_bytes / size) elements of at most 8 bytes).
@@ -103,8 +121,8 @@ struct ConnectionLayout {
 
 /// Lays out `connections` (fills their offsets, in their order) over the locations of their
 /// ranks (`location[rank]`) and their placed arenas; every location of a rank gets an entry,
-/// possibly 0 bytes; placed arenas only where a connection is placed. Fails when a size does
-/// not fit in 64 bits.
+/// possibly 0 bytes; placed arenas only where a connection is placed; network connections get
+/// only their two ends' positions. Fails when a size does not fit in 64 bits.
 StatusOr<ConnectionLayout> lay_out_connections(std::vector<ConnectionPlan>& connections,
                                                const std::vector<int64_t>& location,
                                                std::size_t slot_stride, int nslots);

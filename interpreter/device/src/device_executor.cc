@@ -94,6 +94,9 @@ StatusOr<std::unique_ptr<DeviceExecutor>> DeviceExecutor::create(const ef::Progr
     if (std::none_of(peers->local.begin(), peers->local.end(), [](bool b) { return b; }))
       return Status::error("PeerProcesses: no rank of the program runs in this process");
     if (!peers->exchange) return Status::error("PeerProcesses: no exchange function");
+    if (!peers->hosts.empty() && peers->hosts.size() != n)
+      return Status::error("PeerProcesses needs no host or one host per rank (" +
+                           std::to_string(n) + "), got " + std::to_string(peers->hosts.size()));
   }
   const auto is_local = [&](std::size_t r) { return peers == nullptr || peers->local[r]; };
   int ndevices = 0;
@@ -116,6 +119,8 @@ StatusOr<std::unique_ptr<DeviceExecutor>> DeviceExecutor::create(const ef::Progr
     impl->location = peers->location;
     impl->fingerprint = peers->fingerprint;
     impl->exchange = peers->exchange;
+    impl->hosts = peers->hosts;
+    impl->connect_network = peers->connect_network;
     for (std::size_t r = 0; r < n; ++r)
       if (!impl->local_rank[r]) impl->rank_devices[r] = -1;
     // Two local ranks share a location exactly when they share a device.
@@ -206,6 +211,19 @@ Status DeviceExecutor::Impl::build() {
   auto planned = plan_connections(p);
   if (!planned) return planned.status();
   connections = std::move(*planned);
+  if (Status s = mark_network_connections(connections, hosts, local_rank); !s) return s;
+  for (const ConnectionPlan& c : connections) {
+    if (!c.network || !(local_rank[c.sender] || local_rank[c.receiver])) continue;
+    ++network_ends;
+    if (!connect_network)
+      return Status::error("connection " + std::to_string(c.sender) + "->" +
+                           std::to_string(c.receiver) + " ch " + std::to_string(c.channel) +
+                           " joins two hosts, and PeerProcesses has no connect_network");
+  }
+  if (network_ends > 0 && config.first_position != 0)
+    return Status::error(
+        "ExecutorConfig::first_position must be 0 with network connections "
+        "(their proxies count from 0)");
   if (Status s = check_slot_devices(); !s) return s;
   if (Status s = enable_peer_access_between_connected_devices(); !s) return s;
   auto note = choose_wire_formats(p, local_rank, rank_devices, connections);
@@ -239,6 +257,7 @@ Status DeviceExecutor::Impl::build() {
     sharing.fingerprint = fingerprint;
     sharing.exchange = exchange;
     if (Status s = share_arenas(arena, sharing); !s) return s;
+    if (Status s = connect_network_ends(); !s) return s;
   }
 
   // Host-mapped stop signals and error records.
@@ -278,6 +297,39 @@ Status DeviceExecutor::Impl::check_slot_devices() const {
           std::to_string(c.receiver) + " ch " + std::to_string(c.channel) +
           ", which the receiver's process allocates (ExecutorConfig::slot_devices)");
   }
+  return Status::ok();
+}
+
+Status DeviceExecutor::Impl::connect_network_ends() {
+  if (network_ends == 0) return Status::ok();
+  std::vector<NetworkEndRequest> requests;
+  std::vector<const ConnectionPlan*> of;
+  for (const ConnectionPlan& c : connections) {
+    if (!c.network || !(local_rank[c.sender] || local_rank[c.receiver])) continue;
+    NetworkEndRequest r;
+    r.sender = c.sender;
+    r.receiver = c.receiver;
+    r.channel = c.channel;
+    r.send = local_rank[c.sender];
+    r.nslots = arena.layout().nslots;
+    r.slot_bytes = arena.layout().slot_stride;
+    requests.push_back(r);
+    of.push_back(&c);
+  }
+  StatusOr<NetworkEnds> got = connect_network(requests);
+  if (!got)
+    return Status::error("connecting the " + std::to_string(requests.size()) +
+                         " network connection end(s) of this process: " + got.status().message());
+  if (got->ends.size() != requests.size())
+    return Status::error("internal: the runtime returned " + std::to_string(got->ends.size()) +
+                         " network ends for " + std::to_string(requests.size()) + " requests");
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    if (got->ends[i].device == nullptr)
+      return Status::error("internal: the runtime returned no memory for network end " +
+                           std::to_string(i));
+    arena.add_network_end(*of[i], got->ends[i]);
+  }
+  network = std::move(got->owner);
   return Status::ok();
 }
 
@@ -424,6 +476,7 @@ Status DeviceExecutor::error_status() const {
 std::size_t DeviceExecutor::slot_bytes() const { return impl_->slot_bytes; }
 std::size_t DeviceExecutor::connection_bytes() const { return impl_->arena.most_bytes(); }
 const std::string& DeviceExecutor::protocol_note() const { return impl_->protocol_note; }
+std::size_t DeviceExecutor::network_ends() const { return impl_->network_ends; }
 
 Status DeviceExecutor::wait_launches() {
   for (LocalDevice& local : impl_->locals) {

@@ -86,6 +86,12 @@ struct DeviceExecutor::Impl {
   std::vector<int64_t> location;
   std::string fingerprint;
   std::function<StatusOr<std::vector<std::string>>(const std::string&)> exchange;
+  /// Network connections (PeerProcesses::hosts, connect_network); `network` keeps this
+  /// process's ends alive, released after the executor's last launch.
+  std::vector<uint64_t> hosts;
+  std::function<StatusOr<NetworkEnds>(const std::vector<NetworkEndRequest>&)> connect_network;
+  std::shared_ptr<void> network;
+  std::size_t network_ends = 0;
   std::vector<int> devices;
   std::vector<LocalDevice> locals;
   std::vector<int> rank_local_device;  ///< rank -> index into locals
@@ -107,6 +113,9 @@ struct DeviceExecutor::Impl {
   Status build();
   Status check_slot_devices() const;
   Status enable_peer_access_between_connected_devices();
+  /// Asks the runtime for this process's ends of the network connections and hands their
+  /// blocks to the arena.
+  Status connect_network_ends();
   Status build_device(LocalDevice& local, const ef::PremulMap* outofplace,
                       const ef::PremulMap* inplace);
 

@@ -240,15 +240,19 @@ class Primitives<E, R, ProtoFlagged> {
       : bound_(bound), ends_(connections), scalar_(scalar) {}
 
   /// All threads: a receiver waits inside the unit, line by line (move()), so only a unit
-  /// that pushes (thread 0 waits for a free slot) or whose op waited for dependencies (`gated`:
-  /// `deps_ready` is thread 0's result) needs a barrier here; otherwise the previous unit's last
-  /// barrier suffices. False when the call must stop (posted).
+  /// that pushes (thread 0 waits for a free slot), pops a network connection (thread 0 waits
+  /// for the proxy's `tail`: the proxy writes lines in no particular order) or whose op waited
+  /// for dependencies (`gated`: `deps_ready` is thread 0's result) needs a barrier here;
+  /// otherwise the previous unit's last barrier suffices. False when the call must stop
+  /// (posted).
   __device__ __forceinline__ bool wait(const Transfer& t, bool gated, bool deps_ready,
                                        const WaitSite& site) {
-    if (!gated && !t.pushes) return true;
+    const bool counted_pop = t.pops && ends_.recv->network != 0;
+    if (!gated && !t.pushes && !counted_pop) return true;
     bool ready = true;
     if (threadIdx.x == 0)
       ready = deps_ready &&
+              (!counted_pop || ends_.recv->wait_filled_slot(bound_, ends_.recv_position, site)) &&
               (!t.pushes || ends_.send->wait_free_slot(bound_, ends_.send_position, site));
     return !__syncthreads_or(!ready);
   }
@@ -270,6 +274,14 @@ class Primitives<E, R, ProtoFlagged> {
         wire.out_format = ends_.send->wire;
         wire.out_position = ends_.send_position;
       }
+      if (threadIdx.x == 0 && t.pushes && ends_.send->network()) {
+        // The wire bytes of the unit's groups (every group is stored whole), recorded before the
+        // lines (the slot is this side's until tail moves), so that `n` need not outlive them.
+        const uint64_t groups =
+            (n * sizeof(typename E::Storage) + kGroupDataBytes - 1) / kGroupDataBytes;
+        const uint32_t line = ends_.send->wire == kWireLL128 ? kLL128LineBytes : kLLGroupWireBytes;
+        ends_.send->record_size(ends_.send_position, static_cast<uint32_t>(groups * line));
+      }
       const WaitSite data_site = t.pops ? ends_.recv->waiting_for_data(site) : site;
       ok = process_flagged<E, R>(t.operands, wire, n, scalar_, bound_, data_site);
     } else {
@@ -286,9 +298,13 @@ class Primitives<E, R, ProtoFlagged> {
   }
 
   /// After move(): thread 0 frees the popped slot (nothing to post for a push: the lines carry
-  /// their flags); every thread advances its positions.
+  /// their flags, except to a network connection's proxy, which reads `tail`); every thread
+  /// advances its positions.
   __device__ __forceinline__ void post(const Transfer& t) {
-    if (threadIdx.x == 0 && t.pops) ends_.recv->post_free_slot(ends_.recv_position, cleared_);
+    if (threadIdx.x == 0) {
+      if (t.pushes && ends_.send->network()) ends_.send->post_filled_slot(ends_.send_position);
+      if (t.pops) ends_.recv->post_free_slot(ends_.recv_position, cleared_);
+    }
     ends_.advance(t);
   }
 

@@ -3,7 +3,9 @@
 // Per unit: wait(): thread 0 waits (after the decoder's dependencies: a filled slot to pop, a
 // free slot to push), a barrier releases the CTA; move(): all threads move the tile
 // (reduce_copy: 16-byte vectors when every pointer allows, elements otherwise), a second
-// barrier; post(): thread 0 publishes `tail` to the receiver and `head` to the sender.
+// barrier (on a network connection thread 0 records the unit's bytes before it, which the
+// release of `tail` publishes with the tile); post(): thread 0 publishes `tail` to the receiver
+// and `head` to the sender.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +42,9 @@ class Primitives<E, R, ProtoSimple> {
     if (t.pops) u.left = ends_.recv->slot(ends_.recv_position);
     if (t.pushes) u.slot = ends_.send->slot(ends_.send_position);
     reduce_copy<E, R>(u, n, scalar_);
+    if (threadIdx.x == 0 && t.pushes && ends_.send->network())
+      ends_.send->record_size(ends_.send_position,
+                              static_cast<uint32_t>(n * sizeof(typename E::Storage)));
     __syncthreads();
     return true;
   }

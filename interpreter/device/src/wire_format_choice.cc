@@ -54,7 +54,9 @@ StatusOr<std::string> choose_wire_formats(const ef::Program& program,
     c.wire = kWireLL;
     if (protocol == ef::Protocol::kLL) continue;
     std::string why;
-    if (c.placement == ef::SlotLocation::kHost) {
+    if (c.network) {
+      why = "it joins two hosts (a network connection: its slots are in pinned host memory)";
+    } else if (c.placement == ef::SlotLocation::kHost) {
       why = "its slots are in pinned host memory (PCIe does not deliver a 128-byte store whole)";
     } else if (c.placement == ef::SlotLocation::kDevice) {
       why = "its slots are on slot device " + std::to_string(c.slot_device) +

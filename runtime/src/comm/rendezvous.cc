@@ -162,16 +162,9 @@ ApiStatus learn_table_locked(Rendezvous& r, std::vector<std::string> table) {
                                std::to_string(table[rank].size()) + " bytes, expected " +
                                std::to_string(sizeof(PeerInfo)) +
                                "): is it running another efccl?");
-    // Ranks on several hosts meet through network connections (docs/net.md): the proxy
-    // transport and the runtime's NetworkLinks exist, the interpreter's side of the connection
-    // kind does not yet, so such a communicator is refused here, before any clique forms.
-    if (info.host_hash != host)
-      return ApiStatus::invalid_usage(
-          "rank " + std::to_string(rank) + " runs on another host (" + info.host +
-          (std::getenv("NCCL_HOSTID") != nullptr ? ", or another NCCL_HOSTID" : "") +
-          "); communicators spanning hosts need the GPU interpreter's network connections, "
-          "which are not there yet");
-    if (info.pid == me && info.process_nonce == process_nonce())
+    // Ranks on other hosts meet this process's through network connections (docs/net.md);
+    // a process is on one host, so only ranks of this host can be this process's.
+    if (info.host_hash == host && info.pid == me && info.process_nonce == process_nonce())
       r.expected.push_back(static_cast<int>(rank));
   }
   r.table = std::move(table);
@@ -252,6 +245,7 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
     processes->location.assign(n, 0);
     processes->leader.assign(n, 0);
     processes->where.assign(n, "");
+    processes->host.assign(n, 0);
     for (std::size_t rank = 0; rank < n; ++rank) {
       PeerInfo info;
       decode_info(r.table[rank], &info);  // checked by learn_table_locked
@@ -262,6 +256,7 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
       processes->local[rank] = r.members.count(static_cast<int>(rank)) != 0;
       processes->location[rank] = proc * 4096 + info.device;
       processes->leader[rank] = leader_of[proc];
+      processes->host[rank] = info.host_hash;
       processes->where[rank] = std::string(info.host) + " pid " + std::to_string(info.pid) +
                                " GPU " + std::to_string(info.device) + " " + info.bus_id;
       all_devices[rank] =
@@ -314,9 +309,17 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
       }
     }
     StatusOr<std::shared_ptr<Clique>> created = Status::error("not created");
-    if (status)
-      created =
-          Clique::create(all_devices, ProgramRegistry::from_environment(), std::move(processes));
+    if (status) {
+      std::unique_ptr<ProgramRegistry> registry = ProgramRegistry::from_environment();
+      if (processes != nullptr) {
+        registry->set_host_layout(HostLayout::of(processes->host));
+        if (processes->host_count() > 1)
+          EFCCL_INFO(kLogInit | kLogNet | kLogTuning, devices.front(),
+                     "the communicator spans " + registry->host_layout().describe() +
+                         ": ranks on other hosts are joined by network connections");
+      }
+      created = Clique::create(all_devices, std::move(registry), std::move(processes));
+    }
     if (status && created) {
       (*created)->set_machine_graph(graph, every_process_sees_every_gpu);
       log_machine_graph(*graph, member_ranks, devices);
@@ -343,13 +346,20 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
     fail_locked(r, status);
   } else {
     r.state = Rendezvous::State::kFormed;
+    std::set<uint64_t> hosts;  // NCCL's nNodes
+    for (const std::string& entry : r.table) {
+      PeerInfo info;
+      if (decode_info(entry, &info)) hosts.insert(info.host_hash);
+    }
+    const std::size_t nodes = std::max<std::size_t>(1, hosts.size());
     for (const auto& [rank, m] : r.members) {
       if (m.comm == nullptr) continue;
       attach_clique(m.comm, clique);
       EFCCL_INFO(kLogInit, m.device,
                  "comm " + pointer_text(m.comm) + " rank " + std::to_string(rank) + " nRanks " +
                      std::to_string(r.nranks) + " localRanks " + std::to_string(r.members.size()) +
-                     " nNodes 1 cudaDev " + std::to_string(m.device) + " - Init COMPLETE");
+                     " nNodes " + std::to_string(nodes) + " cudaDev " + std::to_string(m.device) +
+                     " - Init COMPLETE");
     }
     r.cv.notify_all();
   }

@@ -72,6 +72,10 @@ StatusOr<std::shared_ptr<Clique>> Clique::create(std::vector<int> rank_devices,
     boot->set_peer_failure_handler([weak](int peer, const std::string& why) {
       if (auto clique = weak.lock()) clique->peer_failed(peer, why);
     });
+    // So does a network connection to another host that fails (on a proxy thread).
+    c->executors_->set_network_failure_handler([weak](ncclResult_t code, const std::string& why) {
+      if (auto clique = weak.lock()) clique->network_failed(code, why);
+    });
     // Deaths are noticed on open connections: connect to every other process's leader now.
     std::set<int32_t> leaders(c->processes_->leader.begin(), c->processes_->leader.end());
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -199,8 +203,8 @@ ApiStatus Clique::async_error(int32_t rank) {
     const std::string& m = f.status.message();
     async_error_ =
         !peer_failure_
-            ? ApiStatus(ncclRemoteError, peer_failure_.message() + "; a kernel of program '" +
-                                             f.program + "' gave up: " + m)
+            ? ApiStatus(peer_failure_.code(), peer_failure_.message() + "; a kernel of program '" +
+                                                  f.program + "' gave up: " + m)
             : ApiStatus(ExecutorStore::kernel_failure_code(m),
                         "a kernel of program '" + f.program + "' failed: " + m);
     EFCCL_WARN(-1, async_error_.message());
@@ -229,6 +233,20 @@ void Clique::peer_failed(int32_t peer, const std::string& why) {
                      why +
                      "); this rank's running kernels give up and later "
                      "calls fail with ncclRemoteError");
+}
+
+void Clique::network_failed(ncclResult_t code, const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(error_mu_);
+    if (!peer_failure_) return;
+    peer_failure_ = ApiStatus(code, "a network connection to another host failed: " + why);
+    if (code == ncclRemoteError) peer_gone_.store(true);
+    executors_->abort_all();
+    aborted_.store(true);  // an exchange waiting on the bootstrap gives up too
+  }
+  EFCCL_WARN(-1, "network connection failed (" + why +
+                     "); this rank's running kernels give up and later calls fail with " +
+                     (code == ncclRemoteError ? "ncclRemoteError" : "ncclSystemError"));
 }
 
 void Clique::abort(int32_t rank) {

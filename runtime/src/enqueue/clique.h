@@ -92,6 +92,10 @@ class Clique {
   /// A peer process died (its bootstrap connection broke): running kernels give up and
   /// later calls fail with ncclRemoteError naming it.
   void peer_failed(int32_t peer, const std::string& why);
+  /// A network connection to another host failed (launch/network_links.h: `code` is
+  /// ncclRemoteError when the peer or the link is lost, ncclSystemError for a local failure):
+  /// running kernels give up and later calls fail with `code`.
+  void network_failed(ncclResult_t code, const std::string& why);
   /// Waits (bounded) until the rank's queued collectives have been launched, then until its
   /// device has finished the clique's work; reports async_error(rank).
   ApiStatus finalize(int32_t rank);
@@ -121,7 +125,8 @@ class Clique {
   int32_t nlocal_ = 0;
   bool fusion_ = true;  ///< EFCCL_GROUP_FUSION
   std::atomic<bool> aborted_{false};
-  std::atomic<bool> peer_gone_{false};  ///< another process of the communicator died
+  /// Another process of the communicator died, or a network connection to it failed.
+  std::atomic<bool> peer_gone_{false};
 
   std::mutex mu_;  ///< guards the queue, the launch context and the executors
   std::unique_ptr<ExecutorStore> executors_;
@@ -140,7 +145,7 @@ class Clique {
   /// and async_error() return at once even while another thread launches.
   std::mutex error_mu_;
   ApiStatus async_error_;   ///< sticky once set
-  ApiStatus peer_failure_;  ///< a peer process died
+  ApiStatus peer_failure_;  ///< a peer process died, or a network connection failed
 };
 
 }  // namespace efccl::runtime

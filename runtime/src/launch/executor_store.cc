@@ -9,6 +9,8 @@
 #include "efccl/ef/json_io.h"
 #include "efccl/net/bootstrap.h"
 #include "launch/launch_batch.h"
+#include "launch/network_links.h"
+#include "launch/network_proxy.h"
 
 namespace efccl::runtime {
 namespace {
@@ -27,6 +29,49 @@ void CUDART_CB release_executor_pin(void* pin) {
 ApiStatus cuda_status(cudaError_t e, const std::string& what) {
   if (e == cudaSuccess) return ApiStatus::ok();
   return ApiStatus::cuda(what + ": " + cudaGetErrorString(e));
+}
+
+/// PeerProcesses::connect_network: this process's ends of an executor's network connections
+/// (program ranks; program rank i is communicator rank ranks[i]), connected through the
+/// process's proxy, their handles carried leader to leader under the executor's exchange tag.
+StatusOr<device::NetworkEnds> connect_network_ends(
+    net::Bootstrap& boot, const std::vector<int32_t>& ranks, const std::vector<int32_t>& leader,
+    const std::vector<device::NetworkEndRequest>& ends, uint64_t tag,
+    std::chrono::nanoseconds timeout, const std::atomic<bool>* abort,
+    const ExecutorStore::NetworkFailureHandler& on_failure) {
+  auto proxy = network_proxy();
+  if (!proxy) return proxy.status();
+  const auto rank_of = [&](int32_t program_rank) {
+    return ranks.at(static_cast<std::size_t>(program_rank));
+  };
+  std::vector<NetworkEndRequest> requests;
+  for (const device::NetworkEndRequest& e : ends) {
+    NetworkEndRequest r;
+    r.sender = rank_of(e.sender);
+    r.receiver = rank_of(e.receiver);
+    r.channel = e.channel;
+    r.send = e.send;
+    r.layout.nslots = e.nslots;
+    r.layout.slot_bytes = e.slot_bytes;
+    r.layout.sized = true;  // the kernels write sizes[]: a short tile costs its bytes only
+    requests.push_back(r);
+  }
+  NetworkLinks::Options options;
+  options.pinned = true;
+  options.tag = tag;
+  const auto deadline =
+      net::Deadline::after(std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
+  auto links =
+      NetworkLinks::connect(**proxy, boot, leader, requests, options, deadline, abort, on_failure);
+  if (!links) return links.status();
+  device::NetworkEnds out;
+  for (const NetworkEnd& e : (*links)->ends()) {
+    const net::SlotLayout& l = e.request.layout;
+    out.ends.push_back(
+        {e.device, l.tail_offset(), l.head_offset(), l.sizes_offset(), l.slots_offset()});
+  }
+  out.owner = std::shared_ptr<NetworkLinks>(std::move(*links));
+  return out;
 }
 
 }  // namespace
@@ -122,6 +167,16 @@ std::unique_ptr<device::PeerProcesses> ExecutorStore::peers_for(const std::vecto
   for (int32_t r : ranks) rank_leader.push_back(pm.leader[static_cast<std::size_t>(r)]);
   const std::chrono::nanoseconds timeout = timeout_;
   const std::atomic<bool>* abort = abort_;
+  std::set<uint64_t> hosts;
+  for (int32_t r : ranks) hosts.insert(pm.host[static_cast<std::size_t>(r)]);
+  if (hosts.size() > 1) {
+    for (int32_t r : ranks) peers->hosts.push_back(pm.host[static_cast<std::size_t>(r)]);
+    peers->connect_network =
+        [boot, ranks, leader = pm.leader, tag, timeout, abort,
+         on_failure = network_failure_](const std::vector<device::NetworkEndRequest>& ends) {
+          return connect_network_ends(*boot, ranks, leader, ends, tag, timeout, abort, on_failure);
+        };
+  }
   // Called once, inside DeviceExecutor::create, at the same point in every process.
   peers->exchange = [boot, subset, rank_leader, tag, timeout,
                      abort](const std::string& mine) -> StatusOr<std::vector<std::string>> {
@@ -192,11 +247,15 @@ ApiStatus ExecutorStore::get(const ef::Program& program, const std::string& key,
         remote_failure ? ncclRemoteError : ncclInternalError,
         "preparing program '" + program.name + "' on the GPUs: " + created.status().message());
   }
+  const std::size_t network_ends = (*created)->network_ends();
   EFCCL_INFO(
       kLogInit | kLogAlloc, (*created)->devices().front(),
       "prepared program '" + program.name + "' (" + std::to_string(program.nranks) + " ranks) on " +
           std::to_string((*created)->devices().size()) + " device(s)" +
           (peers != nullptr ? " of this process, connected to other processes through CUDA IPC"
+                            : "") +
+          (network_ends > 0 ? " and to other hosts through " + std::to_string(network_ends) +
+                                  " network connection end(s)"
                             : ""));
   if (!(*created)->protocol_note().empty())
     EFCCL_INFO(kLogInit, (*created)->devices().front(), (*created)->protocol_note());

@@ -1,5 +1,6 @@
 // The prepared programs (device executors) of one clique, by key: created on first use, shared
-// with the other processes of a multi-process communicator through CUDA IPC, cached
+// with the other processes of a multi-process communicator through CUDA IPC, joined to the
+// ranks of other hosts through network connections (launch/network_links.h), cached
 // (launch/executor_cache.h), pinned to the CUDA graphs that captured them, and listed for the
 // abort and asynchronous-error paths.
 //
@@ -12,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -75,6 +77,13 @@ class ExecutorStore {
   /// A key naming the program's content, equal in every process for equal programs.
   const std::string& fingerprint(const ef::Program& program);
 
+  /// Where a failed network connection is reported (from a proxy thread: must not block);
+  /// set once, before the first executor with network connections is created.
+  using NetworkFailureHandler = std::function<void(ncclResult_t code, const std::string& why)>;
+  void set_network_failure_handler(NetworkFailureHandler handler) {
+    network_failure_ = std::move(handler);
+  }
+
   /// Thread-safe (not under the clique's lock): every executor's kernels give up.
   void abort_all();
   /// Waits for every executor's eager launches so far (only this clique's kernels, not the rest
@@ -119,6 +128,7 @@ class ExecutorStore {
   /// first_kernel_failure() return at once even while another thread launches.
   mutable std::mutex live_mu_;
   std::vector<device::DeviceExecutor*> live_;
+  NetworkFailureHandler network_failure_;
 };
 
 }  // namespace efccl::runtime

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "efccl/common/log.h"
+#include "launch/network_proxy.h"
 
 namespace efccl::runtime {
 namespace {
@@ -30,6 +31,7 @@ ApiStatus LaunchBatch::add(Launch launch, bool capturing) {
     pending_.push_back(std::move(launch));
     return ApiStatus::ok();
   }
+  if (launch.executor->network_ends() > 0) kick_network_proxy();
   const Status run = launch.executor->run(launch.args);
   const ApiStatus joined = streams_.join_after(launch);
   return !run ? launch_failure(run) : joined;  // the caller's call fails, not the batch
@@ -42,7 +44,13 @@ ApiStatus LaunchBatch::flush() {
   launches.swap(pending_);  // add() may not run meanwhile, but keep the two apart anyway
   std::vector<device::BatchCall>& calls = calls_;
   calls.clear();
-  for (Launch& l : launches) calls.push_back({l.executor, &l.args});
+  bool network = false;
+  for (Launch& l : launches) {
+    calls.push_back({l.executor, &l.args});
+    network = network || l.executor->network_ends() > 0;
+  }
+  // The proxies poll slowly when idle: their connections are about to be used.
+  if (network) kick_network_proxy();
   device::BatchReport report;
   const Status run = calls.size() == 1 ? launches.front().executor->run(launches.front().args)
                                        : device::DeviceExecutor::run_batch(calls, &report);

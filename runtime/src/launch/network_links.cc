@@ -124,10 +124,23 @@ StatusOr<std::unique_ptr<NetworkLinks>> NetworkLinks::connect(
     if (!requests[i].send)
       if (Status s = c.wait_open(deadline, abort); !s) return s;
     links->ends_[i].connection = &c;
-    if (on_failure)
-      c.set_failure_handler([on_failure](net::NetConnection::Failure f, const std::string& why) {
-        on_failure(network_failure_code(f), why);
-      });
+    // A goodbye is the peer's executor going (its communicator destroyed), not a failure: the
+    // data it sent before has arrived, and a kernel that still waits for more times out.
+    c.set_failure_handler(
+        [on_failure, name = c.name()](net::NetConnection::Failure f, const std::string& why) {
+          if (f == net::NetConnection::Failure::kPeerClosed) {
+            EFCCL_INFO(kLogNet, -1, "network connection " + name + " closed by its peer");
+            return;
+          }
+          if (on_failure) on_failure(network_failure_code(f), why);
+        });
+    const NetworkEndRequest& r = requests[i];
+    EFCCL_INFO(kLogNet | kLogInit, -1,
+               "channel " + std::to_string(r.channel) + ": rank " + std::to_string(r.sender) +
+                   " -> rank " + std::to_string(r.receiver) + (r.send ? " [send]" : " [receive]") +
+                   " via NET/Socket/" + std::to_string(c.sockets()) + " (" + c.name() + ", " +
+                   std::to_string(r.layout.nslots) + " slots of " +
+                   std::to_string(r.layout.slot_bytes) + " bytes)");
   }
   EFCCL_INFO(kLogNet | kLogInit, -1,
              "network connections: " + std::to_string(requests.size()) +

@@ -11,7 +11,8 @@
 // receiving end waits for its sender's sockets. The device side then points the connection's
 // device handle at end(i).device: slots, sizes and counters at the layout's offsets. A
 // connection that fails later calls the failure callback once (network_failure_code says what
-// the API reports).
+// the API reports); a peer that closes its end (its executor went with its communicator) is
+// logged (NET) and is not a failure. Every end is logged when connected (INFO NET).
 #pragma once
 
 #include <nccl.h>
@@ -50,9 +51,9 @@ struct NetworkEnd {
 };
 
 /// What a failed network connection means at the API: the peer's loss (its process died, its
-/// host or the link vanished, it broke the protocol, it closed while in use) is
-/// ncclRemoteError; a local failure (a socket error, the proxy stopped, this side's GPU wrote a
-/// counter wrong) is ncclSystemError.
+/// host or the link vanished, it broke the protocol) is ncclRemoteError; a local failure (a
+/// socket error, the proxy stopped, this side's GPU wrote a counter wrong) is ncclSystemError.
+/// (kPeerClosed maps to ncclRemoteError too, but connect() does not report it.)
 ncclResult_t network_failure_code(net::NetConnection::Failure failure);
 
 class NetworkLinks {

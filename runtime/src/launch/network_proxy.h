@@ -15,4 +15,8 @@ namespace efccl::runtime {
 /// next call tries again).
 StatusOr<std::shared_ptr<net::Proxy>> network_proxy();
 
+/// Before a launch that uses network connections: makes this process's proxy look at its
+/// connections now and spin for a while (Proxy::kick), if it runs; starts nothing.
+void kick_network_proxy();
+
 }  // namespace efccl::runtime

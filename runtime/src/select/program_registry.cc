@@ -77,15 +77,19 @@ ef::Protocol ProgramRegistry::p2p_protocol(uint64_t bytes) const {
 }
 
 StatusOr<const ef::Program*> ProgramRegistry::builtin(const std::string& algorithm,
-                                                      const CallShape& call, int32_t instances,
+                                                      const CallShape& call,
+                                                      const BuiltinShape& shape,
                                                       bool inplace_variant, ef::Protocol protocol) {
   const int32_t root = is_rooted(call.collective) ? call.root : 0;
-  auto key = std::make_tuple(algorithm, call.nranks, root, instances, inplace_variant, protocol);
+  auto key = std::make_tuple(algorithm, call.nranks, root, shape.instances, shape.channels,
+                             shape.nodes, inplace_variant, protocol);
   if (auto it = builtins_.find(key); it != builtins_.end()) return it->second.get();
 
   algorithms::AlgorithmParams params;
   params.ranks = call.nranks;
-  params.instances = instances;
+  params.instances = shape.instances;
+  params.channels = shape.channels;
+  params.nodes = shape.nodes;
   params.root = root;
   params.protocol = protocol;
   params.inplace = inplace_variant;
@@ -165,16 +169,24 @@ StatusOr<Plan> ProgramRegistry::select_uncached(const CallShape& call,
         std::string(ef::to_string(call.dtype)) + " (" + std::to_string(api_bytes) + " bytes, " +
         std::to_string(call.nranks) + " ranks, " + (call.inplace ? "in place" : "out of place") +
         ") and the built-in algorithms are disabled (EFCCL_BUILTINS=0)" + skipped);
-  const BuiltinChoice choice = choose_builtin(call.collective, call.nranks, call_bytes(call));
+  const BuiltinChoice choice =
+      choose_builtin(call.collective, call.nranks, call_bytes(call), hosts_);
   if (choice.algorithm.empty())
     return Status::error("no built-in algorithm for " + collective + " with " +
                          std::to_string(call.nranks) + " ranks");
   const std::string algorithm(choice.algorithm);
   const ef::Protocol protocol = allowed_protocol(choice.protocol);
+  // The choice's lanes and hierarchy go with its algorithm (the tail piece is a flat one).
   const auto get = [&](const std::string& name, int32_t instances) -> StatusOr<const ef::Program*> {
-    auto p = builtin(name, call, instances, false, protocol);
+    BuiltinShape shape;
+    shape.instances = instances;
+    if (name == algorithm) {
+      shape.channels = choice.channels;
+      shape.nodes = choice.nodes;
+    }
+    auto p = builtin(name, call, shape, false, protocol);
     if (!p) return p;
-    if (call.inplace && !(*p)->inplace) return builtin(name, call, instances, true, protocol);
+    if (call.inplace && !(*p)->inplace) return builtin(name, call, shape, true, protocol);
     return p;
   };
 

@@ -18,6 +18,7 @@
 #include "efccl/ef/datatype.h"
 #include "efccl/ef/program.h"
 #include "efccl/runtime/observer.h"
+#include "select/host_layout.h"
 #include "select/protocol_filter.h"
 
 namespace efccl::runtime {
@@ -67,14 +68,24 @@ class ProgramRegistry {
   ef::Protocol p2p_protocol(uint64_t bytes) const;
 
   std::size_t user_program_count() const { return user_.size(); }
+  /// Where the communicator's ranks run (set once, before the first select()): the tuning
+  /// table picks hierarchical programs for communicators spanning hosts.
+  void set_host_layout(const HostLayout& hosts) { hosts_ = hosts; }
+  const HostLayout& host_layout() const { return hosts_; }
 
  private:
   struct UserProgram {
     ef::Program program;
     std::string file;
   };
+  /// The shape of a built-in program beyond the call's: instances, lanes, hierarchy.
+  struct BuiltinShape {
+    int32_t instances = 1;
+    int32_t channels = 1;
+    int32_t nodes = 1;
+  };
   StatusOr<const ef::Program*> builtin(const std::string& algorithm, const CallShape& call,
-                                       int32_t instances, bool inplace_variant,
+                                       const BuiltinShape& shape, bool inplace_variant,
                                        ef::Protocol protocol);
   StatusOr<Plan> select_uncached(const CallShape& call, std::vector<SelectionRecord>* records);
   using ShapeKey = std::tuple<int, int32_t, int32_t, uint64_t, int, bool>;
@@ -88,7 +99,9 @@ class ProgramRegistry {
   ProtocolFilter filter_;
   bool use_builtins_ = true;
   ef::Protocol fallback_protocol_ = ef::Protocol::kSimple;  ///< when the preferred is excluded
-  std::map<std::tuple<std::string, int32_t, int32_t, int32_t, bool, ef::Protocol>,
+  HostLayout hosts_;
+  /// By (algorithm, nranks, root, instances, channels, nodes, in-place variant, protocol).
+  std::map<std::tuple<std::string, int32_t, int32_t, int32_t, int32_t, int32_t, bool, ef::Protocol>,
            std::unique_ptr<ef::Program>>
       builtins_;
 };

@@ -77,6 +77,39 @@ constexpr Row kTable[] = {
     {ef::Collective::kScatter, "direct_scatter", 1, 4096, 64 * MiB, kNoLimit, 8},
 };
 
+/// Communicators spanning hosts (HostLayout::blocks(), at least 2 ranks per host): the rows
+/// that apply before kTable's. A row applies when ranks per host >= min_per_host, nranks <=
+/// max_ranks and bytes in [min_bytes, max_bytes). Why (the timing model over two DGX H100
+/// joined by their 8 rails, 2 x 2, 2 x 4 and 2 x 8 ranks:
+/// tests/runtime/multihost_selection_test.cc, docs/net.md "Selection across hosts"):
+///  * a ring crosses the host boundary with the whole vector on one connection (2 (n-1)/n of
+///    it each way through one NIC); the hierarchical programs reduce within the host first and
+///    cross once per lane (local index), so each GPU's rail NIC carries 1/G of it: from 4 MiB
+///    hierarchical_allreduce with 16 instances is 2.5-7x faster than the 32-instance ring;
+///  * between 16 KiB and 4 MiB multilane_allreduce (one-hop phases inside the host, lanes on
+///    channels of their own) beats both the ring and the hierarchical rings' latency;
+///  * below 16 KiB, all-pairs: one network step instead of 2 (hosts - 1) + 2 (G - 1), up to 16
+///    ranks (beyond, n - 1 messages per rank cost more than the steps);
+///  * alltoall with 4 or more ranks per host: the two-step program (G times fewer, G times
+///    larger messages between hosts) from 1 MiB; with 2 per host the direct one is as fast.
+/// The other collectives keep kTable's rings, which cross each host boundary once when the
+/// ranks of a host are contiguous.
+struct MultiHostRow {
+  ef::Collective collective;
+  std::string_view algorithm;
+  int32_t min_per_host, max_ranks;
+  uint64_t min_bytes, max_bytes;
+  int32_t instances, channels;
+};
+
+constexpr MultiHostRow kMultiHostTable[] = {
+    {ef::Collective::kAllReduce, "allpairs_allreduce", 2, 16, 0, 16 * KiB, 1, 1},
+    {ef::Collective::kAllReduce, "multilane_allreduce", 2, 4096, 0, 256 * KiB, 1, 4},
+    {ef::Collective::kAllReduce, "multilane_allreduce", 2, 4096, 256 * KiB, 4 * MiB, 1, 16},
+    {ef::Collective::kAllReduce, "hierarchical_allreduce", 2, 4096, 4 * MiB, kNoLimit, 16, 1},
+    {ef::Collective::kAllToAll, "two_step_alltoall", 4, 4096, 1 * MiB, kNoLimit, 4, 1},
+};
+
 /// Point-to-point: channels and protocol per transfer by size (the first row whose min_bytes
 /// the transfer reaches).
 struct P2pRow {
@@ -118,6 +151,30 @@ BuiltinChoice choose_builtin(ef::Collective collective, int32_t nranks, uint64_t
                 std::string(ef::to_string(row.protocol))};
   }
   return {};
+}
+
+BuiltinChoice choose_builtin(ef::Collective collective, int32_t nranks, uint64_t bytes,
+                             const HostLayout& hosts) {
+  if (hosts.blocks() && hosts.hosts * hosts.ranks_per_host == nranks) {
+    for (const MultiHostRow& row : kMultiHostTable) {
+      if (row.collective != collective || hosts.ranks_per_host < row.min_per_host ||
+          nranks > row.max_ranks || bytes < row.min_bytes || bytes >= row.max_bytes)
+        continue;
+      BuiltinChoice c;
+      c.algorithm = row.algorithm;
+      c.instances = row.instances;
+      c.channels = row.channels;
+      c.nodes = hosts.hosts;
+      c.why = "tuning table across hosts (" + hosts.describe() +
+              "): " + describe_range(row.min_bytes, row.max_bytes) + " -> " +
+              std::to_string(row.instances) + " instance(s), " + std::to_string(row.channels) +
+              " lane(s), Simple";
+      return c;
+    }
+  }
+  BuiltinChoice c = choose_builtin(collective, nranks, bytes);
+  if (hosts.hosts > 1) c.why += " (" + hosts.describe() + ")";
+  return c;
 }
 
 namespace {

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "efccl/ef/program.h"
+#include "select/host_layout.h"
 
 namespace efccl::runtime {
 
@@ -20,11 +21,20 @@ struct BuiltinChoice {
   /// The protocol measured fastest for the size (before NCCL_PROTO; ProgramRegistry applies it).
   ef::Protocol protocol = ef::Protocol::kSimple;
   std::string why;  ///< the table row that matched, for the INFO log
+  int32_t channels = 1;  ///< lanes inside one instance (multilane_allreduce)
+  /// Hierarchical algorithms: ranks = nodes x gpus_per_node (AlgorithmParams); 1 otherwise.
+  int32_t nodes = 1;
 };
 
 /// `bytes` is the whole call's data (NCCL count x nranks x element size for the collectives
 /// whose count is per block, count x element size otherwise).
 BuiltinChoice choose_builtin(ef::Collective collective, int32_t nranks, uint64_t bytes);
+/// The same for a communicator whose ranks lie on `hosts`: where they span several hosts in
+/// equal contiguous blocks of at least 2 ranks, the multi-host rows first (allreduce: all-pairs
+/// for small calls, then multi-lane and hierarchical programs that cross hosts once per lane;
+/// alltoall from 4 ranks per host: the two-step program), else the rows above.
+BuiltinChoice choose_builtin(ef::Collective collective, int32_t nranks, uint64_t bytes,
+                             const HostLayout& hosts);
 
 /// Channels (CTAs per direction) for one point-to-point transfer of `bytes`: the tuning table's,
 /// within the bounds NCCL_MIN_P2P_NCHANNELS / NCCL_MAX_P2P_NCHANNELS gave at the first call.

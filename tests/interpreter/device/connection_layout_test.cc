@@ -314,5 +314,71 @@ TEST(ConnectionLayout, TooManyLargePlacedConnectionsAreAnError) {
       << layout.status().message();
 }
 
+TEST(ConnectionLayout, ConnectionsBetweenHostsAreNetworkConnections) {
+  // A ring of four ranks, two per host: 1->2 and 3->0 cross hosts, on both channels. A
+  // placement of a crossing connection does not apply (its memory is each host's own).
+  ef::Program p = ring_program(4, 2);
+  p.slot_devices = 1;
+  p.placements.push_back(placement(1, 2, 0, ef::SlotLocation::kHost, -1));
+  p.placements.push_back(placement(0, 1, 1, ef::SlotLocation::kDevice, 0));
+  auto planned = plan_connections(p);
+  ASSERT_TRUE(planned.is_ok()) << planned.status().message();
+  std::vector<ConnectionPlan> c = *planned;
+  const std::vector<uint64_t> hosts = {0xa, 0xa, 0xb, 0xb};
+  ASSERT_TRUE(mark_network_connections(c, hosts, {true, true, false, false}));
+  for (const ConnectionPlan& k : c) {
+    const bool crosses = (k.sender == 1 && k.receiver == 2) || (k.sender == 3 && k.receiver == 0);
+    EXPECT_EQ(k.network, crosses) << k.sender << "->" << k.receiver << " ch " << k.channel;
+    if (crosses) EXPECT_FALSE(k.placed());
+  }
+  // 0->1 ch1 stays placed on its slot device (it does not cross).
+  EXPECT_EQ(c[1].sender, 0);
+  EXPECT_EQ(c[1].channel, 1);
+  EXPECT_EQ(c[1].placement, ef::SlotLocation::kDevice);
+  // One host (or no hosts given): nothing is a network connection.
+  std::vector<ConnectionPlan> same = *planned;
+  ASSERT_TRUE(mark_network_connections(same, {5, 5, 5, 5}, {true, true, true, true}));
+  ASSERT_TRUE(mark_network_connections(same, {}, {}));
+  for (const ConnectionPlan& k : same) EXPECT_FALSE(k.network);
+}
+
+TEST(ConnectionLayout, NetworkConnectionsMustJoinTwoProcessesAndNameEveryRank) {
+  std::vector<ConnectionPlan> c = *plan_connections(ring_program(2, 1));
+  const Status both_here = mark_network_connections(c, {1, 2}, {true, true});
+  ASSERT_FALSE(both_here.is_ok());
+  EXPECT_EQ(both_here.message(),
+            "ranks 0 and 1 run in this process but on different hosts (PeerProcesses::hosts)");
+  const Status short_hosts = mark_network_connections(c, {1}, {true, false});
+  ASSERT_FALSE(short_hosts.is_ok());
+  EXPECT_NE(short_hosts.message().find("do not cover connection"), std::string::npos)
+      << short_hosts.message();
+}
+
+TEST(ConnectionLayout, NetworkConnectionsHaveOnlyTheirEndsPositions) {
+  // Ranks 0, 1 on one host (locations 7, 8), ranks 2, 3 on another (9, 10); a ring, one
+  // channel. 1->2 and 3->0 are network connections: no FIFO entry anywhere, the sender's end
+  // in its counter arena, the receiver's position in its own.
+  std::vector<ConnectionPlan> c = *plan_connections(ring_program(4, 1));
+  ASSERT_TRUE(mark_network_connections(c, {1, 1, 2, 2}, {true, true, false, false}));
+  auto layout = lay_out_connections(c, {7, 8, 9, 10}, /*slot_stride=*/1024, /*nslots=*/4);
+  ASSERT_TRUE(layout.is_ok()) << layout.status().message();
+  const std::size_t entry = layout->connection_fifo_bytes;
+  // Connection order: 0->1, 1->2, 2->3, 3->0.
+  EXPECT_EQ(layout->fifo_bytes.at(8), entry);   // 0->1
+  EXPECT_EQ(layout->fifo_bytes.at(9), 0u);      // 1->2: network
+  EXPECT_EQ(layout->fifo_bytes.at(10), entry);  // 2->3
+  EXPECT_EQ(layout->fifo_bytes.at(7), 0u);      // 3->0: network
+  EXPECT_TRUE(layout->placed_bytes.empty());
+  EXPECT_EQ(layout->counter_bytes.at(7), kSendEndBytes + kRecvEndBytes);  // sends 0->1, 3->0's end
+  EXPECT_EQ(layout->counter_bytes.at(8), kSendEndBytes);                  // sends 1->2
+  EXPECT_EQ(layout->counter_bytes.at(9), kRecvEndBytes + kSendEndBytes);  // 1->2's end, sends 2->3
+  EXPECT_EQ(layout->counter_bytes.at(10), kSendEndBytes);                 // sends 3->0
+  EXPECT_TRUE(c[1].has_recv_end());
+  EXPECT_EQ(c[1].recv_end_offset, 0u);
+  EXPECT_EQ(c[2].send_offset, kRecvEndBytes);
+  EXPECT_EQ(c[3].send_offset, 0u);
+  EXPECT_EQ(c[3].recv_end_offset, kSendEndBytes);
+}
+
 }  // namespace
 }  // namespace efccl::device

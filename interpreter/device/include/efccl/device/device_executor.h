@@ -11,7 +11,9 @@
 // others). Connections are FIFOs of `connection_slots` slots in the receiver's memory, filled
 // by the sender through peer access, in the program's protocol (Simple, LL, LL128; see
 // docs/ef-format.md §5); a program may place a connection's slots in pinned host memory or on
-// a slot device instead (ef::ConnectionPlacement, ExecutorConfig::slot_devices). Their counters and the dependency flags are never reset between
+// a slot device instead (ef::ConnectionPlacement, ExecutorConfig::slot_devices), and a
+// connection between ranks on different hosts runs through the runtime's network proxies
+// (PeerProcesses::hosts). Their counters and the dependency flags are never reset between
 // calls, so a call can be captured in a CUDA graph and replayed.
 #pragma once
 
@@ -58,6 +60,7 @@ struct ExecutorConfig {
   bool allow_blocking_programs = false;
   /// Tests only: every connection's counters (push and pop positions, head, tail) start here
   /// instead of 0, e.g. just below where LL flags wrap (2^31) or LL slots are cleared (2^30).
+  /// Not with network connections (their proxies count from 0).
   uint64_t first_position = 0;
   /// The CUDA device of each slot device the program names (one per Program::slot_devices).
   /// A connection placed on slot device k keeps its slots, tail and head in that GPU's memory:
@@ -68,6 +71,37 @@ struct ExecutorConfig {
   /// this process's ranks receive (the receiver's process allocates the memory); the others
   /// may be -1.
   std::vector<int> slot_devices;
+};
+
+/// One end of a network connection (a connection whose ranks run on different hosts) that this
+/// process runs, as create() asks the runtime for its memory (PeerProcesses::connect_network).
+struct NetworkEndRequest {
+  int32_t sender = 0;  ///< program ranks
+  int32_t receiver = 0;
+  int32_t channel = 0;
+  bool send = false;        ///< the sending end (else the receiving end)
+  uint32_t nslots = 0;      ///< slots of the connection
+  uint64_t slot_bytes = 0;  ///< wire bytes per slot
+};
+
+/// Where the runtime put one end: a block of pinned host memory that the GPU reaches at `device`,
+/// laid out as the proxy transport's slot region (docs/net.md): `tail`, `head`, the slots'
+/// sizes (u32 each) and the slots at these offsets. The slots of a sending end are filled here
+/// and sent by its proxy; those of a receiving end are filled by its proxy.
+struct NetworkEndMemory {
+  char* device = nullptr;
+  uint64_t tail_offset = 0;
+  uint64_t head_offset = 0;
+  uint64_t sizes_offset = 0;
+  uint64_t slots_offset = 0;
+};
+
+/// The runtime's answer to a list of NetworkEndRequest: one NetworkEndMemory per request, in
+/// order, and what keeps the blocks and their connections alive (the executor holds it until
+/// it is destroyed, after its last launch).
+struct NetworkEnds {
+  std::vector<NetworkEndMemory> ends;
+  std::shared_ptr<void> owner;
 };
 
 /// Multi-process executors: the program's ranks are served by several processes, each running
@@ -93,6 +127,15 @@ struct PeerProcesses {
   /// returns, per rank, the blob of the process serving it (entries of local ranks are
   /// ignored). Called once, inside create(), at the same point by every process.
   std::function<StatusOr<std::vector<std::string>>(const std::string& mine)> exchange;
+  /// Per rank: the host it runs on (empty: every rank on one host). A connection whose ranks are
+  /// on different hosts is a network connection: each end's slots and counters are a block of
+  /// its own host's pinned memory, joined to the other end by the runtime's proxies; the
+  /// program's placement of it does not apply. Every process must pass the same vector.
+  std::vector<uint64_t> hosts;
+  /// Connects this process's ends of the network connections (requests in connection order)
+  /// and returns their memory. Called once, inside create(), after `exchange`, by every process
+  /// that runs such an end (each with its own ends); required when `hosts` makes any.
+  std::function<StatusOr<NetworkEnds>(const std::vector<NetworkEndRequest>& ends)> connect_network;
 };
 
 /// One call, as the NCCL API describes it.
@@ -218,6 +261,9 @@ class DeviceExecutor {
   std::size_t slot_bytes() const;
   /// Empty, or (LL128 programs) which connections run over LL instead and why, for the log.
   const std::string& protocol_note() const;
+  /// How many ends of network connections (PeerProcesses::hosts) this process runs; their
+  /// proxies should be kicked before a launch.
+  std::size_t network_ends() const;
   /// After a failure or abort: waits for the devices, clears every counter, flag and error,
   /// and makes the executor usable again.
   Status reset();
