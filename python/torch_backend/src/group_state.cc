@@ -4,7 +4,6 @@
 
 #include <cstdio>
 #include <cstring>
-#include <sstream>
 
 namespace efccl::torch_backend {
 namespace {
@@ -109,41 +108,47 @@ void GroupState::record_selection(const efcclSelection_t& sel) {
   programs_.push_back({collective, program, source, or_empty(sel.reason), sel.skipped != 0, 1});
 }
 
+// Built with string appends and std::to_string, not an ostringstream: the iostream number
+// formatting inside this extension crashed (SIGSEGV in ostream::_M_insert<long>, 2x H200,
+// torch 2.11) on every call, while to_string needs no locale facets.
 std::string GroupState::stats_json(const std::string& device, const std::string& origin,
                                    int pending) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  std::ostringstream o;
-  o << "{\"group\": " << quoted(identity_.name) << ", \"rank\": " << identity_.rank
-    << ", \"size\": " << identity_.size << ", \"global_ranks\": [";
+  using std::to_string;
+  std::string o = "{\"group\": " + quoted(identity_.name) + ", \"rank\": " +
+                  to_string(identity_.rank) + ", \"size\": " + to_string(identity_.size) +
+                  ", \"global_ranks\": [";
   for (size_t i = 0; i < identity_.global_ranks.size(); ++i)
-    o << (i ? ", " : "") << identity_.global_ranks[i];
-  o << "], \"device\": " << quoted(device) << ", \"communicator\": " << quoted(origin)
-    << ", \"pending_works\": " << pending
-    << ", \"failed\": " << (failed_.load() ? quoted(failure_) : std::string("null"))
-    << ", \"collectives\": {";
+    o += (i ? ", " : "") + to_string(identity_.global_ranks[i]);
+  o += "], \"device\": " + quoted(device) + ", \"communicator\": " + quoted(origin) +
+       ", \"pending_works\": " + to_string(pending) +
+       ", \"failed\": " + (failed_.load() ? quoted(failure_) : std::string("null")) +
+       ", \"collectives\": {";
   bool first = true;
   for (const auto& [name, s] : collectives_) {
-    o << (first ? "" : ", ") << quoted(name) << ": {\"calls\": " << s.calls
-      << ", \"bytes\": " << s.bytes << ", \"captured\": " << s.captured << "}";
+    o += (first ? "" : ", ") + quoted(name) + ": {\"calls\": " + to_string(s.calls) +
+         ", \"bytes\": " + to_string(s.bytes) + ", \"captured\": " + to_string(s.captured) +
+         "}";
     first = false;
   }
-  o << "}, \"peers\": {";
+  o += "}, \"peers\": {";
   first = true;
   for (const auto& [peer, bytes] : peer_bytes_) {
-    o << (first ? "" : ", ") << "\"" << peer << "\": {\"sent_bytes\": " << bytes.first
-      << ", \"received_bytes\": " << bytes.second << "}";
+    o += std::string(first ? "" : ", ") + "\"" + to_string(peer) +
+         "\": {\"sent_bytes\": " + to_string(bytes.first) +
+         ", \"received_bytes\": " + to_string(bytes.second) + "}";
     first = false;
   }
-  o << "}, \"programs\": [";
+  o += "}, \"programs\": [";
   for (size_t i = 0; i < programs_.size(); ++i) {
     const ProgramUse& u = programs_[i];
-    o << (i ? ", " : "") << "{\"collective\": " << quoted(u.collective)
-      << ", \"program\": " << quoted(u.program) << ", \"source\": " << quoted(u.source)
-      << ", \"reason\": " << quoted(u.reason) << ", \"skipped\": " << (u.skipped ? "true" : "false")
-      << ", \"selections\": " << u.selections << "}";
+    o += (i ? ", " : "") + std::string("{\"collective\": ") + quoted(u.collective) +
+         ", \"program\": " + quoted(u.program) + ", \"source\": " + quoted(u.source) +
+         ", \"reason\": " + quoted(u.reason) + ", \"skipped\": " +
+         (u.skipped ? "true" : "false") + ", \"selections\": " + to_string(u.selections) + "}";
   }
-  o << "]}";
-  return o.str();
+  o += "]}";
+  return o;
 }
 
 GroupState*& current_selection_group() {

@@ -7,7 +7,6 @@
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
-#include <sstream>
 
 namespace efccl::torch_backend {
 namespace {
@@ -253,10 +252,13 @@ std::string Watchdog::missing_ranks_report(uint64_t seq, const char* op) {
         continue;
       }
       const std::vector<uint8_t> bytes = store.get(key);
-      std::istringstream value(std::string(bytes.begin(), bytes.end()));
-      uint64_t their_seq = 0;
-      std::string their_op;
-      value >> their_seq >> their_op;
+      // "SEQ OP" (pending_key's value), parsed without iostreams (see stats_json).
+      const std::string value(bytes.begin(), bytes.end());
+      char* rest = nullptr;
+      const uint64_t their_seq = std::strtoull(value.c_str(), &rest, 10);
+      std::string their_op(rest != nullptr ? rest : "");
+      their_op.erase(0, their_op.find_first_not_of(' '));
+      their_op.erase(std::min(their_op.size(), their_op.find_first_of(" \n")));
       if (their_seq == seq && their_op == op)
         stuck.push_back(id.describe_rank(r));
       else
