@@ -154,6 +154,45 @@ TEST(Planner, HostPathOfTheTwoH200Machine) {
   EXPECT_NEAR(plan->max_load_us, 2048.0 * MiB / 450e3, plan->max_load_us * 0.02);
 }
 
+TEST(Planner, WithoutHostMemoryTheNodeKeepsItsNvlinkPaths) {
+  // PathTableOptions::host_memory = false (the runtime's default on real machines): no
+  // candidate through pinned host memory, the NVLink walks unchanged, and the plan the best of
+  // what is left: 1 GiB over direct + two relays at 150 GB/s each.
+  auto t = topo::preset("nimble-h100", 1);
+  ASSERT_TRUE(t) << t.status().message();
+  balance::PathTableOptions options;
+  options.host_memory = false;
+  auto without = balance::PathTable::build(*t, t->gpus(), options);
+  ASSERT_TRUE(without) << without.status().message();
+  auto with = balance::PathTable::build(*t, t->gpus());
+  ASSERT_TRUE(with) << with.status().message();
+  auto all = (*with)->candidates(0, 1);
+  auto some = (*without)->candidates(0, 1);
+  ASSERT_TRUE(all && some);
+  ASSERT_EQ((*all)->size(), 4u);
+  ASSERT_EQ((*some)->size(), 3u);
+  for (std::size_t c = 0; c < 3; ++c) {
+    EXPECT_EQ((**some)[c].links, (**all)[c].links) << c;
+    EXPECT_NE((**some)[c].kind, balance::CandidateKind::kHost) << c;
+  }
+  EXPECT_EQ((**all)[3].kind, balance::CandidateKind::kHost);
+  const Demand d = lone_pair(4, 0, 1, 1024 * MiB);
+  check_plan(**without, d, "lone pair without host memory");
+  balance::Planner planner(*without, {});
+  auto plan = planner.plan(d);
+  ASSERT_TRUE(plan);
+  EXPECT_NEAR(plan->max_load_us, 1024.0 * MiB / 450e3, plan->max_load_us * 0.03);
+  // The two-H200 machine: NVLink alone, so nothing to balance.
+  auto h200 = topo::preset("h200-nv18-x2", 1);
+  ASSERT_TRUE(h200);
+  auto pair = balance::PathTable::build(*h200, h200->gpus(), options);
+  ASSERT_TRUE(pair);
+  balance::Planner p2(*pair, {});
+  auto plan2 = p2.plan(lone_pair(2, 0, 1, 2048 * MiB));
+  ASSERT_TRUE(plan2);
+  EXPECT_DOUBLE_EQ(plan2->max_load_us, plan2->direct_max_load_us);
+}
+
 TEST(Planner, SkewedAllToAllAcrossHostsWithinFivePercentOfTheOptimum) {
   for (int hosts : {1, 2}) {
     auto table = table_of("nimble-h100", hosts);

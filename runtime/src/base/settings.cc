@@ -71,6 +71,17 @@ bool balance_enabled() {
   return true;
 }
 
+int balance_host_memory() {
+  const char* v = std::getenv("EFCCL_BALANCE_HOST_MEMORY");
+  if (v == nullptr || *v == '\0') return -1;
+  if (std::strcmp(v, "1") == 0) return 1;
+  if (std::strcmp(v, "0") == 0) return 0;
+  EFCCL_WARN(-1, "EFCCL_BALANCE_HOST_MEMORY=" + std::string(v) +
+                     " is neither 0 nor 1; using the default (0 on the machine graph, 1 on "
+                     "EFCCL_BALANCE_TOPOLOGY)");
+  return -1;
+}
+
 std::string balance_topology() {
   const char* v = std::getenv("EFCCL_BALANCE_TOPOLOGY");
   return v == nullptr ? "" : v;

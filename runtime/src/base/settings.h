@@ -35,6 +35,11 @@ bool balance_enabled();
 /// topology file (NCCL XML, or efccl's topology JSON); rank r then plans as the topology's GPU
 /// r mod its GPU count (testing balanced programs on fewer GPUs than the topology has).
 std::string balance_topology();
+/// EFCCL_BALANCE_HOST_MEMORY: whether the balancer may route bytes through pinned host memory
+/// beside NVLink: "1" yes, "0" no; unset, the default: no on the machine graph (measured slower
+/// than NVLink alone on 4x H200, docs/performance.md), yes on an EFCCL_BALANCE_TOPOLOGY
+/// (simulated topologies exercise every kind of path). Returns -1 when unset.
+int balance_host_memory();
 /// EFCCL_BALANCE_STATS: a file the balancer's statistics are appended to, as one JSON object
 /// per communicator when it ends ("%h": host name, "%p": process id); "" none.
 std::string balance_stats_file();

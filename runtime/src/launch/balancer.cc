@@ -83,7 +83,10 @@ bool Balancer::active() {
              "balancer on: " + std::to_string(n) + " ranks planned on " + machine_->source +
                  (machine_->simulated ? " (simulated: rank r on its GPU r mod n)" : "") + " [" +
                  placement + "], min split " +
-                 human(static_cast<double>(options->min_split_bytes)) + ", " +
+                 human(static_cast<double>(options->min_split_bytes)) +
+                 (machine_->host_memory ? ", host memory a path"
+                                        : ", no host-memory paths (EFCCL_BALANCE_HOST_MEMORY=0)") +
+                 ", " +
                  (multiprocess_ ? "pair-local plans across processes (no forwards through third "
                                   "ranks), all-to-all planned globally"
                                 : "groups planned globally") +

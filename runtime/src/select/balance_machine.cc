@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "base/settings.h"
 #include "efccl/topology/nccl_xml.h"
 #include "efccl/topology/presets.h"
 
@@ -102,7 +103,13 @@ StatusOr<BalanceMachine> make_balance_machine(const topo::ClusterGraph* graph, i
         (void)cudaGetLastError();
     }
   }
-  auto table = balance::PathTable::build(topology, std::move(rank_gpus));
+  // Host memory beside NVLink: off on real machines unless asked for (4x H200: the lone
+  // pair and a skewed all-to-all-v ran 0.76-0.86x as fast with it, docs/performance.md).
+  balance::PathTableOptions options;
+  const int host_memory = balance_host_memory();
+  options.host_memory = host_memory < 0 ? m.simulated : host_memory == 1;
+  m.host_memory = options.host_memory;
+  auto table = balance::PathTable::build(topology, std::move(rank_gpus), options);
   if (!table) return table.status();
   m.table = std::move(*table);
   return m;

@@ -23,6 +23,8 @@ struct BalanceMachine {
   /// Planned on a topology that is not the ranks' own (EFCCL_BALANCE_TOPOLOGY): slot devices
   /// bind to the receiving rank's real GPU.
   bool simulated = false;
+  /// Whether pinned host memory is a candidate beside NVLink (EFCCL_BALANCE_HOST_MEMORY).
+  bool host_memory = true;
   /// Per node of the topology: its CUDA device in this process, or -1 (not a GPU, not
   /// visible, or simulated).
   std::vector<int> node_device;

@@ -23,7 +23,8 @@ PathTable::PathTable() = default;
 PathTable::~PathTable() = default;
 
 StatusOr<std::shared_ptr<const PathTable>> PathTable::build(const topo::Topology& topology,
-                                                            std::vector<NodeIndex> rank_gpu) {
+                                                            std::vector<NodeIndex> rank_gpu,
+                                                            PathTableOptions options) {
   if (Status s = topology.check(); !s) return s;
   for (std::size_t r = 0; r < rank_gpu.size(); ++r)
     if (rank_gpu[r] >= topology.nodes().size() ||
@@ -36,6 +37,7 @@ StatusOr<std::shared_ptr<const PathTable>> PathTable::build(const topo::Topology
   State& st = *table->state_;
   const topo::Topology& t = table->topology_;
   st.topology = &t;
+  st.host_memory = options.host_memory;
   const int32_t hosts = t.hosts();
   st.hosts.resize(static_cast<std::size_t>(std::max(hosts, 0)));
   st.local_of.assign(t.nodes().size(), kAbsent);
@@ -251,7 +253,10 @@ std::vector<Walk> PathTable::State::walks(NodeIndex a, NodeIndex b) {
       }
       if (auto h = g.graph.host_route(la, lb)) paths.push_back(std::move(*h));
     }
-    for (topo::Path& p : paths) {
+    for (std::size_t i = 0; i < paths.size(); ++i) {
+      topo::Path& p = paths[i];
+      // Without host-memory candidates, a host-staged walk stays only as the default path.
+      if (p.host_staged && !host_memory && i > 0) continue;
       for (LinkIndex& l : p.links) l = g.to_whole[l];
       if (p.host_staged)
         add(std::move(p.links), "host memory", CandidateKind::kHost);

@@ -104,6 +104,7 @@ struct PathTable::State {
   StatusOr<const detail::CandidateSet*> default_set(int32_t src, int32_t dst);
 
   const topo::Topology* topology = nullptr;  ///< the table's
+  bool host_memory = true;                   ///< PathTableOptions::host_memory
   /// Per host: its subgraph, the maps between its indices and the whole graph's, and what
   /// the candidates ask of it again and again.
   struct HostGraph {

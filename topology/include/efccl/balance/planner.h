@@ -72,11 +72,19 @@ struct Candidate {
 /// Every pair's candidates over one topology and placement of ranks. Built once; candidates
 /// are computed on first use (thread-safe: lookups take no lock) from per-host subgraphs and
 /// cached per GPU pair in dense per-source rows.
+struct PathTableOptions {
+  /// Whether a walk through pinned host memory is a candidate beside NVLink walks. False: it
+  /// is one only where it is the pair's default path (GPUs with no peer access). The runtime
+  /// turns it off on real machines by default (EFCCL_BALANCE_HOST_MEMORY; docs/balancer.md).
+  bool host_memory = true;
+};
+
 class PathTable {
  public:
   /// `rank_gpu[r]`: rank r's GPU node in `topology` (several ranks may share one).
   static StatusOr<std::shared_ptr<const PathTable>> build(const topo::Topology& topology,
-                                                          std::vector<NodeIndex> rank_gpu);
+                                                          std::vector<NodeIndex> rank_gpu,
+                                                          PathTableOptions options = {});
   ~PathTable();
   int32_t nranks() const { return static_cast<int32_t>(rank_gpu_.size()); }
   const topo::Topology& topology() const { return topology_; }
