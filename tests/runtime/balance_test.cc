@@ -103,6 +103,10 @@ std::size_t skewed_count(int s, int d, int n) {
   return 40000 + 9973 * static_cast<std::size_t>((s * 3 + d) % 5) + static_cast<std::size_t>(d);
 }
 
+/// Set by the one-process tests: CUDA is then initialised in this process, and children forked
+/// from it cannot use CUDA (the multi-process test needs a process of its own, as ctest runs it).
+bool cuda_used_here = false;
+
 int32_t value(int s, int d, std::size_t i) {
   return static_cast<int32_t>((s * 131 + d * 7919) * 1000003u + i * 2654435761u);
 }
@@ -235,6 +239,7 @@ void run_eager_and_captured(TestClique& c, AllToAllV& a, const std::string& what
 
 TEST(Balance, SkewedAllToAllVInOneProcess) {
   EFCCL_REQUIRE_GPUS(1);
+  cuda_used_here = true;
   struct Case {
     const char* preset;
     int n;
@@ -266,6 +271,7 @@ TEST(Balance, BatchIsendIrecvLikeGroupInOneProcess) {
   // Each rank sends two tensors (separate buffers, different sizes) to its next and previous
   // rank and receives two: torch.distributed.batch_isend_irecv's pattern.
   EFCCL_REQUIRE_GPUS(1);
+  cuda_used_here = true;
   BalanceEnv env("preset:nimble-h100");
   {
     const int n = 4;
@@ -331,6 +337,7 @@ TEST(Balance, BatchIsendIrecvLikeGroupInOneProcess) {
 
 TEST(Balance, AllToAllAndLonePairInOneProcess) {
   EFCCL_REQUIRE_GPUS(1);
+  cuda_used_here = true;
   // Uniform all-to-all: forced over every candidate so that relays are used too.
   BalanceEnv env("preset:nimble-h100");
   ScopedEnv force("EFCCL_BALANCE_FORCE", "spread");
@@ -375,20 +382,30 @@ TEST(Balance, AllToAllAndLonePairInOneProcess) {
 
     // A lone pair 0 -> 2 (ranks 1 and 3 idle: relays through their GPUs are slot devices),
     // eagerly and captured.
+    // 5 MiB + 12 bytes: buffers of their own (the all-to-all's hold 4 MiB + 1232 bytes).
     const std::size_t pair = 5 * kMiB / 4 + 3;
+    int32_t* lone_in = nullptr;
+    int32_t* lone_out = nullptr;
+    ASSERT_EQ(cudaMalloc(&lone_in, pair * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&lone_out, pair * 4), cudaSuccess);
+    {
+      std::vector<int32_t> h(pair);
+      for (std::size_t i = 0; i < pair; ++i) h[i] = value(0, 2, i);
+      ASSERT_EQ(cudaMemcpy(lone_in, h.data(), pair * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    }
     const auto lone = [&] {
       NCCL_OK(ncclGroupStart());
-      NCCL_OK(ncclSend(in[0], pair, ncclInt32, 2, c.comms[0], c.streams[0]));
-      NCCL_OK(ncclRecv(out[2], pair, ncclInt32, 0, c.comms[2], c.streams[2]));
+      NCCL_OK(ncclSend(lone_in, pair, ncclInt32, 2, c.comms[0], c.streams[0]));
+      NCCL_OK(ncclRecv(lone_out, pair, ncclInt32, 0, c.comms[2], c.streams[2]));
       NCCL_OK(ncclGroupEnd());
     };
     const auto check_lone = [&](const std::string& what) {
       c.sync();
       std::vector<int32_t> h(pair), want(pair);
-      cudaMemcpy(h.data(), out[2], pair * 4, cudaMemcpyDeviceToHost);
-      cudaMemcpy(want.data(), in[0], pair * 4, cudaMemcpyDeviceToHost);
+      cudaMemcpy(h.data(), lone_out, pair * 4, cudaMemcpyDeviceToHost);
+      for (std::size_t i = 0; i < pair; ++i) want[i] = value(0, 2, i);
       ASSERT_EQ(h, want) << what;
-      cudaMemset(out[2], 0, pair * 4);
+      cudaMemset(lone_out, 0, pair * 4);
       cudaDeviceSynchronize();
     };
     for (int i = 0; i < 2; ++i) {
@@ -400,6 +417,8 @@ TEST(Balance, AllToAllAndLonePairInOneProcess) {
     cudaGraphLaunch(lone_exec, c.streams[0]);
     check_lone("lone pair, graph replay");
     cudaGraphExecDestroy(lone_exec);
+    cudaFree(lone_in);
+    cudaFree(lone_out);
     for (int r = 0; r < n; ++r) {
       cudaFree(in[r]);
       cudaFree(out[r]);
@@ -415,6 +434,7 @@ TEST(Balance, AllToAllAndLonePairInOneProcess) {
 
 TEST(Balance, OffRunsTheSameGroupsWithoutPlans) {
   EFCCL_REQUIRE_GPUS(1);
+  cuda_used_here = true;
   BalanceEnv env("preset:nimble-h100");
   ScopedEnv off("EFCCL_BALANCE", "0");
   {
@@ -592,6 +612,10 @@ int two_process_rank(int rank, const ncclUniqueId& id) {
 // Forks before this process touches CUDA (a forked child cannot use its parent's CUDA): run it
 // in a process of its own (ctest does; by hand: --gtest_filter=Balance.TwoProcesses*).
 TEST(Balance, TwoProcessesPlanPairLocally) {
+  if (cuda_used_here)
+    GTEST_SKIP() << "an earlier test of this process initialised CUDA, which processes forked "
+                    "from it cannot use: run this test in a process of its own "
+                    "(--gtest_filter=Balance.TwoProcessesPlanPairLocally; ctest does)";
   BalanceEnv env("preset:nimble-h100");
   ScopedEnv force("EFCCL_BALANCE_FORCE", "spread");
   const std::string stats = env.stats.substr(0, env.stats.size() - 5) + "-%p.json";

@@ -28,6 +28,7 @@ import datetime
 import faulthandler
 import os
 import signal
+import struct
 import sys
 import time
 import traceback
@@ -236,7 +237,15 @@ def all_reduce_premul_sum(dtype, n, tensor_factor):
             raise Skip(f"this torch makes no premul_sum of a tensor factor ({e})") from e
         t = value(RANK, dtype, n)
         dist.all_reduce(t, op=op)
-        expected = sum(value(r, torch.float64, n) * 0.5 for r in range(WORLD))
+        scale = 0.5
+        if BACKEND == "nccl" and dtype == torch.bfloat16 and not tensor_factor:
+            # ProcessGroupNCCL hands NCCL a float scalar labelled ncclBfloat16
+            # (unpackPreMulSum<float, ncclBfloat16>); NCCL reads its first two bytes as the
+            # bfloat16 scalar: 0.0 for 0.5. NCCL 2.28.9 itself returns zeros (2x H200,
+            # 2026-11-27); under LD_PRELOAD efccl must return the same.
+            low = struct.unpack("<I", struct.pack("<f", 0.5))[0] & 0xFFFF
+            scale = struct.unpack("<f", struct.pack("<I", low << 16))[0]
+        expected = sum(value(r, torch.float64, n) * scale for r in range(WORLD))
         return compare(t, expected.to(dtype))
     return run
 
