@@ -109,7 +109,7 @@ void GroupState::record_selection(const efcclSelection_t& sel) {
 }
 
 // Built with string appends and std::to_string, not an ostringstream: the iostream number
-// formatting inside this extension crashed (SIGSEGV in ostream::_M_insert<long>, 2x H200,
+// formatting inside this extension crashed (SIGSEGV in ostream::_M_insert<long>, H200,
 // torch 2.11) on every call, while to_string needs no locale facets.
 std::string GroupState::stats_json(const std::string& device, const std::string& origin,
                                    int pending) const {

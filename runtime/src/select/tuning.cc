@@ -92,8 +92,9 @@ constexpr Row kTable[] = {
 ///    ranks (beyond, n - 1 messages per rank cost more than the steps);
 ///  * alltoall with 8 or more ranks per host: the two-step program (G times fewer, G times
 ///    larger messages between hosts) from 1 MiB; with 2 or 4 per host the direct one is as
-///    fast or faster (2 x 4 ranks: 28 against 32 us at 1 MiB in the model, which prices each
-///    link a transfer crosses, the relay's NVLink hop included).
+///    fast or faster (2 x 4 ranks at 1 MiB: direct with 4 instances 28 us, two-step 32 us
+///    in the model, which prices each link a transfer crosses, the relay's NVLink hop
+///    included).
 /// The other collectives keep kTable's rings, which cross each host boundary once when the
 /// ranks of a host are contiguous.
 struct MultiHostRow {

@@ -69,9 +69,7 @@ struct Candidate {
   int32_t rail = -1;  ///< between hosts (kDirect, kRail): the rail; -1 otherwise
 };
 
-/// Every pair's candidates over one topology and placement of ranks. Built once; candidates
-/// are computed on first use (thread-safe: lookups take no lock) from per-host subgraphs and
-/// cached per GPU pair in dense per-source rows.
+/// What PathTable::build offers as candidates.
 struct PathTableOptions {
   /// Whether a walk through pinned host memory is a candidate beside NVLink walks. False: it
   /// is one only where it is the pair's default path (GPUs with no peer access). The runtime
@@ -79,6 +77,9 @@ struct PathTableOptions {
   bool host_memory = true;
 };
 
+/// Every pair's candidates over one topology and placement of ranks. Built once; candidates
+/// are computed on first use (thread-safe: lookups take no lock) from per-host subgraphs and
+/// cached per GPU pair in dense per-source rows.
 class PathTable {
  public:
   /// `rank_gpu[r]`: rank r's GPU node in `topology` (several ranks may share one).
