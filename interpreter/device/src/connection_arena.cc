@@ -155,6 +155,12 @@ void ConnectionArena::add_network_end(const ConnectionPlan& c, const NetworkEndM
 
 StatusOr<SendConnectionDeviceHandle> ConnectionArena::send_handle(
     const ConnectionPlan& c, const std::vector<int64_t>& location, int device) const {
+  SendConnectionDeviceHandle s{};
+  s.slot_stride = layout_.slot_stride;
+  s.nslots = layout_.nslots;
+  s.peer = c.receiver;
+  s.channel = c.channel;
+  s.wire = c.wire;
   if (c.network) {
     auto it = network_ends_.find({c.sender, c.receiver, c.channel});
     char* counters = counter_base(location[c.sender], device);
@@ -162,17 +168,11 @@ StatusOr<SendConnectionDeviceHandle> ConnectionArena::send_handle(
       return Status::error("internal: the network end of " + connection_name(c) +
                            " is not connected on device " + std::to_string(device) + " (sender)");
     const NetworkEndMemory& m = it->second;
-    SendConnectionDeviceHandle s{};
     s.slots = m.device + m.slots_offset;
     s.tail = reinterpret_cast<uint64_t*>(m.device + m.tail_offset);
     s.head = reinterpret_cast<uint64_t*>(m.device + m.head_offset);  // raised by the proxy
     s.sizes = reinterpret_cast<uint32_t*>(m.device + m.sizes_offset);
     s.position = reinterpret_cast<uint64_t*>(counters + c.send_offset + kSendPositionOffset);
-    s.slot_stride = layout_.slot_stride;
-    s.nslots = layout_.nslots;
-    s.peer = c.receiver;
-    s.channel = c.channel;
-    s.wire = c.wire;
     return s;
   }
   char* fifo = fifo_entry(c, location, device);
@@ -181,22 +181,22 @@ StatusOr<SendConnectionDeviceHandle> ConnectionArena::send_handle(
     return Status::error("internal: the memory of " + connection_name(c) +
                          " is not mapped on device " + std::to_string(device) + " (sender)");
   counters += c.send_offset;
-  SendConnectionDeviceHandle s{};
   s.slots = fifo + kSlotsOffset;
   s.tail = reinterpret_cast<uint64_t*>(fifo + kTailOffset);
   s.head =
       reinterpret_cast<uint64_t*>(c.placed() ? fifo + kPlacedHeadOffset : counters + kHeadOffset);
   s.position = reinterpret_cast<uint64_t*>(counters + kSendPositionOffset);
-  s.slot_stride = layout_.slot_stride;
-  s.nslots = layout_.nslots;
-  s.peer = c.receiver;
-  s.channel = c.channel;
-  s.wire = c.wire;
   return s;
 }
 
 StatusOr<RecvConnectionDeviceHandle> ConnectionArena::recv_handle(
     const ConnectionPlan& c, const std::vector<int64_t>& location, int device) const {
+  RecvConnectionDeviceHandle r{};
+  r.slot_stride = layout_.slot_stride;
+  r.nslots = layout_.nslots;
+  r.peer = c.sender;
+  r.channel = c.channel;
+  r.wire = c.wire;
   if (c.network) {
     auto it = network_ends_.find({c.sender, c.receiver, c.channel});
     char* counters = counter_base(location[c.receiver], device);
@@ -204,16 +204,10 @@ StatusOr<RecvConnectionDeviceHandle> ConnectionArena::recv_handle(
       return Status::error("internal: the network end of " + connection_name(c) +
                            " is not connected on device " + std::to_string(device) + " (receiver)");
     const NetworkEndMemory& m = it->second;
-    RecvConnectionDeviceHandle r{};
     r.slots = m.device + m.slots_offset;
     r.tail = reinterpret_cast<uint64_t*>(m.device + m.tail_offset);  // raised by the proxy
     r.head = reinterpret_cast<uint64_t*>(m.device + m.head_offset);
     r.position = reinterpret_cast<uint64_t*>(counters + c.recv_end_offset + kRecvEndPositionOffset);
-    r.slot_stride = layout_.slot_stride;
-    r.nslots = layout_.nslots;
-    r.peer = c.sender;
-    r.channel = c.channel;
-    r.wire = c.wire;
     r.network = 1;
     return r;
   }
@@ -224,7 +218,6 @@ StatusOr<RecvConnectionDeviceHandle> ConnectionArena::recv_handle(
   if (fifo == nullptr || counters == nullptr)
     return Status::error("internal: the memory of " + connection_name(c) +
                          " is not mapped on device " + std::to_string(device) + " (receiver)");
-  RecvConnectionDeviceHandle r{};
   r.slots = fifo + kSlotsOffset;
   r.tail = reinterpret_cast<uint64_t*>(fifo + kTailOffset);
   if (c.placed()) {
@@ -234,11 +227,6 @@ StatusOr<RecvConnectionDeviceHandle> ConnectionArena::recv_handle(
     r.head = reinterpret_cast<uint64_t*>(counters + c.send_offset + kHeadOffset);
     r.position = reinterpret_cast<uint64_t*>(fifo + kRecvPositionOffset);
   }
-  r.slot_stride = layout_.slot_stride;
-  r.nslots = layout_.nslots;
-  r.peer = c.sender;
-  r.channel = c.channel;
-  r.wire = c.wire;
   return r;
 }
 
