@@ -14,7 +14,10 @@
 # Prints a PASS/FAIL summary; finishes within about 8 minutes (what would not fit is NOT RUN);
 # leaves nothing running (the MPS daemon is told to quit, every step runs under a time limit).
 #
-#   tests/net/run_gpu_two_hosts.sh [--python PATH]      (from anywhere; works in the repo root)
+#   tests/net/run_gpu_two_hosts.sh [--python PATH] [--steps LIST]   (from anywhere; works in the repo root)
+#
+# --steps LIST runs only the named steps, comma-separated, of: tests, debug, nccl-tests, torch
+# (default: all four). A step left out is reported as NOT RUN (and the result is not ALL PASSED).
 #
 # Environment: NCCL_TESTS_DIR (default: nccl-tests/build, else nccl-tests), PYTHON.
 # Exit status 0 when every step passed. Logs stay in the directory printed at the start.
@@ -24,12 +27,26 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$repo" || exit 1
 python="${PYTHON:-/opt/torch/.venv/bin/python}"
 [[ -x "$python" ]] || python="$(command -v python3 || echo python3)"
-if [[ "${1:-}" == "--python" ]]; then python="$2"; fi
+steps="tests,debug,nccl-tests,torch"
+while (( $# )); do
+  case "$1" in
+    --python) [[ $# -ge 2 ]] || { echo "--python needs a path" >&2; exit 2; }; python="$2"; shift 2 ;;
+    --steps) [[ $# -ge 2 ]] || { echo "--steps needs a list" >&2; exit 2; }; steps="$2"; shift 2 ;;
+    *) echo "unknown argument '$1' (usage: $0 [--python PATH] [--steps tests,debug,nccl-tests,torch])" >&2; exit 2 ;;
+  esac
+done
+for s in ${steps//,/ }; do
+  case "$s" in tests|debug|nccl-tests|torch) ;; *) echo "unknown step '$s' in --steps (tests, debug, nccl-tests, torch)" >&2; exit 2 ;; esac
+done
+wanted() { [[ ",$steps," == *",$1,"* ]]; }
 budget=465  # seconds for everything (the limit is 8 minutes)
 started=$(date +%s)
 logs="$(mktemp -d /tmp/efccl-two-hosts.XXXXXX)"
 summary=()
 failures=0
+for s in tests debug nccl-tests torch; do
+  wanted "$s" || { summary+=("NOT RUN  step '$s' (left out by --steps)"); failures=$((failures + 1)); }
+done
 mprun="$repo/build/bin/efccl-mprun"
 library="$repo/build/lib/libefccl.so"
 
@@ -122,10 +139,12 @@ gtest_step() {  # gtest_step NAME LIMIT BINARY
     record FAIL "$name" "$step_why, ${passed:-0} passed, ${skipped:-0} skipped; $(grep -h -E '^\[  FAILED  \] [A-Z]|check failed' "$step_log" | head -4 | tr '\n' ' ')"
   fi
 }
-gtest_step "GPU tests: runtime_multihost_test (2 and 4 processes as 2 hosts on GPU 0)" 180 \
-  "$repo/build/bin/runtime_multihost_test"
-grep -h "the peer's death surfaced" "$step_log" 2>/dev/null | sed 's/^/  /'
-gtest_step "GPU tests: runtime_network_links_gpu_test" 60 "$repo/build/bin/runtime_network_links_gpu_test"
+if wanted tests; then
+  gtest_step "GPU tests: runtime_multihost_test (2 and 4 processes as 2 hosts on GPU 0)" 180 \
+    "$repo/build/bin/runtime_multihost_test"
+  grep -h "the peer's death surfaced" "$step_log" 2>/dev/null | sed 's/^/  /'
+  gtest_step "GPU tests: runtime_network_links_gpu_test" 60 "$repo/build/bin/runtime_network_links_gpu_test"
+fi
 
 # nccl-tests.
 tests_dir="${NCCL_TESTS_DIR:-}"
@@ -137,6 +156,7 @@ fi
 nccl_env=(env LD_LIBRARY_PATH="$repo/build/mpishim/lib:$repo/build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
           NCCL_TESTS_DEVICE=0)
 
+if wanted debug; then
 # 2. The network connections, as EFCCL_DEBUG=INFO shows them (INIT and NET).
 name="EFCCL_DEBUG=INFO: the network connections of 2 processes as 2 hosts"
 if [[ -n "$tests_dir" ]]; then
@@ -154,7 +174,9 @@ if (( step_rc == 0 && net_lines > 0 )) && grep -q 'nNodes 2' "$step_log"; then
 else
   record FAIL "$name" "$step_why, $net_lines NET lines"
 fi
+fi  # debug
 
+if wanted nccl-tests; then
 # 3. nccl-tests: all nine collectives, 2 and 4 processes as 2 hosts.
 colls=(all_reduce reduce_scatter all_gather broadcast reduce alltoall gather scatter sendrecv)
 if [[ -z "$tests_dir" ]]; then
@@ -179,7 +201,9 @@ else
     done
   done
 fi
+fi  # nccl-tests
 
+if wanted torch; then
 # 4. The torch script under LD_PRELOAD, 2 processes as 2 hosts (efccl-mprun sets RANK,
 # WORLD_SIZE, LOCAL_RANK (0 on each host: GPU 0), MASTER_ADDR/PORT and NCCL_HOSTID per rank).
 name="torch_collectives.py under LD_PRELOAD, efccl-mprun -n 2 --hosts 2"
@@ -189,6 +213,7 @@ if run_step "$name" 150 "$mprun" -n 2 --hosts 2 --timeout 145 -- \
 else
   record FAIL "$name" "$step_why; $(grep -h -E 'SUMMARY|FAIL ' "$step_log" | head -3 | tr '\n' ' ')"
 fi
+fi  # torch
 
 stop_mps
 leftover=$(pgrep -u "$(id -u)" -f -x '.*(_perf|runtime_multihost_test|torch_collectives.py).*' 2>/dev/null | wc -l)

@@ -844,6 +844,9 @@ TEST(RuntimeResident, CallsArePostedAndTheLastDestroyStopsTheGrid) {
   // the grid instead of launched; a call repeated on the same buffers reuses its descriptor (a
   // persistent operation); destroying the communicators stops the grid within a second.
   EFCCL_REQUIRE_GPUS(1);
+  if (!device::resident_loading_allows())
+    GTEST_SKIP() << "the resident grid needs CUDA_MODULE_LOADING=EAGER (kernels load lazily in "
+                    "this process); ctest's resident/ registration sets it";
   ScopedEnv resident("EFCCL_RESIDENT", "1");
   ScopedEnv ctas("EFCCL_RESIDENT_CTAS", "64");
   for (int ranks : {2, 4}) {

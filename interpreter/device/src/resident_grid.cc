@@ -92,6 +92,8 @@ struct Registry {
   bool keeper_started = false;
   pid_t keeper_pid = 0;  ///< the process that started the keeper (a forked child has none)
   bool shutting_down = false;
+  /// Whether the driver loads kernels lazily (asked once; see loads_lazily_locked).
+  enum class Loading { kUnknown, kEager, kLazy } loading = Loading::kUnknown;
 };
 
 Registry& registry() {
@@ -174,11 +176,34 @@ void stop_at_exit() {
   for (const auto& [device, stream] : streams) (void)wait_for_exit(device, stream, kStopWait);
 }
 
+/// Whether kernels load lazily in this process, asked once; warns once (naming the fix) when they
+/// do. Under lazy loading the first use of any kernel, the application's included, may wait for
+/// every kernel of the device to finish — and the grid finishes only once the doorbells already
+/// enqueued have rung, which that wait can hold back: a hang (seen on H100 and H200 with CUDA
+/// 13.0: a program's first cudaMemsetAsync never finished beside a running grid). The grid is
+/// off then; CUDA_MODULE_LOADING=EAGER, set before CUDA starts, loads every kernel up front.
+bool loads_lazily_locked(Registry& r) {
+  if (r.loading == Registry::Loading::kUnknown) {
+    auto lazy = lazy_module_loading();
+    r.loading = lazy && !*lazy ? Registry::Loading::kEager : Registry::Loading::kLazy;
+    if (!lazy)
+      EFCCL_WARN(-1, "resident interpreter off (EFCCL_RESIDENT=1): cannot tell how CUDA loads "
+                     "kernels (" + lazy.status().message() + "); calls are launched");
+    else if (*lazy)
+      EFCCL_WARN(-1, "resident interpreter off (EFCCL_RESIDENT=1): CUDA loads kernels lazily, and "
+                     "loading one while the grid runs can wait for it forever; set "
+                     "CUDA_MODULE_LOADING=EAGER in the environment before CUDA starts to use it; "
+                     "calls are launched");
+  }
+  return r.loading != Registry::Loading::kEager;
+}
+
 /// Decides once (per grid, until it is next launched) how many CTAs it has.
 void check_locked(Registry& r, Grid& g) {
   if (g.checked) return;
   g.checked = true;
   g.usable = false;
+  if (loads_lazily_locked(r)) return;
   DeviceScope scope(g.device);
   int sm_count = 0, per_sm = 0;
   if (cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, g.device) != cudaSuccess ||
@@ -374,12 +399,18 @@ uint32_t resident_capacity(int device) {
   return g.usable ? g.nctas : 0;
 }
 
+bool resident_loading_allows() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return !loads_lazily_locked(r);
+}
+
 int resident_reserved_sms(int device, int sm_count) {
   (void)device;
   Registry& r = registry();
   if (!r.enabled.load(std::memory_order_relaxed)) return 0;
   std::lock_guard<std::mutex> lock(r.mu);
-  if (!r.config.enabled) return 0;
+  if (!r.config.enabled || loads_lazily_locked(r)) return 0;
   return std::clamp(static_cast<int>(r.config.ctas), 0, std::max(0, sm_count - 1));
 }
 

@@ -61,4 +61,25 @@ Status write_then_wait(cudaStream_t stream, uint32_t* word, uint32_t value, uint
   return Status::ok();
 }
 
+StatusOr<bool> lazy_module_loading() {
+  using GetLoadingMode = CUresult (*)(CUmoduleLoadingMode*);
+  void* entry = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  const cudaError_t e = cudaGetDriverEntryPointByVersion("cuModuleGetLoadingMode", &entry, 11070,
+                                                         cudaEnableDefault, &found);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return cuda_error("cudaGetDriverEntryPointByVersion(cuModuleGetLoadingMode)", e);
+  }
+  if (found != cudaDriverEntryPointSuccess || entry == nullptr)
+    return Status::error("the CUDA driver has no cuModuleGetLoadingMode entry point (query result " +
+                         std::to_string(static_cast<int>(found)) + ")");
+  CUmoduleLoadingMode mode = CU_MODULE_LAZY_LOADING;
+  const CUresult r = reinterpret_cast<GetLoadingMode>(entry)(&mode);
+  if (r != CUDA_SUCCESS)
+    return Status::error("cuModuleGetLoadingMode failed with CUresult " +
+                         std::to_string(static_cast<int>(r)));
+  return mode == CU_MODULE_LAZY_LOADING;
+}
+
 }  // namespace efccl::device

@@ -1326,6 +1326,16 @@ TEST(DeviceExecutor, BatchWithAFailedLaunchAbortsPartlyLaunchedCalls) {
 
 // ---- The resident grid (efccl/device/resident.h) ----
 
+/// The grid runs only where kernels load eagerly (device/resident.h): the `resident/` ctest
+/// registration sets CUDA_MODULE_LOADING=EAGER; the plain one, where loading is lazy, checks
+/// instead that resident execution stays off (IsOffWhileKernelsLoadLazily).
+#define SKIP_UNLESS_EAGER_LOADING()                                                          \
+  do {                                                                                       \
+    if (!device::resident_loading_allows())                                                  \
+      GTEST_SKIP() << "the resident grid needs CUDA_MODULE_LOADING=EAGER (kernels load "     \
+                      "lazily in this process); ctest's resident/ registration sets it";     \
+  } while (0)
+
 /// Resident execution on GPU 0 with `ctas` CTAs for one test: the grid is made to leave first,
 /// so that it starts again with this CTA count; the previous configuration comes back after.
 class ResidentOn {
@@ -1360,6 +1370,7 @@ TEST(ResidentGrid, RunsEagerCallsWithoutLaunchingAndReusesRepeatedContents) {
   // operation: two stream memory operations and nothing else); new inputs in the same buffers
   // change nothing the grid reads.
   SKIP_WITHOUT_GPU();
+  SKIP_UNLESS_EAGER_LOADING();
   ResidentOn resident(64);
   for (ef::Protocol protocol : kProtocols) {
     SCOPED_TRACE(protocol_name(protocol));
@@ -1404,6 +1415,7 @@ TEST(ResidentGrid, BackToBackPostsWithManyContents) {
   // more than the 128 slots: once every slot is in flight a call is launched instead), then one
   // wait: the chain of results is the host executor's.
   SKIP_WITHOUT_GPU();
+  SKIP_UNLESS_EAGER_LOADING();
   ResidentOn resident(64);
   const DataType dtype = DataType::kInt32;
   for (ef::Protocol protocol : kProtocols) {
@@ -1458,6 +1470,7 @@ TEST(ResidentGrid, ProgramsNeedingMoreCtasThanTheGridAreLaunched) {
   // With one resident CTA no program of several ranks on a GPU fits: every call is launched
   // (and correct); with enough CTAs the same calls are posted.
   SKIP_WITHOUT_GPU();
+  SKIP_UNLESS_EAGER_LOADING();
   const ef::Program& p = program_as(example("ring_allreduce_4r_2ch.json"), ef::Protocol::kLL);
   const std::vector<int> devices = map_ranks(p.nranks, false);
   for (uint32_t ctas : {1u, 64u}) {
@@ -1480,6 +1493,7 @@ TEST(ResidentGrid, ProgramsNeedingMoreCtasThanTheGridAreLaunched) {
 TEST(ResidentGrid, BatchIsOnePost) {
   // A batch of three calls of two executors on GPU 0: one fused descriptor, one post.
   SKIP_WITHOUT_GPU();
+  SKIP_UNLESS_EAGER_LOADING();
   ResidentOn resident(64);
   const ef::Program& ring = program_as(example("ring_allreduce_4r_2ch.json"), ef::Protocol::kSimple);
   const ef::Program& ring128 = program_as(example("ring_allreduce_4r_2ch.json"), ef::Protocol::kLL128);
@@ -1516,6 +1530,7 @@ TEST(ResidentGrid, CapturedCallsAreLaunchedAndReplayCorrectly) {
   // alive for as long as the graph exists; docs/device-executor.md); eager calls around it are
   // posted, and both orders of replays and posts give the host executor's results.
   SKIP_WITHOUT_GPU();
+  SKIP_UNLESS_EAGER_LOADING();
   ResidentOn resident(64);
   const ef::Program& p = program_as(example("ring_allreduce_4r_2ch.json"), ef::Protocol::kLL);
   const std::vector<int> devices = map_ranks(p.nranks, false);
@@ -1557,6 +1572,7 @@ TEST(ResidentGrid, CapturedCallsAreLaunchedAndReplayCorrectly) {
 
 TEST(ResidentGrid, AbortStopsABlockedRunAndTheGridLeavesWithinASecond) {
   SKIP_WITHOUT_GPU();
+  SKIP_UNLESS_EAGER_LOADING();
   if (visible_gpus(nullptr) > 1) GTEST_SKIP() << "the blocked program spreads over GPUs; uses GPU 0 only";
   for (ef::Protocol protocol : kProtocols) {
     SCOPED_TRACE(protocol_name(protocol));
@@ -1592,6 +1608,7 @@ TEST(ResidentGrid, AbortStopsABlockedRunAndTheGridLeavesWithinASecond) {
 
 TEST(ResidentGrid, TimeoutOfAPostedRunNamesTheThreadblock) {
   SKIP_WITHOUT_GPU();
+  SKIP_UNLESS_EAGER_LOADING();
   if (visible_gpus(nullptr) > 1) GTEST_SKIP() << "the blocked program spreads over GPUs; uses GPU 0 only";
   ResidentOn resident(16);
   BlockedCall call;
@@ -1621,6 +1638,7 @@ TEST(ResidentGrid, AnIdleGridLeavesSoThatDeviceSynchronizeReturns) {
   // cudaDeviceSynchronize (and cudaFree) wait for every kernel, the grid too: it leaves once
   // nothing is posted for `idle`, and comes back with the next post.
   SKIP_WITHOUT_GPU();
+  SKIP_UNLESS_EAGER_LOADING();
   ResidentOn resident(64, std::chrono::milliseconds(2));
   const ef::Program& p = program_as(example("ring_allreduce_4r_2ch.json"), ef::Protocol::kLL);
   const std::vector<int> devices = map_ranks(p.nranks, false);
@@ -1639,6 +1657,34 @@ TEST(ResidentGrid, AnIdleGridLeavesSoThatDeviceSynchronizeReturns) {
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(500));
     EXPECT_FALSE(device::resident_running(0));
   }
+}
+
+TEST(ResidentGrid, IsOffWhileKernelsLoadLazily) {
+  // Under lazy loading (CUDA's default) a kernel's first load may wait for every kernel of the
+  // device, the grid included, which leaves only once the doorbells already enqueued have rung:
+  // a program's first cudaMemsetAsync hung beside a running grid. So resident execution is off
+  // there: nothing is posted, nothing reserved, every call launched and correct.
+  SKIP_WITHOUT_GPU();
+  if (device::resident_loading_allows())
+    GTEST_SKIP() << "kernels load eagerly in this process (CUDA_MODULE_LOADING=EAGER): the "
+                    "other ResidentGrid tests cover it; this one runs in the plain registration";
+  ResidentOn resident(64);
+  EXPECT_EQ(device::resident_capacity(0), 0u);
+  const ef::Program& p = program_as(example("ring_allreduce_4r_2ch.json"), ef::Protocol::kSimple);
+  const std::vector<int> devices = map_ranks(p.nranks, false);
+  auto executor = small_slot_executor(p, devices);
+  ASSERT_TRUE(executor.is_ok()) << executor.status().message();
+  Streams streams((*executor)->devices());
+  const device::ResidentStats before = device::resident_stats();
+  const uint64_t launches = device::interpreter_launch_count();
+  const std::string failure =
+      run_and_compare(**executor, p, devices, streams, ef::count_granularity(p) * 100,
+                      DataType::kFloat32, RedOp::kSum, false, false, 5, kSmallSlotBytes);
+  ASSERT_TRUE(failure.empty()) << failure;
+  EXPECT_EQ(device::interpreter_launch_count() - launches, 1u);
+  EXPECT_EQ(device::resident_stats().posts, before.posts);
+  EXPECT_EQ(device::resident_stats().grid_launches, before.grid_launches);
+  EXPECT_FALSE(device::resident_running(0));
 }
 
 // ---- Sizes derived from the program ----

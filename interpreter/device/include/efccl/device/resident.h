@@ -62,5 +62,11 @@ ResidentStats resident_stats();
 bool resident_running(int device);
 /// The CTAs a descriptor may use on `device`: 0 when resident execution is off or unavailable.
 uint32_t resident_capacity(int device);
+/// Whether this process can run resident grids at all: only when CUDA loads kernels eagerly
+/// (CUDA_MODULE_LOADING=EAGER, set before CUDA starts). Under lazy loading, the CUDA default,
+/// loading a kernel may wait for every kernel of the device, and a running grid can make that
+/// wait forever; resident execution is then off (a warning says so once) and calls are
+/// launched.
+bool resident_loading_allows();
 
 }  // namespace efccl::device
