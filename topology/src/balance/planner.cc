@@ -58,8 +58,8 @@ struct PairSplit {
   std::size_t position = 0;  ///< src * nranks + dst
   uint64_t bytes = 0;
   int32_t src_slot = 0, dst_slot = 0;
-  CandidateView view;        ///< its candidates, when it has bytes off candidates[0]
-  uint32_t begin = 0;        ///< its bytes per candidate: share_bytes[begin .. + view.size())
+  uint32_t ncandidates = 0;  ///< its candidates, when it has bytes off candidates[0]
+  uint32_t begin = 0;        ///< its bytes per candidate: share_bytes[begin .. + ncandidates)
   bool off_default = false;  ///< some bytes off candidates[0]
 };
 
@@ -382,7 +382,7 @@ StatusOr<Planner::Solution> Planner::compute(const Demand& demand,
       const bool small = bytes < options_.min_split_bytes;
       std::vector<double>& load = small ? fixed : movable;
       for (LinkIndex l : row.default_links(b)) load[l] += v;
-      if (!small) big.push_back({s * n + d, bytes, a, b, {}, 0, false});
+      if (!small) big.push_back({s * n + d, bytes, a, b, 0, 0, false});
       if (a == b) continue;
       w.slot_out[static_cast<std::size_t>(a)] += v;
       w.slot_in[static_cast<std::size_t>(b)] += v;
@@ -459,16 +459,17 @@ StatusOr<Planner::Solution> Planner::compute(const Demand& demand,
     // The pairs off their default path: off it, onto their shares.
     for (std::size_t k = 0; k < w.out.pairs.size(); ++k) {
       Solution::Split& sp = big[w.out.pairs[k]];
-      sp.view = w.out.views[k];
+      const detail::CandidateView view = w.out.views[k];
+      sp.ncandidates = view.size();
       sp.begin = static_cast<uint32_t>(sol.share_bytes.size());
       sp.off_default = true;
       sol.share_bytes.insert(sol.share_bytes.end(), w.out.bytes.begin() + w.out.begin[k],
-                             w.out.bytes.begin() + w.out.begin[k] + sp.view.size());
+                             w.out.bytes.begin() + w.out.begin[k] + view.size());
       const double bytes = static_cast<double>(sp.bytes);
-      for (LinkIndex l : sp.view.links_of(0)) load[l] -= bytes;
-      for (uint32_t c = 0; c < sp.view.size(); ++c)
+      for (LinkIndex l : view.links_of(0)) load[l] -= bytes;
+      for (uint32_t c = 0; c < view.size(); ++c)
         if (const uint64_t share = sol.share_bytes[sp.begin + c]; share > 0)
-          for (LinkIndex l : sp.view.links_of(c)) load[l] += static_cast<double>(share);
+          for (LinkIndex l : view.links_of(c)) load[l] += static_cast<double>(share);
     }
   }
   sol.max_load_us = max_us(inv, bg, load);
@@ -616,11 +617,12 @@ bool Planner::plan_by_class(const Demand& demand, std::span<const double> bg,
     auto view = st.full_view(sp.src_slot, sp.dst_slot);
     if (!view || view->size() != nc) return reject();
     detail::PairSplit split = sp;
-    split.view = *view;
+    split.ncandidates = nc;
     split.begin = static_cast<uint32_t>(share_bytes.size());
     split.off_default = true;
     share_bytes.insert(share_bytes.end(), mine.begin(), mine.end());
-    for (LinkIndex l : view->links_of(0)) load[l] -= static_cast<double>(sp.bytes);
+    for (LinkIndex l : st.row(sp.src_slot)->default_links(sp.dst_slot))  // read in order
+      load[l] -= static_cast<double>(sp.bytes);
     for (uint32_t cand = 0; cand < nc; ++cand)
       if (mine[cand] > 0)
         for (LinkIndex l : view->links_of(cand)) load[l] += static_cast<double>(mine[cand]);
@@ -647,6 +649,12 @@ StatusOr<Plan> Planner::materialize(const Solution& sol, const Demand& demand,
   plan.link_bytes = base_load(background, sol.pair_bytes.size());
   for (std::size_t l = 0; l < plan.link_bytes.size(); ++l) plan.link_bytes[l] += sol.pair_bytes[l];
   const std::size_t n = static_cast<std::size_t>(demand.nranks);
+  // A pair's candidates, owned through the table, which keeps every set it made for its
+  // lifetime: one count for the whole plan, hot in cache (a set's own count is a cache miss a
+  // pair when a plan lists hundreds of thousands).
+  const auto candidates_of = [&](const detail::CandidateSet* set) {
+    return std::shared_ptr<const std::vector<Candidate>>(table_, &set->candidates);
+  };
   // A pair the planner may split: its shares, or all on candidates[0].
   const auto split_pair = [&](const Solution::Split& sp) -> StatusOr<PairPlan> {
     PairPlan p;
@@ -655,12 +663,12 @@ StatusOr<Plan> Planner::materialize(const Solution& sol, const Demand& demand,
     p.bytes = sp.bytes;
     auto set = st.full_set(sp.src_slot, sp.dst_slot);
     if (!set) return set.status();
-    p.candidates = detail::candidates_of(*set);
+    p.candidates = candidates_of(*set);
     if (!sp.off_default) {
       p.paths.push_back({0, sp.bytes});
       return p;
     }
-    for (uint32_t c = 0; c < sp.view.size(); ++c)
+    for (uint32_t c = 0; c < sp.ncandidates; ++c)
       if (const uint64_t bytes = sol.share_bytes[sp.begin + c]; bytes > 0) p.paths.push_back({c, bytes});
     return p;
   };
@@ -693,7 +701,7 @@ StatusOr<Plan> Planner::materialize(const Solution& sol, const Demand& demand,
       p.src = static_cast<int32_t>(s);
       p.dst = static_cast<int32_t>(d);
       p.bytes = bytes;
-      p.candidates = detail::candidates_of(*set);
+      p.candidates = candidates_of(*set);
       p.paths.push_back({0, bytes});
     }
   }
