@@ -614,8 +614,6 @@ bool Planner::plan_by_class(const Demand& demand, std::span<const double> bg,
       at += shares[cand];
     }
     if (mine[0] == sp.bytes) continue;  // all on its default path
-    auto view = st.full_view(sp.src_slot, sp.dst_slot);
-    if (!view || view->size() != nc) return reject();
     detail::PairSplit split = sp;
     split.ncandidates = nc;
     split.begin = static_cast<uint32_t>(share_bytes.size());
@@ -623,10 +621,34 @@ bool Planner::plan_by_class(const Demand& demand, std::span<const double> bg,
     share_bytes.insert(share_bytes.end(), mine.begin(), mine.end());
     for (LinkIndex l : st.row(sp.src_slot)->default_links(sp.dst_slot))  // read in order
       load[l] -= static_cast<double>(sp.bytes);
-    for (uint32_t cand = 0; cand < nc; ++cand)
-      if (mine[cand] > 0)
-        for (LinkIndex l : view->links_of(cand)) load[l] += static_cast<double>(mine[cand]);
     w.moved.emplace_back(p, split);
+  }
+  // The moved pairs' own candidates, their views fetched ahead: at a thousand ranks they are
+  // hundreds of thousands of blocks spread over the table, a cache miss each otherwise.
+  const std::size_t nmoved = w.moved.size();
+  const auto view_of_moved = [&](std::size_t m) {
+    const detail::PairSplit& sp = w.moved[m].second;
+    return st.full_view(sp.src_slot, sp.dst_slot);
+  };
+  constexpr std::size_t kAhead = 8;
+  for (std::size_t m = 0; m < std::min(nmoved, kAhead); ++m)
+    if (auto v = view_of_moved(m)) __builtin_prefetch(v->v);
+  for (std::size_t m = 0; m < nmoved; ++m) {
+    if (m + kAhead < nmoved)
+      if (auto v = view_of_moved(m + kAhead)) __builtin_prefetch(v->v);
+    if (m + kAhead / 2 < nmoved)
+      if (auto v = view_of_moved(m + kAhead / 2)) {
+        // The header is in cache by now: the rest of the block.
+        const uint32_t words = v->v[3 + 2 * v->size()];
+        for (uint32_t at = 16; at < words; at += 16) __builtin_prefetch(v->v + at);
+      }
+    const detail::PairSplit& split = w.moved[m].second;
+    auto view = view_of_moved(m);
+    if (!view || view->size() != split.ncandidates) return reject();
+    const uint64_t* mine_shares = share_bytes.data() + split.begin;
+    for (uint32_t cand = 0; cand < split.ncandidates; ++cand)
+      if (mine_shares[cand] > 0)
+        for (LinkIndex l : view->links_of(cand)) load[l] += static_cast<double>(mine_shares[cand]);
   }
   // Kept only when provably within kCertified of the optimum, on the real links.
   double worst = 0;
