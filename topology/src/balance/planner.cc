@@ -118,6 +118,7 @@ struct ClassScratch {
   std::vector<int32_t> out_index;     ///< per class: its index in `out`, -1 on its default path
   std::vector<double> base, direct;   ///< per folded link
   std::vector<uint64_t> mine;         ///< one pair's shares
+  std::vector<uint64_t> shares;       ///< the moved pairs' shares, in order
   std::vector<std::pair<std::size_t, detail::PairSplit>> moved;  ///< by index into `big`
   std::vector<detail::SplitPair> pairs;
   detail::SplitOutput out;
@@ -425,8 +426,8 @@ StatusOr<Planner::Solution> Planner::compute(const Demand& demand,
   // A symmetric machine and demand: one plan per class of equivalent pairs, kept when it is
   // provably within kCertified; else the general way.
   if (balance && options_.by_class) {
-    sol.by_class =
-        plan_by_class(demand, bg, fixed, bound, sol.direct_max_load_us, big, sol.share_bytes, load);
+    sol.by_class = plan_by_class(demand, bg, fixed, bound, sol.direct_max_load_us, big,
+                                 sol.split, sol.share_bytes, load);
     if (!sol.by_class) load = fixed_direct;
   }
   if (balance && !sol.by_class) {
@@ -476,6 +477,7 @@ StatusOr<Planner::Solution> Planner::compute(const Demand& demand,
   if (sol.max_load_us >= sol.direct_max_load_us) {
     // Balancing did not help (uniform traffic, rounding): every pair on its default path.
     sol.share_bytes.clear();
+    sol.split.clear();
     sol.by_class = false;
     for (Solution::Split& sp : big) sp.off_default = false;
     load = fixed_direct;
@@ -485,7 +487,9 @@ StatusOr<Planner::Solution> Planner::compute(const Demand& demand,
   // every pair is listed; else those off their default path).
   if (options_.list_direct_pairs) {
     sol.split = big;
-  } else {
+  } else if (!sol.by_class) {  // by class: listed already
+    sol.split.reserve(static_cast<std::size_t>(std::count_if(
+        big.begin(), big.end(), [](const Solution::Split& sp) { return sp.off_default; })));
     for (const Solution::Split& sp : big)
       if (sp.off_default) sol.split.push_back(sp);
   }
@@ -494,12 +498,14 @@ StatusOr<Planner::Solution> Planner::compute(const Demand& demand,
 }
 
 /// The plan by class of `demand` (see ClassScratch): true when kept, then `big`'s pairs off
-/// their default path have their views and shares (appended to `share_bytes`) and `load` is
-/// every pair's bytes under the plan; false (`big`, `share_bytes` untouched, `load` spoilt)
-/// when the symmetry does not hold or the answer is not provably within kCertified.
+/// their default path have their candidate counts and shares (in `share_bytes`), `moved`
+/// lists them in order and `load` is every pair's bytes under the plan; false (`big`,
+/// `moved`, `share_bytes` untouched, `load` spoilt) when the symmetry does not hold or the
+/// answer is not provably within kCertified.
 bool Planner::plan_by_class(const Demand& demand, std::span<const double> bg,
                             std::span<const double> fixed, double bound, double direct_max_us,
                             std::vector<detail::PairSplit>& big,
+                            std::vector<detail::PairSplit>& moved,
                             std::vector<uint64_t>& share_bytes, std::vector<double>& load) const {
   PathTable::State& st = *table_->state_;
   const detail::Folding* f = st.folding.load(std::memory_order_acquire);
@@ -583,10 +589,9 @@ bool Planner::plan_by_class(const Demand& demand, std::span<const double> bg,
   // pairs fall within one candidate's shares and go there whole.
   std::vector<uint64_t>& mine = w.mine;
   w.moved.clear();
-  const auto reject = [&]() {
-    share_bytes.clear();
-    return false;
-  };
+  std::vector<uint64_t>& shares_of_moved = w.shares;  // share_bytes once kept
+  shares_of_moved.clear();
+  const auto reject = []() { return false; };
   std::size_t s = 0, row_begin = 0;  // big is src-major: s = position / n, without dividing
   for (std::size_t p = 0; p < big.size(); ++p) {
     const detail::PairSplit& sp = big[p];
@@ -616,9 +621,9 @@ bool Planner::plan_by_class(const Demand& demand, std::span<const double> bg,
     if (mine[0] == sp.bytes) continue;  // all on its default path
     detail::PairSplit split = sp;
     split.ncandidates = nc;
-    split.begin = static_cast<uint32_t>(share_bytes.size());
+    split.begin = static_cast<uint32_t>(shares_of_moved.size());
     split.off_default = true;
-    share_bytes.insert(share_bytes.end(), mine.begin(), mine.end());
+    shares_of_moved.insert(shares_of_moved.end(), mine.begin(), mine.end());
     for (LinkIndex l : st.row(sp.src_slot)->default_links(sp.dst_slot))  // read in order
       load[l] -= static_cast<double>(sp.bytes);
     w.moved.emplace_back(p, split);
@@ -645,7 +650,7 @@ bool Planner::plan_by_class(const Demand& demand, std::span<const double> bg,
     const detail::PairSplit& split = w.moved[m].second;
     auto view = view_of_moved(m);
     if (!view || view->size() != split.ncandidates) return reject();
-    const uint64_t* mine_shares = share_bytes.data() + split.begin;
+    const uint64_t* mine_shares = shares_of_moved.data() + split.begin;
     for (uint32_t cand = 0; cand < split.ncandidates; ++cand)
       if (mine_shares[cand] > 0)
         for (LinkIndex l : view->links_of(cand)) load[l] += static_cast<double>(mine_shares[cand]);
@@ -655,7 +660,13 @@ bool Planner::plan_by_class(const Demand& demand, std::span<const double> bg,
   for (std::size_t l = 0; l < load.size(); ++l)
     worst = std::max(worst, (bg[l] + load[l]) * st.us_per_byte[l]);
   if (!(worst <= bound * (1 + kCertified)) || !(worst < direct_max_us)) return reject();
-  for (auto& [p, split] : w.moved) big[p] = split;
+  moved.clear();
+  moved.reserve(w.moved.size());
+  for (auto& [p, split] : w.moved) {
+    big[p] = split;
+    moved.push_back(split);
+  }
+  share_bytes.assign(shares_of_moved.begin(), shares_of_moved.end());
   return true;
 }
 

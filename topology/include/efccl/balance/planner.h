@@ -182,8 +182,8 @@ class Planner {
   /// The plan by class (planner.cc): true when kept.
   bool plan_by_class(const Demand& demand, std::span<const double> bg,
                      std::span<const double> fixed, double bound, double direct_max_us,
-                     std::vector<detail::PairSplit>& big, std::vector<uint64_t>& share_bytes,
-                     std::vector<double>& load) const;
+                     std::vector<detail::PairSplit>& big, std::vector<detail::PairSplit>& moved,
+                     std::vector<uint64_t>& share_bytes, std::vector<double>& load) const;
   StatusOr<Plan> materialize(const Solution& solution, const Demand& demand,
                              std::span<const double> background) const;
   std::shared_ptr<const PathTable> table_;
