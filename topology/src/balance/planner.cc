@@ -15,6 +15,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "efccl/common/hash.h"
@@ -198,6 +199,7 @@ void fold(State& st, detail::Folding& f) {
   // A link between a host and an outside node (a rail switch) folds by (its node on the
   // host, the outside node, the way); one between outside nodes is its own.
   std::unordered_map<uint64_t, uint32_t> external;
+  std::unordered_set<uint64_t> folded_host;  // (folded link, host): one link of each host
   for (LinkIndex l = 0; l < nlinks; ++l) {
     if (f.folded[l] != kNone) continue;
     const topo::Link& link = t.link(l);
@@ -210,6 +212,8 @@ void fold(State& st, detail::Folding& f) {
       const uint64_t key = uint64_t{st.local_of[inside]} << 33 | uint64_t{outside} << 1 |
                            (hf >= 0 ? 1u : 0u);
       auto [it, added] = external.emplace(key, next);
+      const uint64_t host = static_cast<uint64_t>(hf >= 0 ? hf : ht);
+      if (!folded_host.insert(uint64_t{it->second} << 32 | host).second) return;
       if (!added) {
         if (gbps[it->second] != link.gbps) return;
         ++count[it->second];
