@@ -687,6 +687,39 @@ TEST(Planner, AnAsymmetricDemandIsNotPlannedByClass) {
   ASSERT_TRUE(swapped_general);
   EXPECT_FALSE(swapped_plan->by_class);
   expect_same_plan(*swapped_plan, *swapped_general, "swapped ranks");
+  // Two ranks a GPU, and hosts that differ (one link of host 1 at half its capacity): no
+  // classes either.
+  std::vector<topo::NodeIndex> twice;
+  for (topo::NodeIndex g : t->gpus()) twice.insert(twice.end(), {g, g});
+  auto shared = balance::PathTable::build(*t, twice);
+  ASSERT_TRUE(shared);
+  const Demand d32 = uniform(32, 64 * MiB);
+  auto shared_plan = plan_with(*shared, d32, true);
+  auto shared_general = plan_with(*shared, d32, false);
+  ASSERT_TRUE(shared_plan);
+  ASSERT_TRUE(shared_general);
+  EXPECT_FALSE(shared_plan->by_class);
+  expect_same_plan(*shared_plan, *shared_general, "two ranks a GPU");
+  topo::Topology uneven;
+  for (const topo::Node& node : t->nodes()) ASSERT_TRUE(uneven.add_node(node));
+  bool halved = false;
+  for (const topo::Link& link : t->links()) {
+    topo::Link copy = link;
+    if (!halved && t->node(link.from).host == 1 && t->node(link.to).host == 1) {
+      copy.gbps /= 2;
+      halved = true;
+    }
+    ASSERT_TRUE(uneven.add_link(copy));
+  }
+  ASSERT_TRUE(halved);
+  auto uneven_table = balance::PathTable::build(uneven, uneven.gpus());
+  ASSERT_TRUE(uneven_table);
+  auto uneven_plan = plan_with(*uneven_table, d, true);
+  auto uneven_general = plan_with(*uneven_table, d, false);
+  ASSERT_TRUE(uneven_plan);
+  ASSERT_TRUE(uneven_general);
+  EXPECT_FALSE(uneven_plan->by_class);
+  expect_same_plan(*uneven_plan, *uneven_general, "hosts that differ");
 }
 
 TEST(Planner, PlansByClassAreTheSameEverywhere) {
