@@ -4,7 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <functional>
 #include <random>
+#include <span>
 #include <thread>
 
 #include "efccl/topology/presets.h"
@@ -465,6 +468,273 @@ TEST(Planner, AThousandRanksPlanTheirHotPairs) {
   // is the plan's maximum.
   EXPECT_DOUBLE_EQ(balance::max_load_us(table->topology(), plan->link_bytes), plan->max_load_us);
   EXPECT_GT(moved, 0u);
+}
+
+/// A demand that depends only on the ranks' places on their hosts (`per_host` ranks a host,
+/// host by host) and on whether the hosts are the same: what the plan by class covers.
+Demand by_place(int n, int per_host, const std::function<uint64_t(int, int)>& same,
+                const std::function<uint64_t(int, int)>& other) {
+  Demand d = zeros(n);
+  for (int s = 0; s < n; ++s)
+    for (int t = 0; t < n; ++t)
+      if (s != t)
+        set(d, s, t, s / per_host == t / per_host ? same(s % per_host, t % per_host)
+                                                  : other(s % per_host, t % per_host));
+  return d;
+}
+
+StatusOr<Plan> plan_with(std::shared_ptr<const balance::PathTable> table, const Demand& d,
+                         bool by_class, std::span<const double> background = {}) {
+  balance::PlannerOptions options;
+  options.by_class = by_class;
+  return balance::Planner(std::move(table), options).plan(d, background);
+}
+
+void expect_same_plan(const Plan& a, const Plan& b, const std::string& what) {
+  EXPECT_EQ(a.max_load_us, b.max_load_us) << what;
+  EXPECT_EQ(a.link_bytes, b.link_bytes) << what;
+  ASSERT_EQ(a.pairs.size(), b.pairs.size()) << what;
+  for (std::size_t i = 0; i < a.pairs.size(); ++i) {
+    EXPECT_EQ(a.pairs[i].src, b.pairs[i].src) << what;
+    EXPECT_EQ(a.pairs[i].dst, b.pairs[i].dst) << what;
+    ASSERT_EQ(a.pairs[i].paths.size(), b.pairs[i].paths.size()) << what;
+    for (std::size_t k = 0; k < a.pairs[i].paths.size(); ++k) {
+      EXPECT_EQ(a.pairs[i].paths[k].candidate, b.pairs[i].paths[k].candidate) << what;
+      EXPECT_EQ(a.pairs[i].paths[k].bytes, b.pairs[i].paths[k].bytes) << what;
+    }
+  }
+}
+
+TEST(Planner, ThePlanByClassMatchesTheGeneralPlannerAndTheOptimum) {
+  struct Case {
+    const char* preset;
+    int hosts;
+    bool exact;  // small enough for the exact LP
+  };
+  int by_class = 0;
+  for (Case c : {Case{"dgx-h100", 2, true}, Case{"nimble-h100", 2, true},
+                 Case{"nimble-h100", 4, true}, Case{"dgx-h100", 3, false},
+                 Case{"dgx-h100", 8, false}}) {
+    auto table = table_of(c.preset, c.hosts);
+    const int n = table->nranks();
+    const int k = n / c.hosts;
+    const std::string at = std::string(c.preset) + " x" + std::to_string(c.hosts) + ": ";
+    const struct {
+      std::string name;
+      Demand demand;
+    } demands[] = {
+        {"uniform 1 GiB a rank", uniform(n, 1024 * MiB / static_cast<uint64_t>(n - 1))},
+        {"uniform 16 MiB a pair", uniform(n, 16 * MiB)},
+        {"skewed by place",
+         by_place(n, k, [](int i, int j) { return (1 + (3 * i + j) % 5) * 8 * MiB; },
+                  [](int i, int j) { return (1 + (i + 2 * j) % 7) * 16 * MiB; })},
+        {"some classes under the threshold",
+         by_place(n, k, [](int i, int j) { return (i + j) % 2 == 0 ? 512 * 1024 : 40 * MiB; },
+                  [](int i, int j) { return (i + j) % 3 == 0 ? 256 * 1024 : 24 * MiB; })},
+    };
+    for (const auto& d : demands) {
+      const std::string what = at + d.name;
+      auto fast = plan_with(table, d.demand, true);
+      auto general = plan_with(table, d.demand, false);
+      ASSERT_TRUE(fast) << what << ": " << fast.status().message();
+      ASSERT_TRUE(general) << what << ": " << general.status().message();
+      EXPECT_FALSE(general->by_class) << what;
+      if (!fast->by_class) {
+        expect_same_plan(*fast, *general, what + " (not by class)");
+        continue;
+      }
+      ++by_class;
+      // Within the certificate's 1% of the general planner's answer (both are within 1% of
+      // the same proven lower bound), never above the direct plan, and within 5% of the LP.
+      EXPECT_LE(fast->max_load_us, general->max_load_us * 1.01 + 1e-9) << what;
+      EXPECT_LT(fast->max_load_us, fast->direct_max_load_us) << what;
+      EXPECT_EQ(fast->direct_max_load_us, general->direct_max_load_us) << what;
+      EXPECT_DOUBLE_EQ(balance::max_load_us(table->topology(), fast->link_bytes),
+                       fast->max_load_us)
+          << what;
+      if (c.exact) {
+        const double optimum = lp::optimum_max_load_us(table->topology(), *fast);
+        EXPECT_LE(fast->max_load_us, optimum * 1.05 + 1e-9)
+            << what << ": plan " << fast->max_load_us << " us, optimum " << optimum << " us";
+      }
+      // Every pair with bytes listed once (src-major), its bytes adding up, the small ones on
+      // candidates[0].
+      std::size_t listed = 0;
+      for (const auto& p : fast->pairs) {
+        EXPECT_EQ(p.bytes, d.demand.at(p.src, p.dst)) << what;
+        uint64_t sum = 0;
+        for (const auto& s : p.paths) {
+          sum += s.bytes;
+          ASSERT_LT(s.candidate, p.candidates->size()) << what;
+        }
+        EXPECT_EQ(sum, p.bytes) << what << " pair " << p.src << "->" << p.dst;
+        if (p.bytes < fast->min_split_bytes) {
+          ASSERT_EQ(p.paths.size(), 1u) << what;
+          EXPECT_EQ(p.paths[0].candidate, 0u) << what;
+        }
+        ++listed;
+      }
+      EXPECT_EQ(listed, static_cast<std::size_t>(
+                            std::count_if(d.demand.bytes.begin(), d.demand.bytes.end(),
+                                          [](uint64_t b) { return b > 0; })))
+          << what;
+      // The compact listing: the same plan, only the pairs off their default path.
+      balance::PlannerOptions compact;
+      compact.list_direct_pairs = false;
+      auto short_plan = balance::Planner(table, compact).plan(d.demand);
+      ASSERT_TRUE(short_plan) << what;
+      EXPECT_TRUE(short_plan->by_class) << what;
+      EXPECT_EQ(short_plan->link_bytes, fast->link_bytes) << what;
+      std::size_t off = 0;
+      for (const auto& p : fast->pairs)
+        if (p.paths.size() != 1 || p.paths[0].candidate != 0) ++off;
+      EXPECT_EQ(short_plan->pairs.size(), off) << what;
+    }
+  }
+  // Where balancing helps on identical hosts (the inter-socket links of dgx-h100) the
+  // classes decide: the fast path must be taken somewhere, uniform traffic included.
+  EXPECT_GE(by_class, 3);
+  auto table = table_of("dgx-h100", 8);
+  auto uniform_plan = plan_with(table, uniform(64, 16 * MiB), true);
+  ASSERT_TRUE(uniform_plan);
+  EXPECT_TRUE(uniform_plan->by_class);
+}
+
+TEST(Planner, RandomDemandsByPlaceMatchTheGeneralPlanner) {
+  // Sizes by (same host?, i, j) drawn around the threshold and far above it, some zero: the
+  // plan by class, where taken, within 1% of the general planner and 5% of the exact LP.
+  std::mt19937 rng(11);
+  int by_class = 0;
+  for (int round = 0; round < 24; ++round) {
+    const char* preset = round % 3 == 2 ? "nimble-h100" : "dgx-h100";
+    const int hosts = preset[0] == 'n' ? 2 + round % 2 : 2;  // up to 16 ranks: the exact LP
+    auto table = table_of(preset, hosts);
+    const int n = table->nranks();
+    const int k = n / hosts;
+    std::vector<uint64_t> same(static_cast<std::size_t>(k * k)), other(same.size());
+    for (auto* v : {&same, &other})
+      for (uint64_t& b : *v) {
+        const uint32_t r = rng() % 8;
+        b = r == 0 ? 0 : r < 3 ? (512 + rng() % 1024) * 1024 : (1 + rng() % 256) * MiB;
+      }
+    const Demand d = by_place(
+        n, k, [&](int i, int j) { return same[static_cast<std::size_t>(i * k + j)]; },
+        [&](int i, int j) { return other[static_cast<std::size_t>(i * k + j)]; });
+    const std::string what = std::string(preset) + " x" + std::to_string(hosts) + " round " +
+                             std::to_string(round);
+    auto fast = plan_with(table, d, true);
+    auto general = plan_with(table, d, false);
+    ASSERT_TRUE(fast) << what;
+    ASSERT_TRUE(general) << what;
+    if (!fast->by_class) {
+      expect_same_plan(*fast, *general, what);
+      continue;
+    }
+    ++by_class;
+    EXPECT_LE(fast->max_load_us, general->max_load_us * 1.01 + 1e-9) << what;
+    EXPECT_LT(fast->max_load_us, fast->direct_max_load_us) << what;
+    const double optimum = lp::optimum_max_load_us(table->topology(), *fast);
+    EXPECT_LE(fast->max_load_us, optimum * 1.05 + 1e-9) << what;
+    for (const auto& p : fast->pairs) {
+      uint64_t sum = 0;
+      for (const auto& s : p.paths) sum += s.bytes;
+      EXPECT_EQ(sum, p.bytes) << what;
+      if (p.bytes < fast->min_split_bytes) EXPECT_EQ(p.paths[0].candidate, 0u) << what;
+    }
+  }
+  EXPECT_GT(by_class, 0);
+}
+
+TEST(Planner, AnAsymmetricDemandIsNotPlannedByClass) {
+  auto table = table_of("dgx-h100", 2);
+  const int n = table->nranks();
+  Demand d = uniform(n, 64 * MiB);
+  auto symmetric = plan_with(table, d, true);
+  ASSERT_TRUE(symmetric);
+  ASSERT_TRUE(symmetric->by_class);
+  // One pair one byte off, a pair on one host only, a background load on one link: the
+  // general planner, bit for bit.
+  std::vector<Demand> skewed(3, d);
+  set(skewed[0], 3, 12, 64 * MiB + 1);
+  set(skewed[1], 9, 10, 80 * MiB);
+  set(skewed[2], 0, 9, 0);
+  for (std::size_t i = 0; i < skewed.size(); ++i) {
+    auto fast = plan_with(table, skewed[i], true);
+    auto general = plan_with(table, skewed[i], false);
+    ASSERT_TRUE(fast);
+    ASSERT_TRUE(general);
+    EXPECT_FALSE(fast->by_class) << i;
+    expect_same_plan(*fast, *general, "skewed " + std::to_string(i));
+  }
+  std::vector<double> background(table->topology().links().size(), 0.0);
+  background[0] = 1e6;
+  auto loaded = plan_with(table, d, true, background);
+  auto loaded_general = plan_with(table, d, false, background);
+  ASSERT_TRUE(loaded);
+  ASSERT_TRUE(loaded_general);
+  EXPECT_FALSE(loaded->by_class);
+  expect_same_plan(*loaded, *loaded_general, "background");
+  // Ranks not host by host in the same order: no classes.
+  auto t = topo::preset("dgx-h100", 2);
+  ASSERT_TRUE(t);
+  std::vector<topo::NodeIndex> gpus = t->gpus();
+  std::swap(gpus[0], gpus[1]);  // host 0's first two ranks swapped, host 1's not
+  auto swapped = balance::PathTable::build(*t, gpus);
+  ASSERT_TRUE(swapped);
+  auto swapped_plan = plan_with(*swapped, d, true);
+  auto swapped_general = plan_with(*swapped, d, false);
+  ASSERT_TRUE(swapped_plan);
+  ASSERT_TRUE(swapped_general);
+  EXPECT_FALSE(swapped_plan->by_class);
+  expect_same_plan(*swapped_plan, *swapped_general, "swapped ranks");
+  // Two ranks a GPU, and hosts that differ (one link of host 1 at half its capacity): no
+  // classes either.
+  std::vector<topo::NodeIndex> twice;
+  for (topo::NodeIndex g : t->gpus()) twice.insert(twice.end(), {g, g});
+  auto shared = balance::PathTable::build(*t, twice);
+  ASSERT_TRUE(shared);
+  const Demand d32 = uniform(32, 64 * MiB);
+  auto shared_plan = plan_with(*shared, d32, true);
+  auto shared_general = plan_with(*shared, d32, false);
+  ASSERT_TRUE(shared_plan);
+  ASSERT_TRUE(shared_general);
+  EXPECT_FALSE(shared_plan->by_class);
+  expect_same_plan(*shared_plan, *shared_general, "two ranks a GPU");
+  topo::Topology uneven;
+  for (const topo::Node& node : t->nodes()) ASSERT_TRUE(uneven.add_node(node));
+  bool halved = false;
+  for (const topo::Link& link : t->links()) {
+    topo::Link copy = link;
+    if (!halved && t->node(link.from).host == 1 && t->node(link.to).host == 1) {
+      copy.gbps /= 2;
+      halved = true;
+    }
+    ASSERT_TRUE(uneven.add_link(copy));
+  }
+  ASSERT_TRUE(halved);
+  auto uneven_table = balance::PathTable::build(uneven, uneven.gpus());
+  ASSERT_TRUE(uneven_table);
+  auto uneven_plan = plan_with(*uneven_table, d, true);
+  auto uneven_general = plan_with(*uneven_table, d, false);
+  ASSERT_TRUE(uneven_plan);
+  ASSERT_TRUE(uneven_general);
+  EXPECT_FALSE(uneven_plan->by_class);
+  expect_same_plan(*uneven_plan, *uneven_general, "hosts that differ");
+}
+
+TEST(Planner, PlansByClassAreTheSameEverywhere) {
+  const Demand d = uniform(32, 1024 * MiB / 31);
+  auto first = plan_with(table_of("dgx-h100", 4), d, true);
+  ASSERT_TRUE(first);
+  ASSERT_TRUE(first->by_class);
+  std::vector<Plan> others(4);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i)
+    threads.emplace_back([&, i] {
+      others[static_cast<std::size_t>(i)] = *plan_with(table_of("dgx-h100", 4), d, true);
+    });
+  for (auto& t : threads) t.join();
+  for (const Plan& o : others) expect_same_plan(o, *first, "another table");
 }
 
 TEST(Planner, BadInputsAreErrors) {

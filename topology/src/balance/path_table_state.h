@@ -90,6 +90,25 @@ inline std::shared_ptr<const std::vector<Candidate>> candidates_of(const Candida
   return {set->shared_from_this(), &set->candidates};
 }
 
+/// The table folded by host, for the plan by class (planner.cc): where every host is the same
+/// graph joined to the same outside nodes and ranks lie host by host, one a GPU, in the same
+/// order on every host, a link of one host stands for the same link of every host. Built once
+/// per table, on the first plan that asks.
+struct Folding {
+  static constexpr uint32_t kNone = ~uint32_t{0};
+  bool symmetric = false;  ///< false: no plan by class on this table (the rest is empty)
+  std::size_t hosts = 0;
+  std::size_t per_host = 0;  ///< ranks (GPUs) per host
+  std::vector<uint32_t> folded;    ///< per link of the topology: its folded link
+  std::vector<double> us_per_byte;  ///< per folded link, as the folded problem counts it
+  std::vector<uint8_t> per_host_link;  ///< per folded link: 1 when it is one link of each host
+  /// Per class (same host ? 1 : 0, i, j): the CandidateView over folded links of its
+  /// representative, rank i -> rank j (same host) or -> rank per_host + j, at arena[view_at];
+  /// kNone where the pair has no path.
+  std::vector<uint32_t> view_at;
+  std::vector<uint32_t> arena;
+};
+
 }  // namespace efccl::balance::detail
 
 namespace efccl::balance {
@@ -138,6 +157,9 @@ struct PathTable::State {
   std::mutex mu;  ///< guards everything below and the filling of rows and slots
   std::vector<std::unique_ptr<detail::Row>> row_storage;
   std::vector<std::shared_ptr<detail::CandidateSet>> sets;
+  /// The folding for the plan by class, published with release once complete.
+  std::atomic<const detail::Folding*> folding{nullptr};
+  std::unique_ptr<detail::Folding> folding_storage;
   /// Routes inside one host (whole links), by (from, to) nodes.
   std::unordered_map<uint64_t, std::optional<std::vector<LinkIndex>>> routes;
 

@@ -29,6 +29,9 @@
 #include "efccl/topology/topology.h"
 
 namespace efccl::balance {
+namespace detail {
+struct PairSplit;  // src/balance/planner.cc
+}  // namespace detail
 
 using topo::LinkIndex;
 using topo::NodeIndex;
@@ -127,6 +130,11 @@ struct PlannerOptions {
   /// communicator of a thousand ranks has a million pairs: listing them costs more than
   /// planning them.
   bool list_direct_pairs = true;
+  /// Whether a symmetric machine and demand (identical hosts, ranks host by host, a pair's
+  /// bytes depending only on its ranks' places on their hosts and on whether the hosts are the
+  /// same, no background) are planned by class: equivalent pairs share one split. Kept only
+  /// when provably within 1% of the optimum; otherwise the general planner runs.
+  bool by_class = true;
   /// EFCCL_BALANCE_MIN_BYTES and EFCCL_BALANCE_HYSTERESIS over the defaults; a bad value is
   /// an error naming the variable.
   static StatusOr<PlannerOptions> from_environment();
@@ -154,6 +162,7 @@ struct Plan {
   double direct_max_load_us = 0;   ///< the same with every pair on candidates[0]
   uint64_t min_split_bytes = 0;    ///< the threshold in force
   bool lists_direct_pairs = true;  ///< PlannerOptions::list_direct_pairs in force
+  bool by_class = false;           ///< planned by class (PlannerOptions::by_class)
 };
 
 class Planner {
@@ -170,6 +179,11 @@ class Planner {
   struct Solution;  // a plan without its listing (src/balance/planner.cc)
   struct Kept;      // the plan in force for one demand
   StatusOr<Solution> compute(const Demand& demand, std::span<const double> background) const;
+  /// The plan by class (planner.cc): true when kept.
+  bool plan_by_class(const Demand& demand, std::span<const double> bg,
+                     std::span<const double> fixed, double bound, double direct_max_us,
+                     std::vector<detail::PairSplit>& big, std::vector<detail::PairSplit>& moved,
+                     std::vector<uint64_t>& share_bytes, std::vector<double>& load) const;
   StatusOr<Plan> materialize(const Solution& solution, const Demand& demand,
                              std::span<const double> background) const;
   std::shared_ptr<const PathTable> table_;
