@@ -568,6 +568,18 @@ TEST(Planner, ThePlanByClassMatchesTheGeneralPlannerAndTheOptimum) {
           ASSERT_LT(s.candidate, p.candidates->size()) << what;
         }
         EXPECT_EQ(sum, p.bytes) << what << " pair " << p.src << "->" << p.dst;
+        // The general planner's granularity: every share but the largest in 1/64 pieces.
+        if (p.paths.size() > 1) {
+          const uint64_t grain = balance::PlannerOptions{}.piece_bytes / 64;
+          const auto largest = std::max_element(
+              p.paths.begin(), p.paths.end(),
+              [](const auto& a, const auto& b) { return a.bytes < b.bytes; });
+          for (auto it = p.paths.begin(); it != p.paths.end(); ++it)
+            if (it != largest) {
+              EXPECT_EQ(it->bytes % grain, 0u)
+                  << what << " pair " << p.src << "->" << p.dst << " candidate " << it->candidate;
+            }
+        }
         if (p.bytes < fast->min_split_bytes) {
           ASSERT_EQ(p.paths.size(), 1u) << what;
           EXPECT_EQ(p.paths[0].candidate, 0u) << what;
@@ -639,7 +651,9 @@ TEST(Planner, RandomDemandsByPlaceMatchTheGeneralPlanner) {
       uint64_t sum = 0;
       for (const auto& s : p.paths) sum += s.bytes;
       EXPECT_EQ(sum, p.bytes) << what;
-      if (p.bytes < fast->min_split_bytes) EXPECT_EQ(p.paths[0].candidate, 0u) << what;
+      if (p.bytes < fast->min_split_bytes) {
+        EXPECT_EQ(p.paths[0].candidate, 0u) << what;
+      }
     }
   }
   EXPECT_GT(by_class, 0);
@@ -720,6 +734,24 @@ TEST(Planner, AnAsymmetricDemandIsNotPlannedByClass) {
   ASSERT_TRUE(uneven_general);
   EXPECT_FALSE(uneven_plan->by_class);
   expect_same_plan(*uneven_plan, *uneven_general, "hosts that differ");
+}
+
+TEST(Planner, ClassesAbove2To53BytesGoToTheGeneralPlanner) {
+  // Ten hosts, every pair between hosts just under the planner's 2^50-byte limit: a class
+  // carries nine pairs' bytes, beyond what doubles hold exactly, so the general planner plans
+  // it, and every pair's bytes still add up.
+  auto table = table_of("dgx-h100", 10);
+  const int n = table->nranks();
+  const Demand d = by_place(n, n / 10, [](int, int) { return uint64_t{0}; },
+                            [](int, int) { return (uint64_t{1} << 50) - 3; });
+  auto plan = plan_with(table, d, true);
+  ASSERT_TRUE(plan) << plan.status().message();
+  EXPECT_FALSE(plan->by_class);
+  for (const auto& p : plan->pairs) {
+    uint64_t sum = 0;
+    for (const auto& s : p.paths) sum += s.bytes;
+    ASSERT_EQ(sum, p.bytes) << p.src << "->" << p.dst;
+  }
 }
 
 TEST(Planner, PlansByClassAreTheSameEverywhere) {

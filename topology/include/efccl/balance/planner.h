@@ -114,8 +114,9 @@ struct PlannerOptions {
   /// A repeating demand keeps its plan unless a new one lowers the maximum link load by more
   /// than this fraction (EFCCL_BALANCE_HYSTERESIS).
   double hysteresis = 0.05;
-  /// Splits are whole multiples of this (a pair's last piece takes the remainder), so that
-  /// they map onto chunks.
+  /// Splits are whole multiples of this, down to 1/64 of it where the last refinement needs
+  /// finer steps (a pair's share on its largest candidate takes the remainder), so that they
+  /// map onto chunks.
   uint64_t piece_bytes = 256u << 10;
   /// At most this many pieces per pair (larger pairs use larger pieces, still multiples).
   uint32_t max_pieces = 64;
