@@ -552,8 +552,7 @@ bool Planner::plan_by_class(const Demand& demand, std::span<const double> bg,
     if (f->view_at[key] == kNone) return false;  // the general planner names the error
     w.class_of[key] = static_cast<uint32_t>(w.class_key.size());
     w.class_key.push_back(static_cast<uint32_t>(key));
-    // Above 2^53 bytes a class's shares would pass through doubles inexactly (the solver's
-    // fractions), and its pairs' bytes might not add up: the general planner takes it.
+    // Above 2^53 bytes the solver's doubles are inexact: the general planner takes it.
     if (!same && b > (uint64_t{1} << 53) / (nhosts - 1)) return false;
     w.class_bytes.push_back(same ? b : b * (nhosts - 1));
   }
@@ -588,12 +587,10 @@ bool Planner::plan_by_class(const Demand& demand, std::span<const double> bg,
   in.max_sweeps = options_.iterations;
   if (!detail::split(in, w.out) || w.out.pairs.empty()) return false;
   w.out_index.assign(nclasses, -1);
-  for (std::size_t x = 0; x < w.out.pairs.size(); ++x) {
+  for (std::size_t x = 0; x < w.out.pairs.size(); ++x) {  // shares add up, or no pair's would
     w.out_index[w.out.pairs[x]] = static_cast<int32_t>(x);
-    // Every class's shares add up to its bytes, or no pair's would below.
     uint64_t sum = 0;
-    const uint32_t nc = w.out.views[x].size();
-    for (uint32_t cand = 0; cand < nc; ++cand) sum += w.out.bytes[w.out.begin[x] + cand];
+    for (uint32_t c = 0; c < w.out.views[x].size(); ++c) sum += w.out.bytes[w.out.begin[x] + c];
     if (sum != w.class_bytes[w.out.pairs[x]]) return false;
   }
   // A pair cut where its class's shares meet keeps the general planner's granularity: every
@@ -634,19 +631,12 @@ bool Planner::plan_by_class(const Demand& demand, std::span<const double> bg,
       if (to > from) mine[cand] = to - from;
       at += shares[cand];
     }
-    uint32_t largest = 0, parts = 0;
-    for (uint32_t cand = 0; cand < nc; ++cand) {
-      if (mine[cand] > mine[largest]) largest = cand;
-      parts += mine[cand] != 0 ? 1 : 0;
-    }
-    if (parts > 1) {
+    const auto largest = std::max_element(mine.begin(), mine.end());
+    if (*largest != sp.bytes) {  // cut: every share but the largest in grains, it the rest
       uint64_t rest = sp.bytes;
-      for (uint32_t cand = 0; cand < nc; ++cand) {
-        if (cand == largest) continue;
-        mine[cand] = std::min(rest, (mine[cand] + grain / 2) / grain * grain);
-        rest -= mine[cand];
-      }
-      mine[largest] = rest;
+      for (auto it = mine.begin(); it != mine.end(); ++it)
+        if (it != largest) rest -= (*it = std::min(rest, (*it + grain / 2) / grain * grain));
+      *largest = rest;
     }
     if (mine[0] == sp.bytes) continue;  // all on its default path
     detail::PairSplit split = sp;
