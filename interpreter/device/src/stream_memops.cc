@@ -3,7 +3,6 @@
 
 #include <cuda.h>
 
-#include <mutex>
 #include <string>
 
 #include "cuda_status.h"
@@ -13,31 +12,29 @@ namespace {
 
 using BatchMemOp = CUresult (*)(CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int);
 
+/// The driver function `name` in its `version` signature, through the runtime (no -lcuda).
+StatusOr<void*> driver_entry(const char* name, int version) {
+  void* entry = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  const cudaError_t e =
+      cudaGetDriverEntryPointByVersion(name, &entry, version, cudaEnableDefault, &found);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return cuda_error(std::string("cudaGetDriverEntryPointByVersion(") + name + ")", e);
+  }
+  if (found != cudaDriverEntryPointSuccess || entry == nullptr)
+    return Status::error(std::string("the CUDA driver has no ") + name + " (version " +
+                         std::to_string(version) + ") entry point (query result " +
+                         std::to_string(static_cast<int>(found)) + ")");
+  return entry;
+}
+
 /// The driver's cuStreamBatchMemOp (its CUDA 12.0 signature, the one cuda.h declares), looked
 /// up once.
 StatusOr<BatchMemOp> batch_mem_op() {
-  static std::once_flag once;
-  static BatchMemOp fn = nullptr;
-  static std::string failure;
-  std::call_once(once, [] {
-    void* entry = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuStreamBatchMemOp", &entry, 12000,
-                                                           cudaEnableDefault, &found);
-    if (e != cudaSuccess) {
-      (void)cudaGetLastError();
-      failure = cuda_error("cudaGetDriverEntryPointByVersion(cuStreamBatchMemOp)", e).message();
-    } else if (found != cudaDriverEntryPointSuccess || entry == nullptr) {
-      failure =
-          "the CUDA driver has no cuStreamBatchMemOp (version 12.0) entry point (query "
-          "result " +
-          std::to_string(static_cast<int>(found)) + ")";
-    } else {
-      fn = reinterpret_cast<BatchMemOp>(entry);
-    }
-  });
-  if (fn == nullptr) return Status::error(failure);
-  return fn;
+  static const StatusOr<void*> entry = driver_entry("cuStreamBatchMemOp", 12000);
+  if (!entry) return entry.status();
+  return reinterpret_cast<BatchMemOp>(*entry);
 }
 
 }  // namespace
@@ -63,19 +60,10 @@ Status write_then_wait(cudaStream_t stream, uint32_t* word, uint32_t value, uint
 
 StatusOr<bool> lazy_module_loading() {
   using GetLoadingMode = CUresult (*)(CUmoduleLoadingMode*);
-  void* entry = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  const cudaError_t e = cudaGetDriverEntryPointByVersion("cuModuleGetLoadingMode", &entry, 11070,
-                                                         cudaEnableDefault, &found);
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();
-    return cuda_error("cudaGetDriverEntryPointByVersion(cuModuleGetLoadingMode)", e);
-  }
-  if (found != cudaDriverEntryPointSuccess || entry == nullptr)
-    return Status::error("the CUDA driver has no cuModuleGetLoadingMode entry point (query result " +
-                         std::to_string(static_cast<int>(found)) + ")");
+  auto entry = driver_entry("cuModuleGetLoadingMode", 11070);
+  if (!entry) return entry.status();
   CUmoduleLoadingMode mode = CU_MODULE_LAZY_LOADING;
-  const CUresult r = reinterpret_cast<GetLoadingMode>(entry)(&mode);
+  const CUresult r = reinterpret_cast<GetLoadingMode>(*entry)(&mode);
   if (r != CUDA_SUCCESS)
     return Status::error("cuModuleGetLoadingMode failed with CUresult " +
                          std::to_string(static_cast<int>(r)));
