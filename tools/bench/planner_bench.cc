@@ -1,5 +1,5 @@
 // Planning time of the balancer (efccl/balance/planner.h) on presets, CPU only:
-//   planner_bench [--repeat N] [--only RANKS] [--list]
+//   planner_bench [--repeat N] [--only RANKS] [--demand NAME] [--list]
 // Demand families (docs/performance.md): "hotspot" (NIMBLE's skewed all-to-all, half of every
 // rank's 1 GiB to rank 0), "uniform" (1 GiB a rank spread evenly), "moe" (dispatch of 16K
 // tokens x 4096 bf16, top-2, a third of them to rank 1's expert) and "sparse" (as many random
@@ -121,16 +121,20 @@ struct Case {
 int main(int argc, char** argv) {
   int repeat = 50;
   int only = 0;
+  std::string only_demand;  // one family by name; empty: all
   bool list = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--repeat") == 0 && i + 1 < argc) {
       repeat = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
       only = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--demand") == 0 && i + 1 < argc) {
+      only_demand = argv[++i];
     } else if (std::strcmp(argv[i], "--list") == 0) {
       list = true;
     } else {
-      std::fprintf(stderr, "usage: planner_bench [--repeat N] [--only RANKS] [--list]\n");
+      std::fprintf(stderr,
+                   "usage: planner_bench [--repeat N] [--only RANKS] [--demand NAME] [--list]\n");
       return 2;
     }
   }
@@ -161,6 +165,7 @@ int main(int argc, char** argv) {
                     {"moe", moe(n)},
                     {"sparse", sparse(n, 7)}};
     for (const auto& f : families) {
+      if (!only_demand.empty() && only_demand != f.name) continue;
       balance::PlannerOptions options;
       options.list_direct_pairs = list;
       auto first = balance::Planner(*table, options).plan(f.demand);  // fills the table

@@ -149,13 +149,9 @@ std::vector<int> Balancer::slot_devices(const BalancedTransfer& t, bool receiver
 std::optional<balance::PairPlan> Balancer::pair_plan(const balance::Plan& plan, int32_t s,
                                                      int32_t d,
                                                      const RelayResolution& relays) const {
-  // Plan::pairs is src-major, then dst: a binary search.
-  const auto it =
-      std::lower_bound(plan.pairs.begin(), plan.pairs.end(), std::make_pair(s, d),
-                       [](const balance::PairPlan& p, const std::pair<int32_t, int32_t>& k) {
-                         return std::make_pair(p.src, p.dst) < k;
-                       });
-  if (it == plan.pairs.end() || it->src != s || it->dst != d) return std::nullopt;
+  // A binary search over listed pairs; a plan by class finds the pair's split directly.
+  const std::optional<balance::PairPlan> it = plan.pairs.find(s, d);
+  if (!it) return std::nullopt;
   if (force_spread_ && it->bytes >= planner_->options().min_split_bytes) {
     balance::PairPlan every = *it;  // the planner may have looked up candidates[0] only
     if (auto all = machine_->table->candidates(s, d);

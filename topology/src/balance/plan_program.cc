@@ -117,11 +117,15 @@ StatusOr<ChunkSplit> split_into_chunks(const PairPlan& pair, uint64_t chunk_byte
 Plan direct_plan(const Plan& plan) {
   Plan direct = plan;
   std::fill(direct.link_bytes.begin(), direct.link_bytes.end(), 0.0);
-  for (PairPlan& p : direct.pairs) {
+  std::vector<PairPlan> pairs;  // listed one by one (the plan's may be listed by class)
+  pairs.reserve(plan.pairs.size());
+  for (const PairPlan& from : plan.pairs) {
+    PairPlan& p = pairs.emplace_back(from);
     p.paths = {{0, p.bytes}};
     for (LinkIndex l : p.candidates->front().links)
       if (l < direct.link_bytes.size()) direct.link_bytes[l] += static_cast<double>(p.bytes);
   }
+  direct.pairs = std::move(pairs);
   direct.max_load_us = plan.direct_max_load_us;
   return direct;
 }

@@ -6,6 +6,7 @@
 //   balance::Planner planner(*table, balance::PlannerOptions{});
 //   balance::Plan plan = planner.plan(demand);                     // per call (cached by demand)
 //   for (const balance::PairPlan& p : plan.pairs)                  // p.paths: candidate, bytes
+//   std::optional<balance::PairPlan> one = plan.pairs.find(src, dst);
 //
 // Candidates of a pair (candidates[0] is the path used without balancing):
 //   same GPU       the GPU's memory (no link)
@@ -17,9 +18,12 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -30,7 +34,8 @@
 
 namespace efccl::balance {
 namespace detail {
-struct PairSplit;  // src/balance/planner.cc
+struct PairSplit;     // src/balance/planner_internal.h
+struct ClassListing;  // src/balance/planner_internal.h: a plan by class, listed lazily
 }  // namespace detail
 
 using topo::LinkIndex;
@@ -154,10 +159,66 @@ struct PairPlan {
   std::vector<PathShare> paths;  ///< bytes add up to `bytes`; candidate ascending
 };
 
+/// The pairs of a plan, src-major then dst. A general plan lists them one by one; a plan by
+/// class lists them lazily: every pair's split follows from its class, so a pair becomes a
+/// PairPlan (its candidates looked up in the table) only when it is read. A thousand ranks'
+/// uniform all-to-all moves 419K pairs that a rank mostly never reads: listing them all took
+/// longer than planning. Reading is the same either way, and so are the pairs read.
+class PairList {
+ public:
+  class const_iterator;
+  PairList() = default;
+  PairList(std::vector<PairPlan> pairs) : listed_(std::move(pairs)) {}  // NOLINT: implicit
+  PairList(std::initializer_list<PairPlan> pairs) : listed_(pairs) {}
+  explicit PairList(std::shared_ptr<const detail::ClassListing> classes);
+  std::size_t size() const;
+  bool empty() const { return size() == 0; }
+  /// The i-th pair, by value (by class: found in O(nranks)).
+  PairPlan operator[](std::size_t i) const;
+  /// The pair (src, dst) where listed (by class: O(1); else a binary search).
+  std::optional<PairPlan> find(int32_t src, int32_t dst) const;
+  const_iterator begin() const;
+  const_iterator end() const;
+  /// Whether the pairs are listed lazily, by class.
+  bool lazy() const { return classes_ != nullptr; }
+
+ private:
+  std::vector<PairPlan> listed_;
+  std::shared_ptr<const detail::ClassListing> classes_;
+};
+
+/// Reads a PairList in order. An input iterator: by class, `*it` is the pair materialised in
+/// the iterator, valid until it moves (a range-for over the list is what it is for).
+class PairList::const_iterator {
+ public:
+  using iterator_category = std::input_iterator_tag;
+  using value_type = PairPlan;
+  using difference_type = std::ptrdiff_t;
+  using pointer = const PairPlan*;
+  using reference = const PairPlan&;
+  const_iterator() = default;
+  reference operator*() const { return list_->lazy() ? current_ : list_->listed_[index_]; }
+  pointer operator->() const { return &**this; }
+  const_iterator& operator++();
+  const_iterator operator++(int) {
+    const_iterator old = *this;
+    ++*this;
+    return old;
+  }
+  bool operator==(const const_iterator& o) const { return index_ == o.index_; }
+
+ private:
+  friend class PairList;
+  const PairList* list_ = nullptr;
+  std::size_t index_ = 0;     ///< the pair's place in the list
+  std::size_t position_ = 0;  ///< by class: src * nranks + dst
+  PairPlan current_;          ///< by class: the pair, materialised
+};
+
 struct Plan {
   /// Every pair with bytes, src-major then dst; only those with bytes off candidates[0] when
-  /// `lists_direct_pairs` is false.
-  std::vector<PairPlan> pairs;
+  /// `lists_direct_pairs` is false. Listed lazily when the plan is by class (PairList).
+  PairList pairs;
   std::vector<double> link_bytes;  ///< per link of the topology, background included
   double max_load_us = 0;          ///< max over links of bytes / capacity
   double direct_max_load_us = 0;   ///< the same with every pair on candidates[0]
@@ -177,14 +238,13 @@ class Planner {
   const PlannerOptions& options() const { return options_; }
 
  private:
-  struct Solution;  // a plan without its listing (src/balance/planner.cc)
+  struct Solution;  // a plan without its listing (src/balance/planner_internal.h)
   struct Kept;      // the plan in force for one demand
   StatusOr<Solution> compute(const Demand& demand, std::span<const double> background) const;
-  /// The plan by class (planner.cc): true when kept.
-  bool plan_by_class(const Demand& demand, std::span<const double> bg,
-                     std::span<const double> fixed, double bound, double direct_max_us,
-                     std::vector<detail::PairSplit>& big, std::vector<detail::PairSplit>& moved,
-                     std::vector<uint64_t>& share_bytes, std::vector<double>& load) const;
+  /// The plan by class (planner_class.cc): true when `sol` is its answer (a plan by class,
+  /// or every pair on its default path where that is provably good enough); false where the
+  /// general planner must run (no symmetry, not provably within 1% of the optimum).
+  bool plan_by_class(const Demand& demand, Solution& sol) const;
   StatusOr<Plan> materialize(const Solution& solution, const Demand& demand,
                              std::span<const double> background) const;
   std::shared_ptr<const PathTable> table_;
