@@ -401,6 +401,36 @@ TEST(PlanProgram, RandomDemandsOnEveryPresetBecomeProgramsThatVerify) {
   EXPECT_GT(exact, 0);
 }
 
+TEST(PlanProgram, APlanByClassBecomesTheProgramOfItsListing) {
+  // A plan by class lists its pairs lazily (planner.h, PairList): the program, the chunking and
+  // the direct plan are those of the same pairs listed one by one.
+  auto t = topo::preset("dgx-h100", 2);
+  ASSERT_TRUE(t) << t.status().message();
+  auto table = balance::PathTable::build(*t, t->gpus());
+  ASSERT_TRUE(table);
+  const int n = static_cast<int>(t->gpus().size());
+  Demand d{n, std::vector<uint64_t>(static_cast<std::size_t>(n * n), 16 * MiB)};
+  for (int r = 0; r < n; ++r) d.bytes[static_cast<std::size_t>(r * (n + 1))] = 0;
+  auto plan = balance::Planner(*table, balance::PlannerOptions{}).plan(d);
+  ASSERT_TRUE(plan) << plan.status().message();
+  ASSERT_TRUE(plan->by_class);
+  ASSERT_TRUE(plan->pairs.lazy());
+  balance::Plan listed = *plan;
+  listed.pairs = std::vector<balance::PairPlan>(plan->pairs.begin(), plan->pairs.end());
+  ASSERT_FALSE(listed.pairs.lazy());
+  const uint64_t chunk = balance::demand_chunk_bytes(*plan, 4096);
+  EXPECT_EQ(chunk, balance::demand_chunk_bytes(listed, 4096));
+  auto built = balance::build_demand_program(**table, *plan, chunk);
+  auto from_list = balance::build_demand_program(**table, listed, chunk);
+  ASSERT_TRUE(built && from_list);
+  EXPECT_EQ(ef::save_json(built->program), ef::save_json(from_list->program));
+  expect_verifies(built->program, "dgx-h100 x2 uniform by class");
+  const balance::Plan direct = balance::direct_plan(*plan);
+  EXPECT_FALSE(direct.pairs.lazy());
+  EXPECT_EQ(direct.link_bytes, balance::direct_plan(listed).link_bytes);
+  EXPECT_EQ(balance::max_load_us(*t, direct.link_bytes), plan->direct_max_load_us);
+}
+
 TEST(PlanProgram, DemandChunksAreExactWhereTheBudgetAllows) {
   balance::Plan plan;
   balance::PairPlan a;

@@ -447,6 +447,11 @@ StatusOr<const detail::CandidateSet*> PathTable::State::default_set(int32_t src,
   return full_set(src, dst);  // no default of the usual shape: the whole set decides
 }
 
+std::vector<Walk> PathTable::State::unkept_walks(int32_t src, int32_t dst) {
+  std::lock_guard<std::mutex> lock(mu);
+  return walks(slot_gpu[static_cast<std::size_t>(src)], slot_gpu[static_cast<std::size_t>(dst)]);
+}
+
 StatusOr<std::shared_ptr<const std::vector<Candidate>>> PathTable::candidates(
     int32_t src, int32_t dst, bool only_default) const {
   if (src < 0 || dst < 0 || src >= nranks() || dst >= nranks())

@@ -121,6 +121,10 @@ struct PathTable::State {
   /// full_set's view, without touching the set.
   StatusOr<detail::CandidateView> full_view(int32_t src, int32_t dst);
   StatusOr<const detail::CandidateSet*> default_set(int32_t src, int32_t dst);
+  /// Every candidate's walk of (src, dst) slots, candidates[0] first, computed and not kept:
+  /// the table's sets stay as they were (a listing shows a small pair's whole set only where
+  /// it is known already), for checks that look at pairs no plan asked about.
+  std::vector<detail::Walk> unkept_walks(int32_t src, int32_t dst);
 
   const topo::Topology* topology = nullptr;  ///< the table's
   bool host_memory = true;                   ///< PathTableOptions::host_memory

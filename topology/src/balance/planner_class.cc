@@ -93,7 +93,8 @@ struct Places {
 };
 
 /// Whether every pair's default path, and every candidate of the pairs between sample hosts,
-/// are their representative's (see the top of the file). Computes every row of the table.
+/// are their representative's (see the top of the file). Computes every row of the table (as
+/// the general planner's pass does); the samples' candidate sets are not kept.
 template <typename State>
 bool paths_fold(State& st, const detail::Folding& f, const Places& at) {
   const std::size_t k = f.per_host, n = st.rank_slot.size();
@@ -131,17 +132,17 @@ bool paths_fold(State& st, const detail::Folding& f, const Places& at) {
         const std::size_t s = static_cast<std::size_t>(hs) * k + i;
         const std::size_t d = static_cast<std::size_t>(hd) * k + j;
         const auto [rs, rd] = rep_of(s, d);
-        auto mine = st.full_view(static_cast<int32_t>(s), static_cast<int32_t>(d));
+        const std::vector<detail::Walk> mine =
+            st.unkept_walks(static_cast<int32_t>(s), static_cast<int32_t>(d));
         auto rep = st.full_view(rs, rd);
-        if (!mine || !rep) {
-          if (static_cast<bool>(mine) != static_cast<bool>(rep)) return false;
+        if (!rep) {
+          if (!mine.empty()) return false;
           continue;
         }
-        if (mine->size() != rep->size()) return false;
-        for (uint32_t c = 0; c < mine->size(); ++c)
-          if (mine->v[3 + c] != rep->v[3 + c] ||
-              !at.same(f, mine->links_of(c), rep->links_of(c), hs, hd))
-            return false;
+        // The same walks in place: the same flags too (they follow from the links).
+        if (mine.size() != rep->size()) return false;
+        for (uint32_t c = 0; c < rep->size(); ++c)
+          if (!at.same(f, mine[c].links, rep->links_of(c), hs, hd)) return false;
       }
   return true;
 }
