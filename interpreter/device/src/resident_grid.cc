@@ -265,6 +265,24 @@ Status launch_locked(Registry& r, Grid& g) {
   return Status::ok();
 }
 
+/// Whether any rank's input or output buffer is not device memory (pinned or managed host
+/// memory, or memory CUDA does not know): then the end of a run fences at system scope
+/// (kDescriptorSystemFence). Asked once per new content.
+bool host_memory_buffers(const RankCallArgs* ranks, uint32_t nranks) {
+  for (uint32_t r = 0; r < nranks; ++r)
+    for (const int b : {kBufferInput, kBufferOutput}) {
+      const void* p = ranks[r].buffers[b];
+      if (p == nullptr) continue;
+      cudaPointerAttributes attributes{};
+      if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return true;
+      }
+      if (attributes.type != cudaMemoryTypeDevice) return true;
+    }
+  return false;
+}
+
 /// The next content version: never idle (0) nor taken.
 uint32_t next_version(uint32_t v) {
   ++v;
@@ -429,7 +447,8 @@ StatusOr<bool> post_resident(int device, cudaStream_t stream, const FusedCall* c
   header.nctas = nctas;
   header.dtype = dtype;
   header.reduction = reduction;
-  const std::string_view header_bytes(reinterpret_cast<const char*>(&header), kResidentCallsOffset);
+  const std::string_view header_bytes(reinterpret_cast<const char*>(&header),
+                                      kResidentHeaderKeyBytes);
   const std::string_view call_bytes(reinterpret_cast<const char*>(calls),
                                     ncalls * sizeof(FusedCall));
   const std::string_view rank_bytes(reinterpret_cast<const char*>(ranks),
@@ -474,7 +493,8 @@ StatusOr<bool> post_resident(int device, cudaStream_t stream, const FusedCall* c
       return false;
     }
     ResidentDescriptor& d = host->descriptors[chosen];
-    std::memcpy(&d, header_bytes.data(), header_bytes.size());
+    header.flags = host_memory_buffers(ranks, nranks) ? kDescriptorSystemFence : 0;
+    std::memcpy(&d, &header, kResidentCallsOffset);
     std::memcpy(d.calls, calls, call_bytes.size());
     std::memcpy(d.ranks, ranks, rank_bytes.size());
     std::atomic_thread_fence(std::memory_order_release);  // before the doorbell is enqueued

@@ -31,7 +31,8 @@ namespace {
 
 /// How often the dispatcher reads the host's stop word (a PCIe round trip).
 constexpr uint64_t kStopCheckNs = 20000;
-/// Idle CTAs poll without sleeping this long after their last work, then back off...
+/// Idle CTAs (and the dispatcher) poll without sleeping this long after their last work, then
+/// back off...
 constexpr uint64_t kSpinWindowNs = 100000;
 /// ... doubling the sleep between polls up to this (a descriptor that arrives after a long
 /// idle period waits at most about this much longer to be seen).
@@ -47,7 +48,7 @@ struct ResidentShared {
   FusedCall call;
   RankCallArgs ranks[kMaxFusedRanks];
   // The work being run.
-  uint32_t ncalls, nranks;
+  uint32_t ncalls, nranks, flags;
   int32_t dtype, reduction;
   // Thread 0's decision, broadcast.
   uint64_t work;
@@ -147,6 +148,7 @@ __device__ void run_work(const ResidentGridParams& g, uint32_t slot, uint32_t lo
     sh.nranks = min(d.nranks, static_cast<uint32_t>(kMaxFusedRanks));
     sh.dtype = d.dtype;
     sh.reduction = d.reduction;
+    sh.flags = d.flags;
   }
   __syncthreads();
   // Every thread, not only thread 0 (whose inbox load acquired): the tables' counters, epochs and
@@ -181,13 +183,22 @@ __device__ void run_work(const ResidentGridParams& g, uint32_t slot, uint32_t lo
 /// Every thread, after run_work: this CTA is done with the slot's run. The last CTA of the run
 /// makes every CTA's writes visible, then sets the doorbell idle (the waiting stream goes on),
 /// then publishes the completion to the host (which may then rewrite the slot's content).
+///
+/// The fences' scopes (measured on H100 against a stream waiting on the doorbell,
+/// docs/performance.md): a system-scope fence *before* the store the stream waits for costs
+/// about 4 µs a run, one after it almost nothing. What the stream's later work reads is device
+/// memory, ordered at device scope (the peers' writes into it were acquired at system scope by
+/// the program's own waits); only buffers in host memory (kDescriptorSystemFence) need the
+/// system-scope fence first, as a kernel's end would give them.
 __device__ void finish_work(const ResidentGridParams& g, uint32_t slot, uint32_t me) {
+  ResidentShared& sh = resident_shared;
   __syncthreads();
   if (threadIdx.x != 0) return;
   ResidentDeviceState* dev = g.device;
   __threadfence();  // this CTA's writes (the barrier gathered them) before its count
   if (atomicSub(&dev->remaining[slot], 1u) == 1u) {
-    __threadfence_system();  // every CTA's writes (each fenced before its count) first
+    __threadfence();  // every CTA's writes (each fenced before its count) first
+    if ((sh.flags & kDescriptorSystemFence) != 0) __threadfence_system();
     const uint32_t n = load_relaxed_device(&dev->completions[slot]) + 1;
     store_relaxed_device(&dev->completions[slot], n);
     store_relaxed_system(&dev->request[slot], kRequestIdle);
@@ -251,8 +262,6 @@ __device__ bool dispatch_once(const ResidentGridParams& g, uint32_t me) {
   const uint32_t ncandidates = sh.ncandidates;
   if (threadIdx.x == 0) sh.found = ncandidates;
   if (ncandidates == 0) return false;
-  // The contents the host wrote before it enqueued the doorbells seen above.
-  cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_system);
   for (uint32_t k = 0; k < ncandidates; ++k) {
     const uint32_t slot = sh.candidates[k];
     const uint32_t version = sh.versions[k];
@@ -261,6 +270,9 @@ __device__ bool dispatch_once(const ResidentGridParams& g, uint32_t me) {
       sh.copy = load_relaxed_device(&dev->cached_version[slot]) != version ? 1 : 0;
     __syncthreads();
     if (sh.copy != 0) {
+      // The content the host wrote before it enqueued the doorbell seen above (a repeated
+      // content skips this system-scope fence as well as the copy).
+      cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_system);
       copy_descriptor(g, slot);
       if (threadIdx.x == 0) store_relaxed_device(&dev->cached_version[slot], version);
     }
@@ -291,6 +303,8 @@ __device__ void dispatch(const ResidentGridParams& g, uint32_t me) {
   ResidentShared& sh = resident_shared;
   ResidentDeviceState* dev = g.device;
   uint32_t sleep_ns = 0;
+  uint64_t last_found = 0;  // thread 0: when a scan last saw a posted doorbell
+  if (threadIdx.x == 0) last_found = global_timer_ns();
   for (;;) {
     if (threadIdx.x == 0) {
       const uint64_t now = global_timer_ns();
@@ -304,9 +318,12 @@ __device__ void dispatch(const ResidentGridParams& g, uint32_t me) {
     if (sh.stop != 0) break;
     if (dispatch_once(g, me)) break;
     if (threadIdx.x == 0) {
-      // Back off only while nothing is posted (a posted descriptor waiting for CTAs is seen
-      // again at once).
-      sleep_ns = sh.found != 0 ? 0 : min(max(2 * sleep_ns, 32u), kMaxIdleSleepNs);
+      // Back off only once nothing has been posted for the spin window (a posted descriptor
+      // waiting for CTAs is seen again at once): a sleep of up to 2 µs between scans would
+      // delay every call of a steady stream of calls by about half of it.
+      const uint64_t now = global_timer_ns();
+      if (sh.found != 0) last_found = now;
+      sleep_ns = now - last_found <= kSpinWindowNs ? 0 : min(max(2 * sleep_ns, 32u), kMaxIdleSleepNs);
       if (sleep_ns > 0) __nanosleep(sleep_ns);
     }
     __syncthreads();

@@ -38,6 +38,13 @@ inline constexpr uint32_t kRequestTaken = 0xffffffffu;
 inline constexpr uint64_t kInboxAbsent = ~uint64_t{0};
 inline constexpr uint64_t kInboxIdle = 0;
 
+/// ResidentDescriptor::flags: some rank's input or output buffer is not device memory (pinned
+/// or managed host memory), so the end of a run fences at system scope before it releases the
+/// stream, as the end of a kernel does; device memory needs only a device-scope fence.
+inline constexpr uint32_t kDescriptorSystemFence = 1;
+/// Header bytes that identify a content (ncalls .. reduction): `flags` follows from the buffers.
+inline constexpr std::size_t kResidentHeaderKeyBytes = 20;
+
 /// One slot's content: the calls of one fused launch, as the fused kernel would take them, and
 /// which kernel instantiation runs them.
 struct ResidentDescriptor {
@@ -46,7 +53,8 @@ struct ResidentDescriptor {
   uint32_t nctas;   ///< CTAs the calls are placed on (FusedCall::cta_begin + nthreadblocks)
   int32_t dtype;    ///< ef::DataType value
   int32_t reduction;
-  uint32_t reserved[3];
+  uint32_t flags;  ///< kDescriptor* bits; derived from the content (not compared: see post)
+  uint32_t reserved[2];
   FusedCall calls[kMaxFusedCalls];
   RankCallArgs ranks[kMaxFusedRanks];
 };

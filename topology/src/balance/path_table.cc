@@ -186,13 +186,13 @@ int32_t PathTable::State::rail_of(NodeIndex nic) const {
 }
 
 std::optional<Walk> PathTable::State::default_walk(NodeIndex a, NodeIndex b) {
-  if (a == b) return Walk{{}, "local", CandidateKind::kLocal};
+  if (a == b) return Walk{{}, "local", CandidateKind::kLocal, {}, -1};
   const topo::Topology& t = *topology;
   const int32_t ha = t.node(a).host, hb = t.node(b).host;
   if (ha == hb) {
     const auto& p = host_route(a, b);
     if (!p) return std::nullopt;
-    return Walk{*p, "direct", CandidateKind::kDirect};
+    return Walk{*p, "direct", CandidateKind::kDirect, {}, -1};
   }
   // Source's own rail NIC, the NIC of that rail on the destination's host, straight on.
   const HostGraph& ga = hosts[static_cast<std::size_t>(ha)];

@@ -1,0 +1,187 @@
+// What a doorbell posted with stream memory operations costs when a resident kernel answers it
+// (the resident interpreter's round trip, docs/device-executor.md), against a kernel launch.
+//
+//   stream_memop_bench [--iters 20000]
+//
+// Per line, microseconds per iteration of a loop that enqueues without waiting (`issue`: host
+// time; `per-iter`: until the stream is idle, divided by the iterations):
+//   launch          an empty kernel launched per iteration
+//   echo <answer>   one cuStreamBatchMemOp per iteration (write word = i, wait word == 0); a
+//                   one-thread kernel on another stream polls the word (device memory) without
+//                   sleeping and answers by storing 0, with the fences named (PTX), e.g.
+//                   "sc.sys;st" = fence.sc.sys then the store
+// The answers differ only in where their fences sit; the resident grid's end of a run is one of
+// them (resident_kernel.cu, finish_work).
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "stream_memop_bench: %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+__global__ void empty_kernel() {}
+
+enum Answer : int {
+  kPlain,              // st
+  kSysFenceFirst,      // fence.sc.sys; st
+  kSysFenceAfter,      // st; fence.sc.sys
+  kGpuFenceFirst,      // fence.acq_rel.gpu; st
+  kReleaseSys,         // st.release.sys
+  kHostStoreAfter,     // st; st (host)
+  kGpuThenSysAfter,    // fence.acq_rel.gpu; st; fence.sc.sys; st (host)
+  kSysBothSides,       // fence.sc.sys; st; fence.sc.sys; st (host)
+  kNumAnswers
+};
+const char* const kAnswerNames[kNumAnswers] = {
+    "st",
+    "sc.sys;st",
+    "st;sc.sys",
+    "acq_rel.gpu;st",
+    "st.release.sys",
+    "st;host st",
+    "acq_rel.gpu;st;sc.sys;host st",
+    "sc.sys;st;sc.sys;host st",
+};
+
+__global__ void echo_kernel(volatile uint32_t* word, const volatile uint32_t* stop, int answer,
+                            volatile uint32_t* host_word) {
+  if (threadIdx.x != 0) return;
+  uint32_t n = 0;
+  for (;;) {
+    if (*word == 0) {
+      if (*stop != 0) return;
+      continue;
+    }
+    ++n;
+    switch (answer) {
+      case kPlain:
+        *word = 0;
+        break;
+      case kSysFenceFirst:
+        asm volatile("fence.sc.sys;" ::: "memory");
+        *word = 0;
+        break;
+      case kSysFenceAfter:
+        *word = 0;
+        asm volatile("fence.sc.sys;" ::: "memory");
+        break;
+      case kGpuFenceFirst:
+        asm volatile("fence.acq_rel.gpu;" ::: "memory");
+        *word = 0;
+        break;
+      case kReleaseSys:
+        asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(word), "r"(0u) : "memory");
+        break;
+      case kHostStoreAfter:
+        *word = 0;
+        *host_word = n;
+        break;
+      case kGpuThenSysAfter:
+        asm volatile("fence.acq_rel.gpu;" ::: "memory");
+        *word = 0;
+        asm volatile("fence.sc.sys;" ::: "memory");
+        *host_word = n;
+        break;
+      default:
+        asm volatile("fence.sc.sys;" ::: "memory");
+        *word = 0;
+        asm volatile("fence.sc.sys;" ::: "memory");
+        *host_word = n;
+        break;
+    }
+  }
+}
+
+using BatchMemOp = CUresult (*)(CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int iters = 20000;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
+      iters = std::atoi(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: stream_memop_bench [--iters N]\n");
+      return 2;
+    }
+  }
+  if (iters <= 0) {
+    std::fprintf(stderr, "stream_memop_bench: --iters must be positive\n");
+    return 2;
+  }
+  check(cudaSetDevice(0), "cudaSetDevice");
+  cudaStream_t stream = nullptr, echo_stream = nullptr;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  check(cudaStreamCreateWithFlags(&echo_stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  uint32_t* word = nullptr;
+  check(cudaMalloc(&word, 64), "cudaMalloc");
+  check(cudaMemset(word, 0, 64), "cudaMemset");
+  uint32_t* host = nullptr;
+  check(cudaHostAlloc(&host, 64, cudaHostAllocMapped), "cudaHostAlloc");
+  std::memset(host, 0, 64);
+  uint32_t* host_on_device = nullptr;
+  check(cudaHostGetDevicePointer(&host_on_device, host, 0), "cudaHostGetDevicePointer");
+  void* entry = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  check(cudaGetDriverEntryPointByVersion("cuStreamBatchMemOp", &entry, 12000, cudaEnableDefault,
+                                         &found),
+        "cudaGetDriverEntryPointByVersion");
+  if (found != cudaDriverEntryPointSuccess || entry == nullptr) {
+    std::fprintf(stderr, "stream_memop_bench: cuStreamBatchMemOp not found\n");
+    return 1;
+  }
+  const auto batch = reinterpret_cast<BatchMemOp>(entry);
+  const auto doorbell = [&](uint32_t value) {
+    CUstreamBatchMemOpParams ops[2] = {};
+    ops[0].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+    ops[0].writeValue.address = reinterpret_cast<CUdeviceptr>(word);
+    ops[0].writeValue.value = value;
+    ops[0].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+    ops[1].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+    ops[1].waitValue.address = reinterpret_cast<CUdeviceptr>(word);
+    ops[1].waitValue.value = 0;
+    ops[1].waitValue.flags = CU_STREAM_WAIT_VALUE_EQ;
+    if (batch(reinterpret_cast<CUstream>(stream), 2, ops, 0) != CUDA_SUCCESS) {
+      std::fprintf(stderr, "stream_memop_bench: cuStreamBatchMemOp failed\n");
+      std::exit(1);
+    }
+  };
+  using Clock = std::chrono::steady_clock;
+  const auto time_loop = [&](const std::string& name, auto body) {
+    for (int i = 0; i < 200; ++i) body(i);  // warm-up
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    const auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) body(i);
+    const auto t1 = Clock::now();
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    const auto t2 = Clock::now();
+    std::printf("%-40s issue %7.2f us  per-iter %7.2f us\n", name.c_str(),
+                std::chrono::duration<double, std::micro>(t1 - t0).count() / iters,
+                std::chrono::duration<double, std::micro>(t2 - t0).count() / iters);
+    std::fflush(stdout);
+  };
+  time_loop("launch", [&](int) { empty_kernel<<<1, 32, 0, stream>>>(); });
+  for (int answer = 0; answer < kNumAnswers; ++answer) {
+    host[0] = 0;  // stop word
+    echo_kernel<<<1, 32, 0, echo_stream>>>(word, host_on_device, answer, host_on_device + 8);
+    check(cudaGetLastError(), "launching the echo kernel");
+    time_loop(std::string("echo ") + kAnswerNames[answer],
+              [&](int i) { doorbell(static_cast<uint32_t>(i % 1000) + 1); });
+    reinterpret_cast<volatile uint32_t*>(host)[0] = 1;
+    check(cudaStreamSynchronize(echo_stream), "stopping the echo kernel");
+  }
+  return 0;
+}
