@@ -265,10 +265,10 @@ Status launch_locked(Registry& r, Grid& g) {
   return Status::ok();
 }
 
-/// Whether any rank's input or output buffer is not device memory (pinned or managed host
-/// memory, or memory CUDA does not know): then the end of a run fences at system scope
-/// (kDescriptorSystemFence). Asked once per new content.
-bool host_memory_buffers(const RankCallArgs* ranks, uint32_t nranks) {
+/// Whether any rank's input or output buffer is not memory of `device` (pinned or managed host
+/// memory, another GPU's, or memory CUDA does not know): then the end of a run fences at system
+/// scope (kDescriptorSystemFence). Asked once per new content.
+bool buffers_beyond_device(int device, const RankCallArgs* ranks, uint32_t nranks) {
   for (uint32_t r = 0; r < nranks; ++r)
     for (const int b : {kBufferInput, kBufferOutput}) {
       const void* p = ranks[r].buffers[b];
@@ -278,7 +278,7 @@ bool host_memory_buffers(const RankCallArgs* ranks, uint32_t nranks) {
         (void)cudaGetLastError();
         return true;
       }
-      if (attributes.type != cudaMemoryTypeDevice) return true;
+      if (attributes.type != cudaMemoryTypeDevice || attributes.device != device) return true;
     }
   return false;
 }
@@ -493,7 +493,7 @@ StatusOr<bool> post_resident(int device, cudaStream_t stream, const FusedCall* c
       return false;
     }
     ResidentDescriptor& d = host->descriptors[chosen];
-    header.flags = host_memory_buffers(ranks, nranks) ? kDescriptorSystemFence : 0;
+    header.flags = buffers_beyond_device(device, ranks, nranks) ? kDescriptorSystemFence : 0;
     std::memcpy(&d, &header, kResidentCallsOffset);
     std::memcpy(d.calls, calls, call_bytes.size());
     std::memcpy(d.ranks, ranks, rank_bytes.size());

@@ -188,8 +188,8 @@ __device__ void run_work(const ResidentGridParams& g, uint32_t slot, uint32_t lo
 /// docs/performance.md): a system-scope fence *before* the store the stream waits for costs
 /// about 4 µs a run, one after it almost nothing. What the stream's later work reads is device
 /// memory, ordered at device scope (the peers' writes into it were acquired at system scope by
-/// the program's own waits); only buffers in host memory (kDescriptorSystemFence) need the
-/// system-scope fence first, as a kernel's end would give them.
+/// the program's own waits); only buffers in host memory or on another GPU
+/// (kDescriptorSystemFence) need the system-scope fence first, as a kernel's end would give them.
 __device__ void finish_work(const ResidentGridParams& g, uint32_t slot, uint32_t me) {
   ResidentShared& sh = resident_shared;
   __syncthreads();

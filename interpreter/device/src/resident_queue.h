@@ -38,9 +38,9 @@ inline constexpr uint32_t kRequestTaken = 0xffffffffu;
 inline constexpr uint64_t kInboxAbsent = ~uint64_t{0};
 inline constexpr uint64_t kInboxIdle = 0;
 
-/// ResidentDescriptor::flags: some rank's input or output buffer is not device memory (pinned
-/// or managed host memory), so the end of a run fences at system scope before it releases the
-/// stream, as the end of a kernel does; device memory needs only a device-scope fence.
+/// ResidentDescriptor::flags: a rank's input or output buffer is not the device's (host memory,
+/// another GPU's), so the end of a run fences at system scope before it releases the stream, as
+/// a kernel's end does; the device's own memory needs only a device-scope fence.
 inline constexpr uint32_t kDescriptorSystemFence = 1;
 /// Header bytes that identify a content (ncalls .. reduction): `flags` follows from the buffers.
 inline constexpr std::size_t kResidentHeaderKeyBytes = 20;
