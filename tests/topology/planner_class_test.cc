@@ -145,7 +145,9 @@ TEST(PlanByClass, ListedLazilyAsAPairByPairListingWouldList) {
                 sum += p->paths[k].bytes;
                 EXPECT_GT(p->paths[k].bytes, 0u) << what;
                 ASSERT_LT(p->paths[k].candidate, p->candidates->size()) << what;
-                if (k > 0) EXPECT_LT(p->paths[k - 1].candidate, p->paths[k].candidate) << what;
+                if (k > 0) {
+                  EXPECT_LT(p->paths[k - 1].candidate, p->paths[k].candidate) << what;
+                }
               }
               EXPECT_EQ(sum, bytes) << what;
               if (bytes < plan->min_split_bytes) {
@@ -238,6 +240,121 @@ TEST(PlanByClass, AListedPlanListsByValueAndFinds) {
   const Plan empty;
   EXPECT_TRUE(empty.pairs.empty());
   EXPECT_TRUE(empty.pairs.begin() == empty.pairs.end());
+}
+
+}  // namespace
+
+namespace {
+
+/// dgx-h100 x `hosts` with the links of one GPU of host 2 changed by `change` (that GPU not a
+/// rank: ranks are GPUs 0-3 of every host), and its table.
+template <typename Change>
+std::shared_ptr<const balance::PathTable> odd_host_table(int hosts, const char* gpu,
+                                                         Change change) {
+  auto t = topo::preset("dgx-h100", hosts);
+  EXPECT_TRUE(t) << t.status().message();
+  topo::Topology out;
+  for (const topo::Node& n : t->nodes()) EXPECT_TRUE(out.add_node(n));
+  const auto odd = t->find(gpu);
+  EXPECT_TRUE(odd);
+  int changed = 0;
+  for (const topo::Link& from : t->links()) {
+    topo::Link l = from;
+    if (l.from == *odd || l.to == *odd) changed += change(l) ? 1 : 0;
+    EXPECT_TRUE(out.add_link(l));
+  }
+  EXPECT_GT(changed, 0);
+  std::vector<topo::NodeIndex> ranks;
+  for (int h = 0; h < hosts; ++h)
+    for (int g = 0; g < 4; ++g)
+      ranks.push_back(*out.find("h" + std::to_string(h) + ".gpu" + std::to_string(g)));
+  auto table = balance::PathTable::build(out, ranks);
+  EXPECT_TRUE(table) << table.status().message();
+  return *table;
+}
+
+/// Every share of `plan` on a candidate its pair lists, and the plan's link loads exactly the
+/// bytes over the pairs' own paths.
+void expect_consistent(const Plan& plan, const topo::Topology& t) {
+  std::vector<double> load(t.links().size(), 0.0);
+  for (const PairPlan& p : plan.pairs) {
+    ASSERT_NE(p.candidates, nullptr) << p.src << " -> " << p.dst;
+    for (const balance::PathShare& s : p.paths) {
+      ASSERT_LT(s.candidate, p.candidates->size()) << p.src << " -> " << p.dst;
+      for (LinkIndex l : (*p.candidates)[s.candidate].links) load[l] += double(s.bytes);
+    }
+  }
+  EXPECT_DOUBLE_EQ(planner_max_us(t, load), planner_max_us(t, plan.link_bytes));
+}
+
+TEST(PlanByClass, AHostDifferingInALinksKindOrLatencyIsNotFolded) {
+  // Host 2 (never one of the sampled hosts with 4) differs only in the links of a GPU that is
+  // not a rank: their kind (the walks follow links by kind) or their latency (ties broken by
+  // it). Its pairs' candidates differ from the representatives': the plan by class must not
+  // be taken, and the plan must be consistent (a review found shares on candidates a pair did
+  // not list, and loads that were not the pairs').
+  const std::vector<uint64_t> none(16, 0);
+  std::vector<uint64_t> other(16, 0);
+  other[0] = 1024 * MiB;  // local 0 -> local 0 of every other host
+  for (int variant = 0; variant < 2; ++variant) {
+    SCOPED_TRACE(variant == 0 ? "kind" : "latency");
+    auto table = odd_host_table(4, "h2.gpu5", [&](topo::Link& l) {
+      if (l.kind != topo::LinkKind::kPcie) return false;
+      if (variant == 0)
+        l.kind = topo::LinkKind::kNvlink;
+      else
+        l.latency_us += 0.25;
+      return true;
+    });
+    const Demand d = by_place(table->nranks(), 4, none, other);
+    auto plan = plan_of(table, d, true);
+    ASSERT_TRUE(plan) << plan.status().message();
+    EXPECT_FALSE(plan->by_class);
+    expect_consistent(*plan, table->topology());
+    // The same table with host 2 as the others folds (the check is not simply off).
+    auto alike = odd_host_table(4, "h2.gpu5", [](topo::Link&) { return true; });
+    auto folded = plan_of(alike, by_place(alike->nranks(), 4, none, other), true);
+    ASSERT_TRUE(folded) << folded.status().message();
+    EXPECT_TRUE(folded->by_class);
+    expect_consistent(*folded, alike->topology());
+  }
+}
+
+TEST(PlanByClass, APairUnderTheThresholdReadsTheSameAfterAnotherPlan) {
+  // Small pairs list candidates[0] alone, whenever they are read: a later plan on the same
+  // table that learns the pair's other candidates changes nothing in this plan.
+  auto table = table_of("dgx-h100", 3);
+  const int n = table->nranks(), k = 8;
+  const Demand d =
+      by_place(n, k, std::vector<uint64_t>(64, 64 * MiB), std::vector<uint64_t>(64, 64 << 10));
+  auto plan = plan_of(table, d, true);
+  ASSERT_TRUE(plan) << plan.status().message();
+  ASSERT_TRUE(plan->by_class);
+  const int s = 2 * k + 1, t = k + 3;  // host 2 -> host 1, 64 KiB
+  auto before = plan->pairs.find(s, t);
+  ASSERT_TRUE(before);
+  Demand big = d;
+  big.bytes[static_cast<std::size_t>(s * n + t)] = 512 * MiB;
+  ASSERT_TRUE(plan_of(table, big, true));
+  auto after = plan->pairs.find(s, t);
+  ASSERT_TRUE(after);
+  EXPECT_TRUE(same_pair(*before, *after));
+  EXPECT_EQ(after->candidates->size(), 1u);
+  // A representative's small pair (host 0 -> host 1) lists as one of another host.
+  auto rep = plan->pairs.find(1, k + 3);
+  ASSERT_TRUE(rep);
+  EXPECT_EQ(rep->candidates->size(), 1u);
+}
+
+TEST(PlanByClass, NoRanksPlansNothing) {
+  auto t = topo::preset("dgx-h100", 2);
+  ASSERT_TRUE(t) << t.status().message();
+  auto table = balance::PathTable::build(*t, {});
+  ASSERT_TRUE(table) << table.status().message();
+  auto plan = plan_of(*table, Demand{0, {}}, true);
+  ASSERT_TRUE(plan) << plan.status().message();
+  EXPECT_FALSE(plan->by_class);
+  EXPECT_EQ(plan->pairs.size(), 0u);
 }
 
 }  // namespace

@@ -122,6 +122,7 @@ Plan direct_plan(const Plan& plan) {
   for (const PairPlan& from : plan.pairs) {
     PairPlan& p = pairs.emplace_back(from);
     p.paths = {{0, p.bytes}};
+    if (p.candidates == nullptr || p.candidates->empty()) continue;  // building it reports
     for (LinkIndex l : p.candidates->front().links)
       if (l < direct.link_bytes.size()) direct.link_bytes[l] += static_cast<double>(p.bytes);
   }
@@ -223,6 +224,10 @@ StatusOr<DemandProgram> build_demand_program(const PathTable& table, const Plan&
     t.dst_chunk = dst_offset[at(p.src, p.dst)];
     t.chunks = split->chunks;
     for (const ChunkShare& s : split->shares) {
+      if (p.candidates == nullptr || s.candidate >= p.candidates->size())
+        return Status::error("pair " + std::to_string(p.src) + " -> " + std::to_string(p.dst) +
+                             ": a share on candidate " + std::to_string(s.candidate) + " of " +
+                             std::to_string(p.candidates ? p.candidates->size() : 0) + " listed");
       const Candidate& c = (*p.candidates)[s.candidate];
       StatusOr<Route> route = routes.route(c);
       if (!route) return route.status();

@@ -28,6 +28,12 @@
 namespace efccl::balance {
 namespace {
 
+/// Two links of two hosts' subgraphs alike in everything a walk reads.
+bool same_link(const topo::Link& a, const topo::Link& b) {
+  return a.from == b.from && a.to == b.to && a.kind == b.kind && a.gbps == b.gbps &&
+         a.latency_us == b.latency_us && a.lanes == b.lanes;
+}
+
 constexpr uint32_t kNone = detail::Folding::kNone;
 
 /// plan_by_class's buffers, per thread.
@@ -155,7 +161,7 @@ void fold(State& st, detail::Folding& f) {
   const std::size_t nlinks = t.links().size();
   const std::size_t nhosts = st.hosts.size();
   const std::size_t n = st.rank_slot.size();
-  if (nhosts < 2 || st.slot_gpu.size() != n || n % nhosts != 0) return;
+  if (nhosts < 2 || n == 0 || st.slot_gpu.size() != n || n % nhosts != 0) return;
   // Ranks host by host, one a GPU, the same GPUs in the same order on every host.
   const std::size_t k = n / nhosts;
   for (std::size_t r = 0; r < n; ++r) {
@@ -180,13 +186,17 @@ void fold(State& st, detail::Folding& f) {
     for (std::size_t v = 0; v < g.graph.nodes().size(); ++v) {
       const topo::Node& mine = g.graph.nodes()[v];
       const topo::Node& other = first.graph.nodes()[v];
-      // Rails and indices name the rail-matched candidates.
-      if (mine.kind != other.kind || mine.rail != other.rail || mine.index != other.index) return;
+      // Rails and indices name the rail-matched candidates; the rest may steer the walks.
+      if (mine.kind != other.kind || mine.rail != other.rail || mine.index != other.index ||
+          mine.numa != other.numa || mine.gbps != other.gbps)
+        return;
     }
     for (std::size_t l = 0; l < local_links; ++l) {
       const topo::Link& mine = g.graph.links()[l];
       const topo::Link& other = first.graph.links()[l];
-      if (mine.from != other.from || mine.to != other.to || mine.gbps != other.gbps) return;
+      // Every field: the walks follow links by kind (a GPU's rail NIC, the host-memory path)
+      // and break ties by latency, so a host differing in any of them has other candidates.
+      if (!same_link(mine, other)) return;
       f.folded[g.to_whole[l]] = static_cast<uint32_t>(l);
       at.host[g.to_whole[l]] = static_cast<int32_t>(h);
     }
@@ -197,6 +207,7 @@ void fold(State& st, detail::Folding& f) {
   // A link between a host and an outside node (a rail switch) folds by (its node on the
   // host, the outside node, the way); one between outside nodes is its own.
   std::unordered_map<uint64_t, uint32_t> external;
+  std::unordered_map<uint32_t, LinkIndex> external_first;  // folded link -> its first link
   std::unordered_set<uint64_t> folded_host;  // (folded link, host): one link of each host
   for (LinkIndex l = 0; l < nlinks; ++l) {
     if (f.folded[l] != kNone) continue;
@@ -214,16 +225,33 @@ void fold(State& st, detail::Folding& f) {
       at.host[l] = static_cast<int32_t>(host);
       if (!folded_host.insert(uint64_t{it->second} << 32 | host).second) return;
       if (!added) {
-        if (gbps[it->second] != link.gbps) return;
+        const topo::Link& seen = t.link(external_first.at(it->second));
+        if (seen.kind != link.kind || seen.gbps != link.gbps ||
+            seen.latency_us != link.latency_us || seen.lanes != link.lanes)
+          return;
         ++count[it->second];
         f.folded[l] = it->second;
         continue;
       }
     }
+    if (hf >= 0 || ht >= 0) external_first.emplace(next, l);
     gbps.push_back(link.gbps);
     count.push_back(1);
     f.per_host_link.push_back(hf >= 0 || ht >= 0 ? 1 : 0);
     f.folded[l] = next;
+  }
+  // A node's links out of it in the same order on every host: a walk takes the first that
+  // matches (a NIC's link up to its rail), so another order is another candidate.
+  std::vector<uint32_t> order, expect;
+  for (std::size_t v = 0; v < first.graph.nodes().size(); ++v) {
+    expect.clear();
+    for (const LinkIndex l : t.out_links(first.to_whole_node[v])) expect.push_back(f.folded[l]);
+    for (std::size_t h = 1; h < nhosts; ++h) {
+      order.clear();
+      for (const LinkIndex l : t.out_links(st.hosts[h].to_whole_node[v]))
+        order.push_back(f.folded[l]);
+      if (order != expect) return;
+    }
   }
   f.us_per_byte.resize(gbps.size());
   for (std::size_t o = 0; o < gbps.size(); ++o) {
@@ -264,10 +292,16 @@ PairPlan ClassListing::pair(std::size_t s, std::size_t d) const {
   p.src = static_cast<int32_t>(s);
   p.dst = static_cast<int32_t>(d);
   p.bytes = key_bytes[key(s, d)];
-  // As a general plan lists them: a pair the planner may split with every candidate, a pair
-  // under the threshold with candidates[0] (or every candidate where known already).
+  // A pair the planner may split with every candidate; a pair under the threshold with
+  // candidates[0] alone, whenever it is read (the table may have learnt its other candidates
+  // since, from another plan: the same plan must read the same at any time). Found when folded;
+  // a failed lookup leaves no candidates, which plan_program reports.
   const bool small = p.bytes < min_split_bytes;
-  if (auto c = table->candidates(p.src, p.dst, small)) p.candidates = *c;  // found when folded
+  if (auto c = table->candidates(p.src, p.dst, small)) {
+    p.candidates = *c;
+    if (small && p.candidates->size() > 1)
+      p.candidates = std::make_shared<const std::vector<Candidate>>(1, p.candidates->front());
+  }
   const uint32_t at = split_of(s, d);
   if (at == kNone) {
     p.paths.push_back({0, p.bytes});

@@ -163,7 +163,10 @@ struct PairPlan {
 /// class lists them lazily: every pair's split follows from its class, so a pair becomes a
 /// PairPlan (its candidates looked up in the table) only when it is read. A thousand ranks'
 /// uniform all-to-all moves 419K pairs that a rank mostly never reads: listing them all took
-/// longer than planning. Reading is the same either way, and so are the pairs read.
+/// longer than planning. Reading is the same either way, and so are the pairs read, but for
+/// one thing: a plan by class lists a pair under the threshold with candidates[0] alone
+/// whenever it is read (a general plan lists every candidate where the table knew them when it
+/// planned), so that a plan read later, after other plans taught the table more, reads the same.
 class PairList {
  public:
   class const_iterator;
