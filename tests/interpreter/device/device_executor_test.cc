@@ -1598,7 +1598,10 @@ TEST(ResidentGrid, AbortStopsABlockedRunAndTheGridLeavesWithinASecond) {
   if (visible_gpus(nullptr) > 1) GTEST_SKIP() << "the blocked program spreads over GPUs; uses GPU 0 only";
   for (ef::Protocol protocol : kProtocols) {
     SCOPED_TRACE(protocol_name(protocol));
-    ResidentOn resident(16);
+    // Idle 500 ms (not 2 ms): the check below that the grid is still up after the abort must
+    // not race the keeper, which stops a drained grid once nothing was posted for the idle time
+    // (the post was over 100 ms before the abort; with 2 ms the check failed 2 runs in 3).
+    ResidentOn resident(16, std::chrono::milliseconds(500));
     BlockedCall call;
     start_blocked_call(std::chrono::seconds(60), protocol, call);
     ASSERT_TRUE(call.executor);
