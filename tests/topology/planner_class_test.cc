@@ -9,6 +9,7 @@
 
 #include "efccl/balance/planner.h"
 #include "efccl/topology/presets.h"
+#include "preset_table.h"
 
 namespace {
 
@@ -20,13 +21,7 @@ using topo::LinkIndex;
 
 constexpr uint64_t MiB = 1u << 20;
 
-std::shared_ptr<const balance::PathTable> table_of(const char* name, int nodes) {
-  auto t = topo::preset(name, nodes);
-  EXPECT_TRUE(t) << t.status().message();
-  auto table = balance::PathTable::build(*t, t->gpus());
-  EXPECT_TRUE(table) << table.status().message();
-  return *table;
-}
+using test_support::table_of;
 
 /// Bytes by (same host?, place of the source, place of the destination), `per_host` ranks a
 /// host: what the plan by class covers. `self`: the bytes of a rank to itself.

@@ -12,6 +12,7 @@
 
 #include "efccl/topology/presets.h"
 #include "lp_optimum.h"
+#include "preset_table.h"
 
 namespace {
 
@@ -21,13 +22,7 @@ using balance::Plan;
 
 constexpr uint64_t MiB = 1u << 20;
 
-std::shared_ptr<const balance::PathTable> table_of(const char* name, int nodes) {
-  auto t = topo::preset(name, nodes);
-  EXPECT_TRUE(t) << t.status().message();
-  auto table = balance::PathTable::build(*t, t->gpus());
-  EXPECT_TRUE(table) << table.status().message();
-  return *table;
-}
+using test_support::table_of;
 
 Demand zeros(int n) { return Demand{n, std::vector<uint64_t>(static_cast<std::size_t>(n * n), 0)}; }
 void set(Demand& d, int s, int t, uint64_t b) { d.bytes[static_cast<std::size_t>(s * d.nranks + t)] = b; }
