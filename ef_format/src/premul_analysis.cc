@@ -28,6 +28,7 @@
 #include <optional>
 #include <string>
 
+#include "inplace_shift.h"
 #include "wait_for_graph.h"
 
 namespace efccl::ef {
@@ -49,45 +50,11 @@ struct InputRange {
   bool all_input = false;
 };
 
-/// For an in-place call, where rank `rank`'s output buffer sits in its input buffer, in
-/// chunks: input chunk = output chunk + shift. nullopt when the rank's output does not alias
-/// its input (NCCL's rules; docs/ef-format.md §2).
-std::optional<int64_t> output_to_input_shift(const Program& p, std::size_t rank) {
-  const auto n = static_cast<int64_t>(p.ranks.size());
-  const bool is_root = static_cast<int64_t>(rank) == p.root;
-  const bool has_blocks = n > 0 && p.nchunksperloop > 0 && p.nchunksperloop % n == 0;
-  const int64_t block = has_blocks ? p.nchunksperloop / n : 0;
-  const auto rank_block = static_cast<int64_t>(rank) * block;  // <= nchunksperloop
-  switch (p.collective) {
-    case Collective::kAllReduce:
-    case Collective::kBroadcast:
-    case Collective::kAllToAll:
-    case Collective::kCustom:
-      return 0;
-    case Collective::kReduce:
-      if (is_root) return 0;
-      return std::nullopt;
-    case Collective::kAllGather:  // input == output + rank * count
-      if (has_blocks) return -rank_block;
-      return std::nullopt;
-    case Collective::kGather:
-      if (has_blocks && is_root) return -rank_block;
-      return std::nullopt;
-    case Collective::kReduceScatter:  // output == input + rank * count
-      if (has_blocks) return rank_block;
-      return std::nullopt;
-    case Collective::kScatter:
-      if (has_blocks && is_root) return rank_block;
-      return std::nullopt;
-  }
-  return std::nullopt;
-}
-
 /// Maps operands of one rank onto its input buffer.
 class InputMap {
  public:
   InputMap(const Program& p, std::size_t rank, bool inplace) : rank_(p.ranks[rank]) {
-    if (inplace) shift_ = output_to_input_shift(p, rank);
+    if (inplace) shift_ = detail::output_to_input_shift(p, rank);
   }
 
   /// The input chunks that `ref` with `count` chunks touches; empty for operands outside

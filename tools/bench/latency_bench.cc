@@ -3,7 +3,7 @@
 //
 //   latency_bench [--gpus N | --devices 0,0,...] [--min-bytes 8] [--max-bytes 64K] [--factor 4]
 //                 [--iters 200] [--coll allreduce|sendrecv|allgather] [--repeats 3] [--group 1]
-//                 [--no-graph] [--bw 64M] [--bw-iters 20]
+//                 [--no-graph] [--bw 64M] [--bw-iters 20] [--inplace]
 //
 // --devices gives each rank's CUDA device (one communicator per entry): "0,0" puts two ranks on
 // GPU 0, which efccl allows and NCCL refuses.
@@ -25,6 +25,9 @@
 // --bw BYTES: afterwards, --bw-iters eager calls of BYTES per rank (best of --repeats): the
 // time per call, algbw (bytes / time) and busbw (nccl-tests' factor: allreduce 2(n-1)/n,
 // allgather (n-1)/n, sendrecv 1), GB/s.
+// --inplace: allreduce and allgather in place (NCCL's aliasing), sendrecv as before.
+// Direct transfers between ranks sharing a GPU (docs/device-executor.md): EFCCL_DIRECT=0 / 1,
+// printed on the first line too.
 // Resident interpreter vs launches (docs/performance.md): run it twice under LD_PRELOAD, with
 // EFCCL_RESIDENT=0 and =1; the first line says which.
 #include <cuda_runtime_api.h>
@@ -74,6 +77,7 @@ int main(int argc, char** argv) {
   std::vector<int> devs;
   uint64_t min_bytes = 8, max_bytes = 64 * 1024, factor = 4;
   int iters = 200, repeats = 3, group = 1, bw_iters = 20;
+  bool inplace = false;
   uint64_t bw_bytes = 0;
   bool graph = true;
   std::string coll = "allreduce";
@@ -107,6 +111,8 @@ int main(int argc, char** argv) {
       coll = std::string(value());
     else if (a == "--group")
       group = static_cast<int>(parse_size(value()));
+    else if (a == "--inplace")
+      inplace = true;
     else if (a == "--no-graph")
       graph = false;
     else if (a == "--bw")
@@ -161,6 +167,8 @@ int main(int argc, char** argv) {
       for (int g = 0; g < gpus; ++g) {
         float* s = send[g] + at;
         float* r = recv[g] + at;
+        if (inplace && coll == "allreduce") s = r;
+        if (inplace && coll == "allgather") s = r + static_cast<size_t>(g) * count;
         if (coll == "allreduce") {
           check(ncclAllReduce(s, r, count, ncclFloat, ncclSum, comms[g], streams[g]),
                 "ncclAllReduce");
@@ -181,12 +189,14 @@ int main(int argc, char** argv) {
   };
 
   const char* resident = std::getenv("EFCCL_RESIDENT");
+  const char* direct = std::getenv("EFCCL_DIRECT");
   std::printf(
       "# latency_bench %s, %d rank(s) on devices", coll.c_str(), gpus);
   for (int d : devs) std::printf(" %d", d);
   std::printf(", %d group(s) of %d call(s) per round, best of %d rounds (us per call), "
-              "EFCCL_RESIDENT=%s%s\n",
+              "EFCCL_RESIDENT=%s EFCCL_DIRECT=%s%s%s\n",
               iters, group, repeats, resident != nullptr ? resident : "(unset)",
+              direct != nullptr ? direct : "(unset)", inplace ? ", in place" : "",
               joined_graph && graph ? ", one graph for all ranks" : "");
   std::printf("# %10s %10s %10s %10s\n", "bytes", "issue", "eager", "graph");
   for (uint64_t bytes = min_bytes; bytes <= max_bytes; bytes *= factor) {

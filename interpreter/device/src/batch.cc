@@ -101,6 +101,19 @@ Status DeviceExecutor::Impl::launch_fused_parts(
     grid = std::max(grid, begin + ntb);
     ++params.ncalls;
   }
+  // Direct transfers read and write other ranks' buffers until the call's last CTA ends, and a
+  // CTA may go on to its next call before that: calls whose buffers overlap keep their slots.
+  for (uint32_t i = 0; i < params.ncalls; ++i)
+    for (uint32_t k = i + 1; k < params.ncalls; ++k) {
+      const auto& a = parts[i].second->direct_ranges;
+      const auto& b = parts[k].second->direct_ranges;
+      const bool overlap = std::any_of(a.begin(), a.end(), [&](const auto& x) {
+        return std::any_of(b.begin(), b.end(), [&](const auto& y) {
+          return x.first < y.second && y.first < x.second;
+        });
+      });
+      if (overlap) params.calls[i].direct_shift = params.calls[k].direct_shift = kDirectOff;
+    }
   uint32_t rank_cursor = 0;
   for (uint32_t i = 0; i < params.ncalls; ++i) {
     const PreparedPart& part = *parts[i].second;

@@ -403,6 +403,10 @@ Status DeviceExecutor::Impl::build_device(LocalDevice& local, const ef::PremulMa
   local.nblocks = static_cast<uint32_t>(tables->threadblocks.size());
   local.ndivide_segments = static_cast<uint32_t>(tables->divide_segments.size());
   local.largest_divide_chunks = tables->largest_divide_chunks;
+  for (const OpDesc& op : tables->ops) {
+    if ((op.direct >> kDirectShiftOutOfPlace) & 15) ++local.direct_ops[0];
+    if ((op.direct >> kDirectShiftInPlace) & 15) ++local.direct_ops[1];
+  }
 
   const int d = local.device;
   if (Status s = local.divide_segments.upload(d, tables->divide_segments); !s) return s;
@@ -477,6 +481,12 @@ std::size_t DeviceExecutor::slot_bytes() const { return impl_->slot_bytes; }
 std::size_t DeviceExecutor::connection_bytes() const { return impl_->arena.most_bytes(); }
 const std::string& DeviceExecutor::protocol_note() const { return impl_->protocol_note; }
 std::size_t DeviceExecutor::network_ends() const { return impl_->network_ends; }
+
+std::size_t DeviceExecutor::direct_ops(bool inplace) const {
+  std::size_t n = 0;
+  for (const LocalDevice& local : impl_->locals) n += local.direct_ops[inplace ? 1 : 0];
+  return n;
+}
 
 Status DeviceExecutor::wait_launches() {
   for (LocalDevice& local : impl_->locals) {

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <utility>
 #include <vector>
 
 #include "connection_arena.h"
@@ -32,6 +33,7 @@ struct LocalDevice {
   DeviceBuffer divide_segments;  ///< integer avg's result regions (DivideSegment)
   uint32_t ndivide_segments = 0;
   int64_t largest_divide_chunks = 0;
+  std::size_t direct_ops[2] = {};  ///< ops with direct transfers: out of place, in place
   /// Chosen CTA size per (dtype, reduction): 0 = not yet chosen, -1 = cannot be co-resident.
   int threads[ef::kNumDataTypes][4] = {};
   int max_blocks_seen[ef::kNumDataTypes][4] = {};
@@ -65,6 +67,10 @@ struct PreparedPart {
   DivideParams divide{};
   bool integer_avg = false;
   bool launched = false;  ///< its kernel is enqueued (run_batch: which calls ran after a failure)
+  /// Its ranks' input and output byte ranges [begin, end) when it runs direct transfers
+  /// (call.direct_shift != kDirectOff): a fused launch turns them off where another call's
+  /// buffers overlap these (its CTAs may run that call while this one's still read them).
+  std::vector<std::pair<uintptr_t, uintptr_t>> direct_ranges;
 };
 
 /// A call checked and turned into per-device kernel parameters, ready to launch.

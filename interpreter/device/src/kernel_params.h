@@ -48,6 +48,22 @@ enum PremulBits : uint8_t {
 inline constexpr int kPremulShiftOutOfPlace = 0;
 inline constexpr int kPremulShiftInPlace = 2;
 
+/// OpDesc::direct: the op's direct modes (ef::analyze_direct), a nibble per call mode: bits 0-1
+/// how its pop takes its value, bits 2-3 how its push delivers it. The kernel shifts by
+/// CallParams::direct_shift (kDirectShift*; kDirectOff reads zero: every pop and push through
+/// the slots).
+enum DirectBits : uint8_t {
+  kDirectPopMask = 3,
+  kDirectPull = 1,    ///< the pop reads the sender's region (pull_buffer, pull_chunk)
+  kDirectPushed = 2,  ///< the pop's value is already in the op's dst (the sender wrote it)
+  kDirectPushShift = 2,
+  kDirectPulled = 1,  ///< (after kDirectPushShift) the push writes nothing: the receiver pulls
+  kDirectPush = 2,    ///< (after kDirectPushShift) the push writes the receiver's region
+};
+inline constexpr int kDirectShiftOutOfPlace = 0;
+inline constexpr int kDirectShiftInPlace = 4;
+inline constexpr int kDirectOff = 8;
+
 /// One op of one threadblock (docs/ef-format.md §4). Offsets and counts are in chunks.
 struct OpDesc {
   int64_t src_chunk;
@@ -60,8 +76,13 @@ struct OpDesc {
   uint8_t dst_buffer;   ///< BufferIndex (unused when the op has no dst)
   uint8_t premul;       ///< PremulBits << kPremulShift{OutOfPlace,InPlace}
   uint8_t publishes;    ///< 1: some op depends on this one, so it publishes its flag
-  uint8_t reserved[7];
+  uint8_t direct;       ///< DirectBits << kDirectShift{OutOfPlace,InPlace}
+  uint8_t pull_buffer;  ///< kDirectPull: BufferIndex in the sender's (ThreadblockDesc::recv_local)
+  uint8_t push_buffer;  ///< kDirectPush: BufferIndex in the receiver's (ThreadblockDesc::send_local)
+  int32_t pull_chunk;   ///< kDirectPull: the sender's first chunk (< ef::kMaxChunks)
+  int32_t push_chunk;   ///< kDirectPush: the receiver's first chunk
 };
+static_assert(sizeof(OpDesc) == 48, "OpDesc is staged in shared memory: keep it at 48 bytes");
 
 /// One CTA of the launch: an EF threadblock of one of the device's ranks.
 struct ThreadblockDesc {
@@ -75,6 +96,10 @@ struct ThreadblockDesc {
   uint32_t flag_begin; ///< the flag of op i is KernelParams::flags[flag_begin + i]
   uint32_t dep_begin;  ///< this threadblock's dependencies: deps[dep_begin, dep_begin + dep_count)
   uint32_t dep_count;  ///< (its ops' DepDesc ranges lie inside, in op order)
+  /// Direct transfers: the local index (into the call's RankCallArgs) of the rank this
+  /// threadblock receives from / sends to when that rank is in the same launch, else -1.
+  int32_t recv_local;
+  int32_t send_local;
 };
 
 /// A dependency: the flag to wait for, plus the (tb, op) it stands for (for messages).
@@ -109,6 +134,8 @@ struct CallParams {
   uint64_t iterations;          ///< ceil(B / E), < 2^32
   int32_t premul_shift;         ///< kPremulShift{OutOfPlace,InPlace}
   int32_t premul;               ///< 1: scale pristine reads (premulsum, avg on floats)
+  int32_t direct_shift;         ///< kDirectShift{OutOfPlace,InPlace}, or kDirectOff
+  int32_t reserved;
 };
 
 /// The kernel's one parameter for one call (passed as __grid_constant__; about 3.2 KiB): CTA i

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernel_params.h"
 #include "primitives.cuh"
@@ -94,10 +95,13 @@ struct Staging {
 /// depend on publishes its flag before its last unit frees or fills a slot, so the dependent
 /// threadblock does not wait for thread 0's fence behind a store to peer memory; the launch
 /// count is per CTA (no atomic and no fence at the end).
-template <typename E, Reduction R, typename Protocol>
+template <typename E, Reduction R, typename Protocol, bool kDirect = true>
 __device__ __forceinline__ bool run_threadblock(const CallParams& p, const RankCallArgs* ranks,
                                                 uint32_t index, Staging& staging) {
   using S = typename E::Storage;
+  // Direct transfers (kernel_params.h, DirectBits): Simple only; kDirect = false leaves them
+  // out of the kernel (the resident grid's), whose calls must then run with kDirectOff.
+  constexpr bool kDirectCode = std::is_same_v<Protocol, ProtoSimple> && kDirect;
   const ThreadblockDesc tb = p.threadblocks[index];
   const bool leader = threadIdx.x == 0;
   // Written by this CTA at the end of the previous launch (stream order makes it visible);
@@ -139,6 +143,11 @@ __device__ __forceinline__ bool run_threadblock(const CallParams& p, const RankC
       const WaitSite site{tb.rank, tb.tb, static_cast<int32_t>(i), j, kWaitNone, -1, -1};
       const uint32_t units =
           op.count > 0 ? static_cast<uint32_t>(op.count) : 1;  // a nop waits once
+      if constexpr (kDirectCode) {
+        const uint32_t direct = (static_cast<uint32_t>(op.direct) >> p.direct_shift) & 15u;
+        t.pop_mode = static_cast<uint8_t>(direct & kDirectPopMask);
+        t.push_mode = static_cast<uint8_t>(direct >> kDirectPushShift);
+      }
       uint64_t* const flag = p.flags + tb.flag_begin + i;
       bool published = false;
       for (uint32_t u = 0; u < units; ++u) {
@@ -184,6 +193,17 @@ __device__ __forceinline__ bool run_threadblock(const CallParams& p, const RankC
             t.recv_reduce_copy_send(at(op.src_buffer, op.src_chunk), scale_src,
                                     at(op.dst_buffer, op.dst_chunk));
             break;
+        }
+        if constexpr (kDirectCode) {
+          // The peer's tile of a direct transfer (its rank shares this launch).
+          const auto peer_at = [&](int32_t local, uint8_t buffer, int32_t chunk) {
+            return ranks[local].buffers[buffer] +
+                   (static_cast<uint64_t>(chunk + u) * p.chunk_elements + tile_begin) * sizeof(S);
+          };
+          if (t.pop_mode == kDirectPull)
+            t.pulled = peer_at(tb.recv_local, op.pull_buffer, op.pull_chunk);
+          if (t.push_mode == kDirectPush)
+            t.push_to = peer_at(tb.send_local, op.push_buffer, op.push_chunk);
         }
         if (!prims.move(t, tile, site)) {
           stopped = true;

@@ -37,6 +37,12 @@ struct Transfer {
   uint8_t kind;           ///< OpKind
   bool pops;              ///< takes the popped tile from the receive connection
   bool pushes;            ///< puts the result into the send connection's slot
+  /// Direct transfers (Simple only; kernel_params.h, DirectBits): how the pop takes its value
+  /// and how the push delivers it; 0 = through the slots.
+  uint8_t pop_mode = 0;
+  uint8_t push_mode = 0;
+  const char* pulled = nullptr;  ///< kDirectPull: the unit's tile in the sender's memory
+  char* push_to = nullptr;       ///< kDirectPush: the unit's tile in the receiver's memory
   UnitOperands operands;  ///< memory operands only: the primitives add the slots
 
   /// Decoded once per op, so that its units do not test the kind again.

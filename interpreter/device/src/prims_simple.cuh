@@ -1,5 +1,10 @@
 // Primitives over Simple connections: a slot holds the tile's bytes as they are.
 //
+// Direct transfers (ranks sharing a GPU in one launch; kernel_params.h, DirectBits): a pop may
+// read the sender's memory instead of the slot, or find its value already in its dst; a push
+// may write the receiver's memory instead of the slot, or nothing (the receiver pulls). The
+// counters are waited for and posted exactly as with slots, so only where bytes go changes.
+//
 // Per unit: wait(): thread 0 waits (after the decoder's dependencies: a filled slot to pop, a
 // free slot to push), a barrier releases the CTA; move(): all threads move the tile
 // (reduce_copy: 16-byte vectors when every pointer allows, elements otherwise), a second
@@ -39,9 +44,23 @@ class Primitives<E, R, ProtoSimple> {
   /// All threads, after wait(): moves the unit's `n` elements, then a barrier. Always true.
   __device__ __forceinline__ bool move(const Transfer& t, uint64_t n, const WaitSite& site) {
     UnitOperands u = t.operands;
-    if (t.pops) u.left = ends_.recv->slot(ends_.recv_position);
-    if (t.pushes) u.slot = ends_.send->slot(ends_.send_position);
-    reduce_copy<E, R>(u, n, scalar_);
+    if (t.pops) {
+      if (t.pop_mode == kDirectPull) {
+        u.left = t.pulled;
+      } else if (t.pop_mode == kDirectPushed) {  // the sender wrote the value into dst
+        u.left = u.dst;
+        u.dst = nullptr;
+      } else {
+        u.left = ends_.recv->slot(ends_.recv_position);
+      }
+    }
+    if (t.pushes) {
+      if (t.push_mode == kDirectPush)
+        u.slot = t.push_to;
+      else if (t.push_mode != kDirectPulled)  // pulled: the receiver reads it where it is
+        u.slot = ends_.send->slot(ends_.send_position);
+    }
+    if (u.dst != nullptr || u.slot != nullptr) reduce_copy<E, R>(u, n, scalar_);
     if (threadIdx.x == 0 && t.pushes && ends_.send->network())
       ends_.send->record_size(ends_.send_position,
                               static_cast<uint32_t>(n * sizeof(typename E::Storage)));

@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <set>
 #include <string>
 
+#include "efccl/ef/direct_analysis.h"
 #include "efccl/ef/validate.h"
 
 namespace efccl::device {
@@ -30,6 +32,8 @@ static_assert(static_cast<int>(ef::BufferKind::kInput) == kBufferInput &&
 // buffer of at most ef::kMaxChunks chunks.
 static_assert(ef::kMaxChunks <= std::numeric_limits<uint32_t>::max(),
               "OpDesc::count must fit the kernel's 32-bit unit counter");
+static_assert(ef::kMaxChunks <= std::numeric_limits<int32_t>::max(),
+              "OpDesc::pull_chunk and push_chunk hold chunk offsets in 32 bits");
 
 /// Table entries the kernel indexes with 32-bit fields (with room for sums of two).
 constexpr uint64_t kMaxTableEntries = std::numeric_limits<uint32_t>::max() / 2;
@@ -89,6 +93,19 @@ StatusOr<ProgramTables> build_program_tables(const ef::Program& p, const std::ve
   if (nthreadblocks > static_cast<uint64_t>(std::numeric_limits<int>::max()))
     return Status::error("too many threadblocks for one launch");
 
+  // Direct transfers between this launch's ranks (ranks sharing the device), per call mode.
+  std::vector<bool> in_launch(p.ranks.size(), false);
+  std::vector<int32_t> local_of(p.ranks.size(), -1);
+  for (std::size_t li = 0; li < ranks.size(); ++li) {
+    in_launch[static_cast<std::size_t>(ranks[li])] = true;
+    local_of[static_cast<std::size_t>(ranks[li])] = static_cast<int32_t>(li);
+  }
+  std::optional<ef::DirectMap> direct[2];  // out of place, in place
+  if (ranks.size() > 1) {
+    if (p.outofplace) direct[0] = ef::analyze_direct(p, false, in_launch);
+    if (p.inplace) direct[1] = ef::analyze_direct(p, true, in_launch);
+  }
+
   for (std::size_t li = 0; li < ranks.size(); ++li) {
     const int r = ranks[li];
     const auto& rank = p.ranks[r];
@@ -109,6 +126,8 @@ StatusOr<ProgramTables> build_program_tables(const ef::Program& p, const std::ve
       desc.tb = tbi;
       desc.send = tb.send_peer >= 0 ? sends.at({r, tbi}) : -1;
       desc.recv = tb.recv_peer >= 0 ? recvs.at({r, tbi}) : -1;
+      desc.recv_local = tb.recv_peer >= 0 ? local_of[static_cast<std::size_t>(tb.recv_peer)] : -1;
+      desc.send_local = tb.send_peer >= 0 ? local_of[static_cast<std::size_t>(tb.send_peer)] : -1;
       desc.op_begin = static_cast<uint32_t>(t.ops.size());
       desc.op_count = static_cast<uint32_t>(tb.ops.size());
       desc.flag_begin = static_cast<uint32_t>(flag_base[tb_index]);
@@ -134,6 +153,23 @@ StatusOr<ProgramTables> build_program_tables(const ef::Program& p, const std::ve
         od.premul = static_cast<uint8_t>((bits(outofplace) << kPremulShiftOutOfPlace) |
                                          (bits(inplace) << kPremulShiftInPlace));
         od.publishes = depended_on.count({tbi, static_cast<int>(o)}) ? 1 : 0;
+        for (int mode = 0; mode < 2; ++mode) {
+          if (!direct[mode]) continue;
+          const ef::DirectFlags& f = (*direct[mode])[r][tb_index][o];
+          const int bits = static_cast<int>(f.pop) |
+                           (static_cast<int>(f.push) << kDirectPushShift);
+          od.direct |= static_cast<uint8_t>(
+              bits << (mode == 0 ? kDirectShiftOutOfPlace : kDirectShiftInPlace));
+          // The same matched op in either mode, so the regions agree where both are set.
+          if (f.pull_from) {
+            od.pull_buffer = static_cast<uint8_t>(f.pull_from->buffer);
+            od.pull_chunk = static_cast<int32_t>(f.pull_from->offset);
+          }
+          if (f.push_to) {
+            od.push_buffer = static_cast<uint8_t>(f.push_to->buffer);
+            od.push_chunk = static_cast<int32_t>(f.push_to->offset);
+          }
+        }
         od.dep_begin = static_cast<uint32_t>(t.deps.size());
         od.dep_count = static_cast<uint32_t>(op.deps.size());
         for (const auto& d : op.deps)

@@ -58,6 +58,8 @@ bool group_fusion_enabled() { return switch_setting("EFCCL_GROUP_FUSION", true);
 
 bool resident_enabled() { return switch_setting("EFCCL_RESIDENT", false); }
 
+bool direct_enabled() { return switch_setting("EFCCL_DIRECT", true); }
+
 uint32_t resident_ctas() {
   constexpr uint64_t kDefault = 16;
   return static_cast<uint32_t>(positive_integer("EFCCL_RESIDENT_CTAS", kDefault, 128, "CTAs"));

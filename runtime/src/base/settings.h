@@ -24,6 +24,10 @@ bool group_fusion_enabled();
 /// stream memory operations instead of a kernel launch each (docs/device-executor.md); 0
 /// (default) launches every call.
 bool resident_enabled();
+/// EFCCL_DIRECT: 1 (default) lets ranks that share a GPU in one process move data directly
+/// between their buffers where the program allows (docs/device-executor.md, "Direct
+/// transfers"); 0 keeps every transfer in the connections' slots.
+bool direct_enabled();
 /// EFCCL_RESIDENT_CTAS (default 16, 1..128): CTAs of each GPU's resident grid; calls whose
 /// threadblocks on a GPU need more are launched.
 uint32_t resident_ctas();

@@ -46,6 +46,7 @@ Clique::Clique(std::vector<int> rank_devices, std::unique_ptr<ProgramRegistry> r
   launch_.processes = processes_.get();
   launch_.registry = registry_.get();
   launch_.timeout = call_timeout();
+  launch_.direct = direct_enabled();
   if (processes_ != nullptr)
     nlocal_ =
         static_cast<int32_t>(std::count(processes_->local.begin(), processes_->local.end(), true));

@@ -187,6 +187,7 @@ ApiStatus run_collective(LaunchContext& ctx, const std::vector<Call>& set, Launc
     l.args.op = ref.op;
     l.args.inplace = inplace;
     l.args.timeout = ctx.timeout;
+    l.args.direct = ctx.direct;
     // Per program rank (= clique rank); other processes' ranks stay null.
     const auto n = static_cast<std::size_t>(ctx.nranks());
     if (ref.op == ef::RedOp::kPreMulSum) l.args.premul_scalars.assign(n, 1.0);

@@ -24,6 +24,7 @@ struct LaunchContext {
   ExecutorStore* executors = nullptr;
   CollectiveFallback* fallback = nullptr;  ///< EFCCL_FALLBACK=nccl; null: none
   std::chrono::nanoseconds timeout{};      ///< for kernels' waits and the fallback
+  bool direct = true;                      ///< RunArgs::direct (EFCCL_DIRECT)
   uint64_t launches = 0;                   ///< runs so far, for the logs (NCCL's opCount)
   Balancer* balancer = nullptr;            ///< null: no balancing (EFCCL_BALANCE=0)
   /// Across processes: the pair messages planned so far, by (a, b, bytes a->b, bytes b->a,

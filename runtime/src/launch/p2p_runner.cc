@@ -128,6 +128,7 @@ ApiStatus add_balanced(LaunchContext& ctx, const BalancedTransfer& t, const void
   l.args.op = ef::RedOp::kSum;
   l.args.inplace = false;
   l.args.timeout = ctx.timeout;
+  l.args.direct = ctx.direct;
   l.args.inputs.assign(t.ranks.size(), nullptr);
   l.args.outputs.assign(t.ranks.size(), nullptr);
   l.args.inputs[0] = src;
@@ -356,6 +357,7 @@ ApiStatus run_send_recv(LaunchContext& ctx, const std::vector<Call>& calls, Laun
     l.args.op = ef::RedOp::kSum;
     l.args.inplace = false;
     l.args.timeout = ctx.timeout;
+    l.args.direct = ctx.direct;
     l.args.inputs = std::move(r.inputs);
     l.args.outputs = std::move(r.outputs);
     for (int32_t rank : round.ranks) {

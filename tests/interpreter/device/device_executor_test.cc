@@ -334,6 +334,62 @@ TEST(DeviceExecutor, TwoRankAllPairsAllReduce) {
   }
 }
 
+TEST(DeviceExecutor, RanksSharingAGpuMoveDataDirectlyWithTheSameResults) {
+  // Ranks on one GPU share a launch, so their connections may skip the slots (docs/
+  // device-executor.md, "Direct transfers"): the 2- and 4-rank Simple rings use them (ring
+  // allreduce in place too), and every call gives the host executor's result with them (RunArgs::direct) and
+  // without; spread over GPUs nothing is direct.
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 2900;
+  for (const char* algorithm : {"ring_allreduce", "ring_allgather", "ring_reducescatter"}) {
+    for (int nranks : {2, 4}) {
+      algorithms::AlgorithmParams params;
+      params.ranks = nranks;
+      params.channels = 2;
+      params.protocol = ef::Protocol::kSimple;
+      auto generated = algorithms::generate_algorithm(algorithm, params);
+      ASSERT_TRUE(generated.is_ok()) << algorithm << ": " << generated.status().message();
+      const ef::Program& p = *generated;
+      const auto devices = map_ranks(p.nranks, /*spread=*/false);
+      auto executor = small_slot_executor(p, devices);
+      ASSERT_TRUE(executor.is_ok()) << executor.status().message();
+      EXPECT_GT((*executor)->direct_ops(false), 0u) << algorithm << " " << nranks << " ranks";
+      if (std::string(algorithm) == "ring_allreduce") {  // in place too (its alias is ordered)
+        EXPECT_GT((*executor)->direct_ops(true), 0u) << nranks << " ranks";
+      }
+      Streams streams((*executor)->devices());
+      const uint64_t g = ef::count_granularity(p);
+      for (bool inplace : {false, true}) {
+        if (inplace ? !p.inplace : !p.outofplace) continue;
+        for (bool direct : {true, false}) {
+          for (uint64_t count : {g, 67 * g, 1031 * g}) {
+            CallBuffers bufs;
+            make_buffers(p, devices, count, DataType::kFloat32, inplace, false, ++seed, bufs);
+            auto args = run_args(p, bufs, count, DataType::kFloat32, RedOp::kSum, inplace,
+                                 streams.get());
+            args.direct = direct;
+            const std::string where = std::string(algorithm) + " " + std::to_string(nranks) +
+                                      " ranks " + describe(DataType::kFloat32, RedOp::kSum,
+                                                           inplace, count) +
+                                      (direct ? " direct" : " slots");
+            const Status run = (*executor)->run_and_wait(args);
+            ASSERT_TRUE(run.is_ok()) << where << ": " << run.message();
+            auto host = host::execute(p, host_options(args, kSmallSlotBytes), bufs.host);
+            ASSERT_TRUE(host.status.is_ok()) << where << ": " << host.status.message();
+            const std::string failure = compare(p, DataType::kFloat32, bufs);
+            ASSERT_TRUE(failure.empty()) << where << ": " << failure;
+          }
+        }
+      }
+      if (visible_gpus(nullptr) >= 2) {
+        auto spread = small_slot_executor(p, map_ranks(p.nranks, /*spread=*/true));
+        ASSERT_TRUE(spread.is_ok()) << spread.status().message();
+        EXPECT_EQ((*spread)->direct_ops(false), 0u) << "ranks on different GPUs";
+      }
+    }
+  }
+}
+
 TEST(DeviceExecutor, EveryDatatypeAndOperatorOverFlaggedProtocols) {
   // The matrix above pairs datatypes and operators; here every pair runs over LL and LL128,
   // with odd counts (tiles that end inside a 120-byte group) and unaligned buffers.

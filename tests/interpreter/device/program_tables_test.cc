@@ -123,6 +123,33 @@ TEST(ProgramTables, PremulBitsPerMode) {
   EXPECT_EQ(tables->ops[1].premul, 0);
 }
 
+TEST(ProgramTables, DirectModesAndPeersOfRanksSharingTheLaunch) {
+  // Both ranks in one launch: rank 0's send writes straight into rank 1's output chunk 0 (its
+  // recv's, which rank 1's copy reads only after the recv), and the threadblocks know where
+  // their peers' buffers are (local indexes). One rank alone: nothing is direct.
+  ef::Program p = exchange_program();
+  p.outofplace = true;
+  p.inplace = false;
+  const ConnectionIndex ends = {{{0, 0}, 0}, {{1, 0}, 1}};
+  auto both = build_program_tables(p, {0, 1}, ends, ends, nullptr, nullptr);
+  ASSERT_TRUE(both.is_ok()) << both.status().message();
+  const OpDesc& send0 = both->ops[0];
+  EXPECT_EQ(send0.direct, kDirectPush << kDirectPushShift << kDirectShiftOutOfPlace);
+  EXPECT_EQ(send0.push_buffer, kBufferOutput);
+  EXPECT_EQ(send0.push_chunk, 0);
+  EXPECT_EQ(both->ops[5].direct, kDirectPushed << kDirectShiftOutOfPlace);  // rank 1's recv
+  EXPECT_EQ(both->threadblocks[0].send_local, 1);
+  EXPECT_EQ(both->threadblocks[0].recv_local, 1);
+  EXPECT_EQ(both->threadblocks[2].send_local, 0);
+  EXPECT_EQ(both->threadblocks[1].send_local, -1);  // the copier has no peers
+
+  auto alone = build_program_tables(p, {1}, {{{1, 0}, 0}}, {{{1, 0}, 0}}, nullptr, nullptr);
+  ASSERT_TRUE(alone.is_ok()) << alone.status().message();
+  for (const OpDesc& op : alone->ops) EXPECT_EQ(op.direct, 0);
+  EXPECT_EQ(alone->threadblocks[0].send_local, -1);
+  EXPECT_EQ(alone->threadblocks[0].recv_local, -1);
+}
+
 TEST(ProgramTables, ReduceDividesOnlyAtTheRoot) {
   ef::Program p = exchange_program();
   p.collective = ef::Collective::kReduce;

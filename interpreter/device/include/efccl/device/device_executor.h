@@ -156,6 +156,10 @@ struct RunArgs {
   std::vector<cudaStream_t> streams;
   /// A wait that sees no progress for this long fails the call (must be > 0).
   std::chrono::nanoseconds timeout = std::chrono::seconds(10);
+  /// Ranks sharing a GPU in one launch move data directly between their buffers where the
+  /// program allows (ef::analyze_direct; docs/device-executor.md, "Direct transfers"); false
+  /// keeps every transfer in the connections' slots (EFCCL_DIRECT=0).
+  bool direct = true;
 };
 
 class DeviceExecutor;
@@ -264,6 +268,9 @@ class DeviceExecutor {
   /// How many ends of network connections (PeerProcesses::hosts) this process runs; their
   /// proxies should be kicked before a launch.
   std::size_t network_ends() const;
+  /// Ops whose pop or push moves data directly between two ranks sharing a launch instead of
+  /// through slots, in calls of the given mode (ef::analyze_direct; RunArgs::direct).
+  std::size_t direct_ops(bool inplace) const;
   /// After a failure or abort: waits for the devices, clears every counter, flag and error,
   /// and makes the executor usable again.
   Status reset();

@@ -1,0 +1,235 @@
+// Tests for ef::analyze_direct: which matched push/pop pairs may move their data straight
+// between two ranks' buffers.
+#include "efccl/ef/direct_analysis.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "efccl/ef/validate.h"
+
+namespace efccl::ef {
+namespace {
+
+BufferRef in(int64_t offset) { return {BufferKind::kInput, offset}; }
+BufferRef out(int64_t offset) { return {BufferKind::kOutput, offset}; }
+BufferRef scratch(int64_t offset) { return {BufferKind::kScratch, offset}; }
+
+Op make_op(OpCode code, std::optional<BufferRef> src, std::optional<BufferRef> dst) {
+  Op op;
+  op.code = code;
+  op.src = src;
+  op.dst = dst;
+  return op;
+}
+Op send(BufferRef src) { return make_op(OpCode::kSend, src, std::nullopt); }
+Op recv(BufferRef dst) { return make_op(OpCode::kRecv, std::nullopt, dst); }
+Op rrc(BufferRef src, BufferRef dst) { return make_op(OpCode::kRecvReduceCopy, src, dst); }
+Op rrs(BufferRef src) { return make_op(OpCode::kRecvReduceSend, src, std::nullopt); }
+Op rrcs(BufferRef src, BufferRef dst) { return make_op(OpCode::kRecvReduceCopySend, src, dst); }
+Op copy(BufferRef src, BufferRef dst) { return make_op(OpCode::kCopy, src, dst); }
+
+Threadblock make_tb(int32_t send_peer, int32_t recv_peer, std::vector<Op> ops) {
+  return {send_peer, recv_peer, 0, std::move(ops)};
+}
+
+Program make_program(Collective collective, int32_t nranks, int64_t chunks) {
+  Program p;
+  p.collective = collective;
+  p.nranks = nranks;
+  p.nchunksperloop = chunks;
+  p.ranks.resize(static_cast<std::size_t>(nranks));
+  return p;
+}
+
+/// One threadblock's modes, an op each, space separated: the pop's mode ('.' slot, 'L' pull,
+/// 'W' pushed: already written) then the push's ('.' slot, 'l' pulled, 'w' push).
+std::string modes_of(const DirectMap& map, std::size_t rank, std::size_t tb) {
+  std::string s;
+  for (const DirectFlags& f : map.at(rank).at(tb)) {
+    if (!s.empty()) s += ' ';
+    s += f.pop == DirectPop::kPull ? 'L' : f.pop == DirectPop::kPushed ? 'W' : '.';
+    s += f.push == DirectPush::kPulled ? 'l' : f.push == DirectPush::kPush ? 'w' : '.';
+  }
+  return s;
+}
+
+const std::vector<bool> kBoth = {true, true};
+
+/// 2-rank ring allreduce, nchunksperloop 2 (premul_analysis_test's): send the peer's chunk,
+/// reduce own chunk with the received one, send the result, receive the peer's result.
+Program ring_allreduce_2() {
+  Program p = make_program(Collective::kAllReduce, 2, 2);
+  for (int r = 0; r < 2; ++r) {
+    Rank& rank = p.ranks[static_cast<std::size_t>(r)];
+    rank.input_chunks = rank.output_chunks = 2;
+    const int other = 1 - r;
+    rank.threadblocks = {make_tb(other, other, {send(in(other)), rrc(in(r), out(r)), send(out(r)),
+                                                recv(out(other))})};
+  }
+  return p;
+}
+
+/// Rank 0 sends input chunk 0 to rank 1, which runs `receiver` (one threadblock, recv = 0).
+Program one_way(std::vector<Op> receiver, std::vector<Op> sender = {send(in(0))}) {
+  Program p = make_program(Collective::kCustom, 2, 1);
+  p.ranks[0].input_chunks = 1;
+  p.ranks[0].output_chunks = 1;
+  p.ranks[1].input_chunks = 1;
+  p.ranks[1].output_chunks = 1;
+  p.ranks[1].scratch_chunks = 1;
+  p.ranks[0].threadblocks = {make_tb(1, -1, std::move(sender))};
+  p.ranks[1].threadblocks = {make_tb(-1, 0, std::move(receiver))};
+  p.postconditions = {{1, 0, {{0, 0}}}};  // validation wants one; the analysis ignores them
+  return p;
+}
+
+TEST(DirectAnalysis, OutOfPlaceRingPullsTheInputAndPushesTheResult) {
+  const Program p = ring_allreduce_2();
+  ASSERT_TRUE(validate(p).empty());
+  const DirectMap map = analyze_direct(p, /*inplace=*/false, kBoth);
+  // The first send's input chunk is never written: the peer's rrc reads it where it is. The
+  // result lands in the peer's output chunk, which nothing else of the peer touches.
+  EXPECT_EQ(modes_of(map, 0, 0), ".l L. .w W.");
+  EXPECT_EQ(modes_of(map, 1, 0), ".l L. .w W.");
+  const DirectFlags& pulled = map[0][0][1];
+  ASSERT_TRUE(pulled.pull_from.has_value());
+  EXPECT_EQ(*pulled.pull_from, in(0));  // rank 1's send(in(0))
+  const DirectFlags& pusher = map[0][0][2];
+  ASSERT_TRUE(pusher.push_to.has_value());
+  EXPECT_EQ(*pusher.push_to, out(0));  // rank 1's recv(out(0))
+}
+
+TEST(DirectAnalysis, InPlaceRingIsDirectWhereTheAliasIsOrdered) {
+  // In place, output chunk k is input chunk k. The first send's chunk is overwritten later by
+  // the final recv, but only after the peer's rrc has read it (the rrc's threadblock sends the
+  // result that the recv takes): pulled. The final recv's chunk was read by the peer's first
+  // send, which happens before the result's send (its pop, then threadblock order): pushed.
+  const DirectMap map = analyze_direct(ring_allreduce_2(), /*inplace=*/true, kBoth);
+  EXPECT_EQ(modes_of(map, 0, 0), ".l L. .w W.");
+  EXPECT_EQ(modes_of(map, 1, 0), ".l L. .w W.");
+}
+
+TEST(DirectAnalysis, AnOrderOnlyUnitByUnitCoversOnlyTheSameChunks) {
+  // Rank 0 sends input chunks 0..1 (one op of two units) to rank 1's rrcs, which sends the
+  // sums back to rank 0's recv. In place, rank 0's recv into output chunks 0..1 (input 0..1)
+  // follows the send unit by unit only (push/pop edges): pulling the send's chunks is safe
+  // exactly when the recv writes the same two chunks.
+  const auto program = [](int64_t recv_at) {
+    Program p = make_program(Collective::kAllReduce, 2, 4);
+    for (auto& rank : p.ranks) rank.input_chunks = rank.output_chunks = 4;
+    Op s0 = send(in(0));
+    s0.count = 2;
+    Op r0 = recv(out(recv_at));
+    r0.count = 2;
+    Op y = rrcs(in(0), scratch(0));
+    y.count = 2;
+    p.ranks[0].threadblocks = {make_tb(1, -1, {s0}), make_tb(-1, 1, {r0})};
+    p.ranks[1].scratch_chunks = 2;
+    p.ranks[1].threadblocks = {make_tb(0, 0, {y})};
+    return p;
+  };
+  const Program same = program(0);
+  ASSERT_TRUE(validate(same).empty());
+  EXPECT_EQ(modes_of(analyze_direct(same, true, kBoth), 0, 0), ".l");
+  const Program shifted = program(1);  // writes chunks 1..2: unit 0 of the recv hits unit 1
+  ASSERT_TRUE(validate(shifted).empty());
+  EXPECT_EQ(modes_of(analyze_direct(shifted, true, kBoth), 0, 0), "..");
+}
+
+TEST(DirectAnalysis, OnlyRanksOfTheLaunchTakePart) {
+  const Program p = ring_allreduce_2();
+  for (const std::vector<bool>& marks :
+       {std::vector<bool>{true, false}, std::vector<bool>{false, true}, std::vector<bool>{}}) {
+    const DirectMap map = analyze_direct(p, false, marks);
+    EXPECT_EQ(modes_of(map, 0, 0), ".. .. .. ..");
+    EXPECT_EQ(modes_of(map, 1, 0), ".. .. .. ..");
+  }
+}
+
+TEST(DirectAnalysis, FlaggedProtocolsAndPlacedConnectionsKeepTheSlots) {
+  Program ll = ring_allreduce_2();
+  ll.protocol = Protocol::kLL128;
+  EXPECT_EQ(modes_of(analyze_direct(ll, false, kBoth), 0, 0), ".. .. .. ..");
+
+  Program placed = ring_allreduce_2();
+  placed.placements = {{0, 1, 0, SlotLocation::kHost, 0}};
+  ASSERT_TRUE(validate(placed).empty());
+  const DirectMap map = analyze_direct(placed, false, kBoth);
+  // 0 -> 1 keeps its host slots (rank 0's pushes, rank 1's pops); 1 -> 0 is direct.
+  EXPECT_EQ(modes_of(map, 0, 0), ".. L. .. W.");
+  EXPECT_EQ(modes_of(map, 1, 0), ".l .. .w ..");
+}
+
+TEST(DirectAnalysis, ARecvIntoAFreshChunkIsPushed) {
+  const Program p = one_way({recv(out(0))});
+  ASSERT_TRUE(validate(p).empty());
+  const DirectMap map = analyze_direct(p, false, kBoth);
+  EXPECT_EQ(modes_of(map, 0, 0), ".w");
+  EXPECT_EQ(modes_of(map, 1, 0), "W.");
+}
+
+TEST(DirectAnalysis, ARecvIntoAChunkReadBeforeItIsPulledInstead) {
+  // The receiver reads out(0) before its recv: a push could overwrite it first.
+  const Program p = one_way({copy(out(0), scratch(0)), recv(out(0))});
+  ASSERT_TRUE(validate(p).empty());
+  const DirectMap map = analyze_direct(p, false, kBoth);
+  EXPECT_EQ(modes_of(map, 0, 0), ".l");
+  EXPECT_EQ(modes_of(map, 1, 0), ".. L.");
+  // Read after the recv in the same threadblock: the push is safe.
+  const DirectMap after = analyze_direct(one_way({recv(out(0)), copy(out(0), scratch(0))}),
+                                         false, kBoth);
+  EXPECT_EQ(modes_of(after, 1, 0), "W. ..");
+}
+
+TEST(DirectAnalysis, AChunkAnotherThreadblockTouchesIsNotPushed) {
+  Program p = one_way({recv(out(0))});
+  p.ranks[1].threadblocks.push_back(make_tb(-1, -1, {copy(out(0), scratch(0))}));
+  ASSERT_TRUE(validate(p).empty());
+  const DirectMap map = analyze_direct(p, false, kBoth);
+  EXPECT_EQ(modes_of(map, 1, 0), "L.");  // the sender's input is never written: pulled
+}
+
+TEST(DirectAnalysis, ASourceWrittenAfterTheSendIsNotPulled) {
+  // The sender overwrites its input chunk after the send: the receiver (rrc, never a push
+  // target) must take the value from the slot.
+  const Program p = one_way({rrc(in(0), out(0))}, {send(in(0)), copy(out(0), in(0))});
+  ASSERT_TRUE(validate(p).empty());
+  const DirectMap map = analyze_direct(p, false, kBoth);
+  EXPECT_EQ(modes_of(map, 0, 0), ".. ..");
+  EXPECT_EQ(modes_of(map, 1, 0), "..");
+  // Written before the send in its threadblock: pulled.
+  const DirectMap before =
+      analyze_direct(one_way({rrc(in(0), out(0))}, {copy(out(0), in(0)), send(in(0))}), false,
+                     kBoth);
+  EXPECT_EQ(modes_of(before, 0, 0), ".. .l");
+  EXPECT_EQ(modes_of(before, 1, 0), "L.");
+}
+
+TEST(DirectAnalysis, AValueOnlyInFlightIsNeverPulled) {
+  // rrs holds its result nowhere; the receiver's rrc is no push target: both keep the slot.
+  Program p = make_program(Collective::kCustom, 3, 1);
+  for (auto& rank : p.ranks) rank.input_chunks = rank.output_chunks = 1;
+  p.ranks[0].threadblocks = {make_tb(1, -1, {send(in(0))})};
+  p.ranks[1].threadblocks = {make_tb(2, 0, {rrs(in(0))})};
+  p.ranks[2].threadblocks = {make_tb(-1, 1, {rrc(in(0), out(0))})};
+  p.postconditions = {{2, 0, {{0, 0}, {1, 0}, {2, 0}}}};
+  ASSERT_TRUE(validate(p).empty());
+  const DirectMap map = analyze_direct(p, false, {true, true, true});
+  EXPECT_EQ(modes_of(map, 0, 0), ".l");
+  EXPECT_EQ(modes_of(map, 1, 0), "L.");
+  EXPECT_EQ(modes_of(map, 2, 0), "..");
+  // rrcs holds it in its dst: pulled from there.
+  p.ranks[1].output_chunks = 1;
+  p.ranks[1].threadblocks = {make_tb(2, 0, {rrcs(in(0), out(0))})};
+  ASSERT_TRUE(validate(p).empty());
+  const DirectMap held = analyze_direct(p, false, {true, true, true});
+  EXPECT_EQ(modes_of(held, 1, 0), "Ll");
+  EXPECT_EQ(modes_of(held, 2, 0), "L.");
+  EXPECT_EQ(*held[2][0][0].pull_from, out(0));
+}
+
+}  // namespace
+}  // namespace efccl::ef
