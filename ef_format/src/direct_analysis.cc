@@ -1,10 +1,15 @@
 // Direct transfers between ranks that address each other's buffers (direct_analysis.h).
 #include "efccl/ef/direct_analysis.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
+#include <map>
+#include <optional>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "inplace_shift.h"
 #include "wait_for_graph.h"
@@ -27,30 +32,63 @@ struct Region {
   }
 };
 
-/// One read or write of an op.
+/// One read or write of an op. A direct transfer moves it in time: a pushed pop's write of its
+/// dst happens when its sender writes (`earlier`), a pulled push's read of its value happens
+/// when its receiver reads (`later`). Every pair that may become direct is counted so, whatever
+/// the other pairs are decided, so that two pairs judged apart cannot race.
 struct Access {
   int32_t tb = 0;
   int32_t op = 0;
   bool write = false;
   Region region;
+  std::optional<detail::OpPosition> earlier;  ///< the sender that may write it first
+  std::optional<detail::OpPosition> later;    ///< the receiver that may read it last
 };
+
+/// Op (rank, tb, op) -> the op at the other end of its pop or push, for the pairs that may be
+/// direct.
+using Partners = std::map<std::tuple<int32_t, int32_t, int32_t>, detail::OpPosition>;
+
+std::optional<detail::OpPosition> partner_of(const Partners& partners, std::size_t rank,
+                                             std::size_t tb, std::size_t op) {
+  const auto it = partners.find({static_cast<int32_t>(rank), static_cast<int32_t>(tb),
+                                 static_cast<int32_t>(op)});
+  if (it == partners.end()) return std::nullopt;
+  return it->second;
+}
 
 /// Every op's memory accesses on one rank.
 class RankAccesses {
  public:
-  RankAccesses(const Program& p, std::size_t rank, bool inplace) {
+  /// `pushers`: a pop's sender, `pullers`: a push's receiver, where the pair may be direct.
+  RankAccesses(const Program& p, std::size_t rank, bool inplace, const Partners& pushers,
+               const Partners& pullers) {
     if (inplace) shift_ = detail::output_to_input_shift(p, rank);
     const auto& tbs = p.ranks[rank].threadblocks;
     for (std::size_t t = 0; t < tbs.size(); ++t)
       for (std::size_t o = 0; o < tbs[t].ops.size(); ++o) {
         const Op& op = tbs[t].ops[o];
-        const auto add = [&](const BufferRef& ref, bool write) {
+        const auto add = [&](const BufferRef& ref, bool write) -> Access& {
           list_.push_back({static_cast<int32_t>(t), static_cast<int32_t>(o), write,
-                           region(ref, op.count)});
+                           region(ref, op.count), std::nullopt, std::nullopt});
+          return list_.back();
         };
-        if (op.src && op_reads_src(op.code)) add(*op.src, false);
+        const bool push_target = op.code == OpCode::kRecv || op.code == OpCode::kRecvCopySend;
+        const bool holds_value =
+            op.code == OpCode::kRecvCopySend || op.code == OpCode::kRecvReduceCopySend;
+        if (op.src && op_reads_src(op.code)) {
+          Access& a = add(*op.src, false);
+          if (op.code == OpCode::kSend) a.later = partner_of(pullers, rank, t, o);
+        }
         if (op.dst && op.code == OpCode::kReduce) add(*op.dst, false);
-        if (op.dst && op_writes_dst(op.code)) add(*op.dst, true);
+        if (op.dst && op_writes_dst(op.code)) {
+          Access& a = add(*op.dst, true);
+          if (push_target) a.earlier = partner_of(pushers, rank, t, o);
+        }
+        if (op.dst && holds_value) {  // its receiver may read the value from its dst
+          const auto puller = partner_of(pullers, rank, t, o);
+          if (puller) add(*op.dst, false).later = puller;
+        }
       }
   }
 
@@ -84,14 +122,20 @@ class HappensBefore {
     stamp_[1].assign(graph_.size(), 0);
   }
 
-  /// Whether every access of op `from` to a tile precedes op `to`'s access to it. `aligned`:
+  /// Whether every access of op `from` to a tile precedes op `to`'s access to it (for one op:
+  /// its reads precede its writes). `aligned`:
   /// the two accesses cover the same chunks (then unit-wise order suffices). False when the
   /// search budget is spent (the caller keeps the slots).
   bool before(const detail::OpPosition& from, const detail::OpPosition& to, bool aligned) {
     const std::size_t a = graph_.id(from.rank, from.tb, from.op);
     const std::size_t b = graph_.id(to.rank, to.tb, to.op);
-    if (a == b) return false;
-    ++generation_;
+    // One op: within a unit each thread loads an element before it stores it, so its reads of
+    // a tile precede its writes of the same tile (and nothing else is ordered).
+    if (a == b) return aligned;
+    if (++generation_ == 0) {  // wrapped: no stamp may look current
+      for (auto& stamps : stamp_) std::fill(stamps.begin(), stamps.end(), 0);
+      generation_ = 1;
+    }
     // (node, whole): whole = every unit of `from` is ordered before the node's first unit.
     std::vector<std::pair<std::size_t, int>> frontier{{a, 0}};
     stamp_[0][a] = generation_;
@@ -152,19 +196,42 @@ DirectMap analyze_direct(const Program& p, bool inplace, const std::vector<bool>
     for (const auto& tb : p.ranks[static_cast<std::size_t>(rank)].threadblocks) ops += tb.ops.size();
     return ops <= kMaxOpsPerRank;
   };
+  const auto eligible = [&](const detail::ConnectionEnds& c) {
+    return c.send_tb >= 0 && c.recv_tb >= 0 && marked(c.sender) && marked(c.receiver) &&
+           placement_of(p, c.sender, c.receiver, c.channel).location == SlotLocation::kReceiver &&
+           small(c.sender) && small(c.receiver);
+  };
+  const std::vector<detail::ConnectionEnds> connections = detail::find_connections(p);
+  // The matched pairs that may be direct, both ways.
+  Partners pushers, pullers;
+  for (const detail::ConnectionEnds& c : connections) {
+    if (!eligible(c)) continue;
+    const auto& push_ops = p.ranks[static_cast<std::size_t>(c.sender)]
+                               .threadblocks[static_cast<std::size_t>(c.send_tb)].ops;
+    const auto& pop_ops = p.ranks[static_cast<std::size_t>(c.receiver)]
+                              .threadblocks[static_cast<std::size_t>(c.recv_tb)].ops;
+    std::size_t pop = 0;
+    for (std::size_t push = 0; push < push_ops.size(); ++push) {
+      if (!op_sends(push_ops[push].code)) continue;
+      while (pop < pop_ops.size() && !op_receives(pop_ops[pop].code)) ++pop;
+      if (pop == pop_ops.size()) break;
+      pushers[{c.receiver, c.recv_tb, static_cast<int32_t>(pop)}] = {c.sender, c.send_tb,
+                                                                    static_cast<int32_t>(push)};
+      pullers[{c.sender, c.send_tb, static_cast<int32_t>(push)}] = {c.receiver, c.recv_tb,
+                                                                   static_cast<int32_t>(pop)};
+      ++pop;
+    }
+  }
   std::vector<std::optional<RankAccesses>> accesses(p.ranks.size());
   std::optional<HappensBefore> order;  // built at the first access that needs it
   const auto of = [&](int32_t rank) -> const RankAccesses& {
     auto& slot = accesses[static_cast<std::size_t>(rank)];
-    if (!slot) slot.emplace(p, static_cast<std::size_t>(rank), inplace);
+    if (!slot) slot.emplace(p, static_cast<std::size_t>(rank), inplace, pushers, pullers);
     return *slot;
   };
 
-  for (const detail::ConnectionEnds& c : detail::find_connections(p)) {
-    if (c.send_tb < 0 || c.recv_tb < 0 || !marked(c.sender) || !marked(c.receiver)) continue;
-    if (placement_of(p, c.sender, c.receiver, c.channel).location != SlotLocation::kReceiver)
-      continue;
-    if (!small(c.sender) || !small(c.receiver)) continue;
+  for (const detail::ConnectionEnds& c : connections) {
+    if (!eligible(c)) continue;
     const auto s = static_cast<std::size_t>(c.sender);
     const auto r = static_cast<std::size_t>(c.receiver);
     const auto& push_ops = p.ranks[s].threadblocks[static_cast<std::size_t>(c.send_tb)].ops;
@@ -194,10 +261,19 @@ DirectMap analyze_direct(const Program& p, bool inplace, const std::vector<bool>
               (rank == c.receiver && a.tb == c.recv_tb && a.op == yi))
             continue;  // X's own write of its value, Y's own access
           const bool aligned = a.region.begin == region.begin && a.region.end == region.end;
-          if (rank == c.sender && a.tb == c.send_tb && a.op < xi) continue;
-          if (rank == c.receiver && a.tb == c.recv_tb && a.op > yi) continue;
-          if (!order) order.emplace(p);
-          if (!order->before(ap, xp, aligned) && !order->before(yp, ap, aligned)) return false;
+          const auto before = [&](const detail::OpPosition& from, const detail::OpPosition& to) {
+            if (!order) order.emplace(p);
+            return order->before(from, to, aligned);
+          };
+          // Before X: the access, and a receiver that may read it later, precede X.
+          const bool ahead = rank == c.sender && a.tb == c.send_tb && a.op < xi;
+          const bool before_x = (ahead || before(ap, xp)) && (!a.later || before(*a.later, xp));
+          if (before_x) continue;
+          // After Y: the access, and a sender that may write it earlier, follow Y.
+          const bool behind = rank == c.receiver && a.tb == c.recv_tb && a.op > yi;
+          const bool after_y =
+              (behind || before(yp, ap)) && (!a.earlier || before(yp, *a.earlier));
+          if (!after_y) return false;
         }
         return true;
       };

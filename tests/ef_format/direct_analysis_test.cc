@@ -208,6 +208,47 @@ TEST(DirectAnalysis, ASourceWrittenAfterTheSendIsNotPulled) {
   EXPECT_EQ(modes_of(before, 1, 0), "L.");
 }
 
+TEST(DirectAnalysis, TwoPairsJudgedApartDoNotRace) {
+  // A review's counterexample (before the fix): X's input chunk is pulled by Y, and P later
+  // receives into that chunk (after W, which follows Y), so with slots P's write follows Y's
+  // read. But P's value comes through Q, which could push it straight into the chunk as soon
+  // as A ran (after X), unordered with Y. Judged pair by pair, X->Y (pull) and Q->P (push)
+  // were both direct and Y could read Q's sum. Each access now counts the direct moves of its
+  // own pair in time (a pushed pop's write at its sender, a pulled push's read at its
+  // receiver), so at most one of the two is direct.
+  Program p = make_program(Collective::kCustom, 2, 1);
+  p.nchannels = 3;
+  p.inplace = false;
+  for (auto& rank : p.ranks) rank.input_chunks = rank.output_chunks = rank.scratch_chunks = 1;
+  const auto with_deps = [](Op op, std::vector<Dependency> deps) {
+    op.deps = std::move(deps);
+    return op;
+  };
+  p.ranks[0].threadblocks = {
+      {1, -1, 0, {send(in(0))}},                                   // X
+      {1, -1, 2, {with_deps(send(out(0)), {{0, 0}})}},             // A, after X
+      {-1, 1, 2, {with_deps(recv(in(0)), {{3, 0}})}},              // P, after W
+      {-1, 1, 1, {recv(scratch(0))}},                              // W
+  };
+  p.ranks[1].threadblocks = {
+      {-1, 0, 0, {rrc(in(0), out(0))}},                            // Y
+      {0, -1, 1, {with_deps(send(in(0)), {{0, 0}})}},              // Z, after Y (to W)
+      {0, 0, 2, {make_op(OpCode::kRecvCopySend, std::nullopt, scratch(0))}},  // Q: A -> P
+  };
+  p.postconditions = {{1, 0, {{0, 0}, {1, 0}}}};
+  ASSERT_TRUE(validate(p).empty());
+  const DirectMap map = analyze_direct(p, false, kBoth);
+  const bool y_pulls = map[1][0][0].pop == DirectPop::kPull;
+  const bool p_pushed = map[0][2][0].pop == DirectPop::kPushed;
+  EXPECT_FALSE(y_pulls && p_pushed) << "rank 0: " << modes_of(map, 0, 0) << " | "
+                                    << modes_of(map, 0, 2) << ", rank 1: "
+                                    << modes_of(map, 1, 0) << " | " << modes_of(map, 1, 2);
+  // As decided (pairs in connection order): Y keeps the slot; Q's value is pulled by P.
+  EXPECT_EQ(modes_of(map, 1, 0), "..");
+  EXPECT_EQ(modes_of(map, 1, 2), "Wl");
+  EXPECT_EQ(modes_of(map, 0, 2), "L.");
+}
+
 TEST(DirectAnalysis, AValueOnlyInFlightIsNeverPulled) {
   // rrs holds its result nowhere; the receiver's rrc is no push target: both keep the slot.
   Program p = make_program(Collective::kCustom, 3, 1);

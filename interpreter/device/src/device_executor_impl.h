@@ -11,7 +11,6 @@
 #include <memory>
 #include <string>
 #include <utility>
-#include <utility>
 #include <vector>
 
 #include "connection_arena.h"
