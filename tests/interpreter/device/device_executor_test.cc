@@ -337,9 +337,12 @@ TEST(DeviceExecutor, TwoRankAllPairsAllReduce) {
 TEST(DeviceExecutor, RanksSharingAGpuMoveDataDirectlyWithTheSameResults) {
   // Ranks on one GPU share a launch, so their connections may skip the slots (docs/
   // device-executor.md, "Direct transfers"): the 2- and 4-rank Simple rings use them (ring
-  // allreduce in place too), and every call gives the host executor's result with them (RunArgs::direct) and
-  // without; spread over GPUs nothing is direct.
+  // allreduce in place too), and every call gives the host executor's result with them
+  // (RunArgs::direct) and without. Spread over the visible GPUs, ranks that still share one
+  // (4 ranks on 2 GPUs) are direct among themselves and use slots across GPUs; with a GPU per
+  // rank nothing is direct.
   SKIP_WITHOUT_GPU();
+  const int gpus = visible_gpus(nullptr);
   uint64_t seed = 2900;
   for (const char* algorithm : {"ring_allreduce", "ring_allgather", "ring_reducescatter"}) {
     for (int nranks : {2, 4}) {
@@ -350,41 +353,45 @@ TEST(DeviceExecutor, RanksSharingAGpuMoveDataDirectlyWithTheSameResults) {
       auto generated = algorithms::generate_algorithm(algorithm, params);
       ASSERT_TRUE(generated.is_ok()) << algorithm << ": " << generated.status().message();
       const ef::Program& p = *generated;
-      const auto devices = map_ranks(p.nranks, /*spread=*/false);
-      auto executor = small_slot_executor(p, devices);
-      ASSERT_TRUE(executor.is_ok()) << executor.status().message();
-      EXPECT_GT((*executor)->direct_ops(false), 0u) << algorithm << " " << nranks << " ranks";
-      if (std::string(algorithm) == "ring_allreduce") {  // in place too (its alias is ordered)
-        EXPECT_GT((*executor)->direct_ops(true), 0u) << nranks << " ranks";
-      }
-      Streams streams((*executor)->devices());
-      const uint64_t g = ef::count_granularity(p);
-      for (bool inplace : {false, true}) {
-        if (inplace ? !p.inplace : !p.outofplace) continue;
-        for (bool direct : {true, false}) {
-          for (uint64_t count : {g, 67 * g, 1031 * g}) {
-            CallBuffers bufs;
-            make_buffers(p, devices, count, DataType::kFloat32, inplace, false, ++seed, bufs);
-            auto args = run_args(p, bufs, count, DataType::kFloat32, RedOp::kSum, inplace,
-                                 streams.get());
-            args.direct = direct;
-            const std::string where = std::string(algorithm) + " " + std::to_string(nranks) +
-                                      " ranks " + describe(DataType::kFloat32, RedOp::kSum,
-                                                           inplace, count) +
-                                      (direct ? " direct" : " slots");
-            const Status run = (*executor)->run_and_wait(args);
-            ASSERT_TRUE(run.is_ok()) << where << ": " << run.message();
-            auto host = host::execute(p, host_options(args, kSmallSlotBytes), bufs.host);
-            ASSERT_TRUE(host.status.is_ok()) << where << ": " << host.status.message();
-            const std::string failure = compare(p, DataType::kFloat32, bufs);
-            ASSERT_TRUE(failure.empty()) << where << ": " << failure;
+      for (bool spread : {false, true}) {
+        if (spread && gpus < 2) continue;
+        const auto devices = map_ranks(p.nranks, spread);
+        auto executor = small_slot_executor(p, devices);
+        ASSERT_TRUE(executor.is_ok()) << executor.status().message();
+        const std::string placement =
+            std::string(algorithm) + " " + std::to_string(nranks) + " ranks" +
+            (spread ? " over " + std::to_string(gpus) + " GPUs" : " on one GPU");
+        if (!spread) {
+          EXPECT_GT((*executor)->direct_ops(false), 0u) << placement;
+          if (std::string(algorithm) == "ring_allreduce") {  // in place too (ordered alias)
+            EXPECT_GT((*executor)->direct_ops(true), 0u) << placement;
+          }
+        } else if (nranks <= gpus) {
+          EXPECT_EQ((*executor)->direct_ops(false), 0u) << placement << ": a GPU per rank";
+        }
+        Streams streams((*executor)->devices());
+        const uint64_t g = ef::count_granularity(p);
+        for (bool inplace : {false, true}) {
+          if (inplace ? !p.inplace : !p.outofplace) continue;
+          for (bool direct : {true, false}) {
+            for (uint64_t count : {g, 67 * g, 1031 * g}) {
+              CallBuffers bufs;
+              make_buffers(p, devices, count, DataType::kFloat32, inplace, false, ++seed, bufs);
+              auto args = run_args(p, bufs, count, DataType::kFloat32, RedOp::kSum, inplace,
+                                   streams.get());
+              args.direct = direct;
+              const std::string where =
+                  placement + " " + describe(DataType::kFloat32, RedOp::kSum, inplace, count) +
+                  (direct ? " direct" : " slots");
+              const Status run = (*executor)->run_and_wait(args);
+              ASSERT_TRUE(run.is_ok()) << where << ": " << run.message();
+              auto host = host::execute(p, host_options(args, kSmallSlotBytes), bufs.host);
+              ASSERT_TRUE(host.status.is_ok()) << where << ": " << host.status.message();
+              const std::string failure = compare(p, DataType::kFloat32, bufs);
+              ASSERT_TRUE(failure.empty()) << where << ": " << failure;
+            }
           }
         }
-      }
-      if (visible_gpus(nullptr) >= 2) {
-        auto spread = small_slot_executor(p, map_ranks(p.nranks, /*spread=*/true));
-        ASSERT_TRUE(spread.is_ok()) << spread.status().message();
-        EXPECT_EQ((*spread)->direct_ops(false), 0u) << "ranks on different GPUs";
       }
     }
   }
