@@ -248,6 +248,7 @@ ApiStatus ExecutorStore::get(const ef::Program& program, const std::string& key,
         "preparing program '" + program.name + "' on the GPUs: " + created.status().message());
   }
   const std::size_t network_ends = (*created)->network_ends();
+  const std::size_t direct_ops[2] = {(*created)->direct_ops(false), (*created)->direct_ops(true)};
   EFCCL_INFO(
       kLogInit | kLogAlloc, (*created)->devices().front(),
       "prepared program '" + program.name + "' (" + std::to_string(program.nranks) + " ranks) on " +
@@ -256,7 +257,12 @@ ApiStatus ExecutorStore::get(const ef::Program& program, const std::string& key,
                             : "") +
           (network_ends > 0 ? " and to other hosts through " + std::to_string(network_ends) +
                                   " network connection end(s)"
-                            : ""));
+                            : "") +
+          (direct_ops[0] + direct_ops[1] > 0
+               ? "; ops moving data directly between ranks sharing a GPU: " +
+                     std::to_string(direct_ops[0]) + " out of place, " +
+                     std::to_string(direct_ops[1]) + " in place (unless EFCCL_DIRECT=0)"
+               : ""));
   if (!(*created)->protocol_note().empty())
     EFCCL_INFO(kLogInit, (*created)->devices().front(), (*created)->protocol_note());
   // Cached before anything else can fail: the other processes cached theirs (whose kernels
