@@ -9,40 +9,12 @@
 #include <vector>
 
 #include "efccl/ef/validate.h"
+#include "program_builders.h"
 
 namespace efccl::ef {
 namespace {
 
-BufferRef in(int64_t offset) { return {BufferKind::kInput, offset}; }
-BufferRef out(int64_t offset) { return {BufferKind::kOutput, offset}; }
-BufferRef scratch(int64_t offset) { return {BufferKind::kScratch, offset}; }
-
-Op make_op(OpCode code, std::optional<BufferRef> src, std::optional<BufferRef> dst) {
-  Op op;
-  op.code = code;
-  op.src = src;
-  op.dst = dst;
-  return op;
-}
-Op send(BufferRef src) { return make_op(OpCode::kSend, src, std::nullopt); }
-Op recv(BufferRef dst) { return make_op(OpCode::kRecv, std::nullopt, dst); }
-Op rrc(BufferRef src, BufferRef dst) { return make_op(OpCode::kRecvReduceCopy, src, dst); }
-Op rrs(BufferRef src) { return make_op(OpCode::kRecvReduceSend, src, std::nullopt); }
-Op rrcs(BufferRef src, BufferRef dst) { return make_op(OpCode::kRecvReduceCopySend, src, dst); }
-Op copy(BufferRef src, BufferRef dst) { return make_op(OpCode::kCopy, src, dst); }
-
-Threadblock make_tb(int32_t send_peer, int32_t recv_peer, std::vector<Op> ops) {
-  return {send_peer, recv_peer, 0, std::move(ops)};
-}
-
-Program make_program(Collective collective, int32_t nranks, int64_t chunks) {
-  Program p;
-  p.collective = collective;
-  p.nranks = nranks;
-  p.nchunksperloop = chunks;
-  p.ranks.resize(static_cast<std::size_t>(nranks));
-  return p;
-}
+using namespace test_builders;  // NOLINT(google-build-using-namespace): the suite's builders
 
 /// One threadblock's modes, an op each, space separated: the pop's mode ('.' slot, 'L' pull,
 /// 'W' pushed: already written) then the push's ('.' slot, 'l' pulled, 'w' push).
@@ -57,20 +29,6 @@ std::string modes_of(const DirectMap& map, std::size_t rank, std::size_t tb) {
 }
 
 const std::vector<bool> kBoth = {true, true};
-
-/// 2-rank ring allreduce, nchunksperloop 2 (premul_analysis_test's): send the peer's chunk,
-/// reduce own chunk with the received one, send the result, receive the peer's result.
-Program ring_allreduce_2() {
-  Program p = make_program(Collective::kAllReduce, 2, 2);
-  for (int r = 0; r < 2; ++r) {
-    Rank& rank = p.ranks[static_cast<std::size_t>(r)];
-    rank.input_chunks = rank.output_chunks = 2;
-    const int other = 1 - r;
-    rank.threadblocks = {make_tb(other, other, {send(in(other)), rrc(in(r), out(r)), send(out(r)),
-                                                recv(out(other))})};
-  }
-  return p;
-}
 
 /// Rank 0 sends input chunk 0 to rank 1, which runs `receiver` (one threadblock, recv = 0).
 Program one_way(std::vector<Op> receiver, std::vector<Op> sender = {send(in(0))}) {
@@ -120,15 +78,10 @@ TEST(DirectAnalysis, AnOrderOnlyUnitByUnitCoversOnlyTheSameChunks) {
   const auto program = [](int64_t recv_at) {
     Program p = make_program(Collective::kAllReduce, 2, 4);
     for (auto& rank : p.ranks) rank.input_chunks = rank.output_chunks = 4;
-    Op s0 = send(in(0));
-    s0.count = 2;
-    Op r0 = recv(out(recv_at));
-    r0.count = 2;
-    Op y = rrcs(in(0), scratch(0));
-    y.count = 2;
-    p.ranks[0].threadblocks = {make_tb(1, -1, {s0}), make_tb(-1, 1, {r0})};
+    p.ranks[0].threadblocks = {make_tb(1, -1, {send(in(0), 2)}),
+                               make_tb(-1, 1, {recv(out(recv_at), 2)})};
     p.ranks[1].scratch_chunks = 2;
-    p.ranks[1].threadblocks = {make_tb(0, 0, {y})};
+    p.ranks[1].threadblocks = {make_tb(0, 0, {rrcs(in(0), scratch(0), 2)})};
     return p;
   };
   const Program same = program(0);
@@ -216,26 +169,7 @@ TEST(DirectAnalysis, TwoPairsJudgedApartDoNotRace) {
   // were both direct and Y could read Q's sum. Each access now counts the direct moves of its
   // own pair in time (a pushed pop's write at its sender, a pulled push's read at its
   // receiver), so at most one of the two is direct.
-  Program p = make_program(Collective::kCustom, 2, 1);
-  p.nchannels = 3;
-  p.inplace = false;
-  for (auto& rank : p.ranks) rank.input_chunks = rank.output_chunks = rank.scratch_chunks = 1;
-  const auto with_deps = [](Op op, std::vector<Dependency> deps) {
-    op.deps = std::move(deps);
-    return op;
-  };
-  p.ranks[0].threadblocks = {
-      {1, -1, 0, {send(in(0))}},                                   // X
-      {1, -1, 2, {with_deps(send(out(0)), {{0, 0}})}},             // A, after X
-      {-1, 1, 2, {with_deps(recv(in(0)), {{3, 0}})}},              // P, after W
-      {-1, 1, 1, {recv(scratch(0))}},                              // W
-  };
-  p.ranks[1].threadblocks = {
-      {-1, 0, 0, {rrc(in(0), out(0))}},                            // Y
-      {0, -1, 1, {with_deps(send(in(0)), {{0, 0}})}},              // Z, after Y (to W)
-      {0, 0, 2, {make_op(OpCode::kRecvCopySend, std::nullopt, scratch(0))}},  // Q: A -> P
-  };
-  p.postconditions = {{1, 0, {{0, 0}, {1, 0}}}};
+  const Program p = direct_review_counterexample();
   ASSERT_TRUE(validate(p).empty());
   const DirectMap map = analyze_direct(p, false, kBoth);
   const bool y_pulls = map[1][0][0].pop == DirectPop::kPull;

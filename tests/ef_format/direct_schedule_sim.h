@@ -25,6 +25,9 @@
 namespace efccl::test_support::sim {
 using namespace efccl::ef;  // NOLINT(google-build-using-namespace): test helper
 
+/// In-place aliasing in chunks (docs/ef-format.md §2), written again from the format's text
+/// rather than taken from ef_format/src/inplace_shift.h: the simulator is the analysis's
+/// independent check.
 inline std::optional<int64_t> shift_of(const Program& p, std::size_t rank) {
   const auto n = (int64_t)p.ranks.size();
   const bool is_root = (int64_t)rank == p.root;
@@ -304,13 +307,4 @@ inline std::string compare(const Program& p, const Result& a, const Result& b, b
   return "";
 }
 
-inline std::string modes(const DirectMap& map, std::size_t rank, std::size_t tb) {
-  std::string s;
-  for (const DirectFlags& f : map.at(rank).at(tb)) {
-    if (!s.empty()) s += ' ';
-    s += f.pop == DirectPop::kPull ? 'L' : f.pop == DirectPop::kPushed ? 'W' : '.';
-    s += f.push == DirectPush::kPulled ? 'l' : f.push == DirectPush::kPush ? 'w' : '.';
-  }
-  return s;
-}
 }  // namespace efccl::test_support::sim

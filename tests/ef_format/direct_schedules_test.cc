@@ -11,6 +11,7 @@
 #include "efccl/algorithms/algorithm_library.h"
 #include "efccl/ef/direct_analysis.h"
 #include "efccl/ef/validate.h"
+#include "program_builders.h"
 
 namespace efccl {
 namespace {
@@ -91,39 +92,7 @@ TEST(DirectSchedules, EveryLibraryAlgorithmGivesTheSlotResults) {
 TEST(DirectSchedules, TheReviewsCounterexampleDoesNotRace) {
   // direct_analysis_test's TwoPairsJudgedApartDoNotRace, run: before the fix, 492 of 2000
   // schedules gave another output.
-  using ef::BufferKind;
-  using ef::OpCode;
-  const auto op = [](OpCode code, std::optional<ef::BufferRef> src,
-                     std::optional<ef::BufferRef> dst, std::vector<ef::Dependency> deps = {}) {
-    ef::Op o;
-    o.code = code;
-    o.src = src;
-    o.dst = dst;
-    o.deps = std::move(deps);
-    return o;
-  };
-  const ef::BufferRef in0{BufferKind::kInput, 0}, out0{BufferKind::kOutput, 0},
-      scratch0{BufferKind::kScratch, 0};
-  ef::Program p;
-  p.collective = ef::Collective::kCustom;
-  p.nranks = 2;
-  p.nchunksperloop = 1;
-  p.nchannels = 3;
-  p.inplace = false;
-  p.ranks.resize(2);
-  for (auto& rank : p.ranks) rank.input_chunks = rank.output_chunks = rank.scratch_chunks = 1;
-  p.ranks[0].threadblocks = {
-      {1, -1, 0, {op(OpCode::kSend, in0, std::nullopt)}},
-      {1, -1, 2, {op(OpCode::kSend, out0, std::nullopt, {{0, 0}})}},
-      {-1, 1, 2, {op(OpCode::kRecv, std::nullopt, in0, {{3, 0}})}},
-      {-1, 1, 1, {op(OpCode::kRecv, std::nullopt, scratch0)}},
-  };
-  p.ranks[1].threadblocks = {
-      {-1, 0, 0, {op(OpCode::kRecvReduceCopy, in0, out0)}},
-      {0, -1, 1, {op(OpCode::kSend, in0, std::nullopt, {{0, 0}})}},
-      {0, 0, 2, {op(OpCode::kRecvCopySend, std::nullopt, scratch0)}},
-  };
-  p.postconditions = {{1, 0, {{0, 0}, {1, 0}}}};
+  const ef::Program p = ef::test_builders::direct_review_counterexample();
   ASSERT_TRUE(ef::validate(p).empty());
   const ef::DirectMap map = ef::analyze_direct(p, false, {true, true});
   const sim::Result reference = sim::run(p, false, nullptr, 1, 42, 8);

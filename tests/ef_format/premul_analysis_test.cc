@@ -7,45 +7,12 @@
 #include <limits>
 
 #include "efccl/ef/validate.h"
+#include "program_builders.h"
 
 namespace efccl::ef {
 namespace {
 
-BufferRef in(int64_t offset) { return {BufferKind::kInput, offset}; }
-BufferRef out(int64_t offset) { return {BufferKind::kOutput, offset}; }
-BufferRef scratch(int64_t offset) { return {BufferKind::kScratch, offset}; }
-
-Op make_op(OpCode code, std::optional<BufferRef> src, std::optional<BufferRef> dst,
-           int64_t count = 1, std::vector<Dependency> deps = {}) {
-  Op op;
-  op.code = code;
-  op.src = src;
-  op.dst = dst;
-  op.count = count;
-  op.deps = std::move(deps);
-  return op;
-}
-Op send(BufferRef src, int64_t count = 1, std::vector<Dependency> deps = {}) {
-  return make_op(OpCode::kSend, src, std::nullopt, count, std::move(deps));
-}
-Op recv(BufferRef dst, int64_t count = 1) { return make_op(OpCode::kRecv, std::nullopt, dst, count); }
-Op rrc(BufferRef src, BufferRef dst) { return make_op(OpCode::kRecvReduceCopy, src, dst); }
-Op rcs(BufferRef dst) { return make_op(OpCode::kRecvCopySend, std::nullopt, dst); }
-Op copy(BufferRef src, BufferRef dst) { return make_op(OpCode::kCopy, src, dst); }
-Op reduce(BufferRef src, BufferRef dst) { return make_op(OpCode::kReduce, src, dst); }
-
-Threadblock make_tb(int32_t send_peer, int32_t recv_peer, std::vector<Op> ops) {
-  return {send_peer, recv_peer, 0, std::move(ops)};
-}
-
-Program make_program(Collective collective, int32_t nranks, int64_t chunks) {
-  Program p;
-  p.collective = collective;
-  p.nranks = nranks;
-  p.nchunksperloop = chunks;
-  p.ranks.resize(static_cast<std::size_t>(nranks));
-  return p;
-}
+using namespace test_builders;  // NOLINT(google-build-using-namespace): the suite's builders
 
 /// Flags as "S" (src pristine), "D" (dst pristine), "-" (neither) per op of one threadblock.
 std::string flags_of(const PremulMap& map, std::size_t rank, std::size_t tb) {
@@ -55,20 +22,6 @@ std::string flags_of(const PremulMap& map, std::size_t rank, std::size_t tb) {
     out += f.src ? (f.dst ? "SD" : "S") : (f.dst ? "D" : "-");
   }
   return out;
-}
-
-/// 2-rank ring allreduce, nchunksperloop 2: send the peer's chunk, reduce own chunk with the
-/// received one, send the result, receive the peer's result.
-Program ring_allreduce_2() {
-  Program p = make_program(Collective::kAllReduce, 2, 2);
-  for (int r = 0; r < 2; ++r) {
-    Rank& rank = p.ranks[static_cast<std::size_t>(r)];
-    rank.input_chunks = rank.output_chunks = 2;
-    const int other = 1 - r;
-    rank.threadblocks = {make_tb(other, other, {send(in(other)), rrc(in(r), out(r)), send(out(r)),
-                                                recv(out(other))})};
-  }
-  return p;
 }
 
 TEST(PremulAnalysis, OutOfPlaceRingAllReduce) {
