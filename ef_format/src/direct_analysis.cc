@@ -191,36 +191,32 @@ DirectMap analyze_direct(const Program& p, bool inplace, const std::vector<bool>
     return rank >= 0 && static_cast<std::size_t>(rank) < addressable.size() &&
            addressable[static_cast<std::size_t>(rank)];
   };
-  const auto small = [&](int32_t rank) {
+  std::vector<bool> small(p.ranks.size());
+  for (std::size_t r = 0; r < p.ranks.size(); ++r) {
     std::size_t ops = 0;
-    for (const auto& tb : p.ranks[static_cast<std::size_t>(rank)].threadblocks) ops += tb.ops.size();
-    return ops <= kMaxOpsPerRank;
+    for (const auto& tb : p.ranks[r].threadblocks) ops += tb.ops.size();
+    small[r] = ops <= kMaxOpsPerRank;
+  }
+  // The matched pairs that may be direct, and each end's partner.
+  struct Pair {
+    detail::ConnectionEnds c;
+    std::size_t push, pop;
   };
-  const auto eligible = [&](const detail::ConnectionEnds& c) {
-    return c.send_tb >= 0 && c.recv_tb >= 0 && marked(c.sender) && marked(c.receiver) &&
-           placement_of(p, c.sender, c.receiver, c.channel).location == SlotLocation::kReceiver &&
-           small(c.sender) && small(c.receiver);
-  };
-  const std::vector<detail::ConnectionEnds> connections = detail::find_connections(p);
-  // The matched pairs that may be direct, both ways.
+  std::vector<Pair> pairs;
   Partners pushers, pullers;
-  for (const detail::ConnectionEnds& c : connections) {
-    if (!eligible(c)) continue;
-    const auto& push_ops = p.ranks[static_cast<std::size_t>(c.sender)]
-                               .threadblocks[static_cast<std::size_t>(c.send_tb)].ops;
-    const auto& pop_ops = p.ranks[static_cast<std::size_t>(c.receiver)]
-                              .threadblocks[static_cast<std::size_t>(c.recv_tb)].ops;
-    std::size_t pop = 0;
-    for (std::size_t push = 0; push < push_ops.size(); ++push) {
-      if (!op_sends(push_ops[push].code)) continue;
-      while (pop < pop_ops.size() && !op_receives(pop_ops[pop].code)) ++pop;
-      if (pop == pop_ops.size()) break;
+  for (const detail::ConnectionEnds& c : detail::find_connections(p)) {
+    if (c.send_tb < 0 || c.recv_tb < 0 || !marked(c.sender) || !marked(c.receiver) ||
+        !small[static_cast<std::size_t>(c.sender)] ||
+        !small[static_cast<std::size_t>(c.receiver)] ||
+        placement_of(p, c.sender, c.receiver, c.channel).location != SlotLocation::kReceiver)
+      continue;
+    detail::for_each_matched_pair(p, c, [&](std::size_t push, std::size_t pop) {
+      pairs.push_back({c, push, pop});
       pushers[{c.receiver, c.recv_tb, static_cast<int32_t>(pop)}] = {c.sender, c.send_tb,
                                                                     static_cast<int32_t>(push)};
       pullers[{c.sender, c.send_tb, static_cast<int32_t>(push)}] = {c.receiver, c.recv_tb,
                                                                    static_cast<int32_t>(pop)};
-      ++pop;
-    }
+    });
   }
   std::vector<std::optional<RankAccesses>> accesses(p.ranks.size());
   std::optional<HappensBefore> order;  // built at the first access that needs it
@@ -230,69 +226,57 @@ DirectMap analyze_direct(const Program& p, bool inplace, const std::vector<bool>
     return *slot;
   };
 
-  for (const detail::ConnectionEnds& c : connections) {
-    if (!eligible(c)) continue;
+  for (const Pair& pair : pairs) {
+    const detail::ConnectionEnds& c = pair.c;
     const auto s = static_cast<std::size_t>(c.sender);
     const auto r = static_cast<std::size_t>(c.receiver);
-    const auto& push_ops = p.ranks[s].threadblocks[static_cast<std::size_t>(c.send_tb)].ops;
-    const auto& pop_ops = p.ranks[r].threadblocks[static_cast<std::size_t>(c.recv_tb)].ops;
-    std::size_t pop = 0;
-    for (std::size_t push = 0; push < push_ops.size(); ++push) {
-      if (!op_sends(push_ops[push].code)) continue;
-      while (pop < pop_ops.size() && !op_receives(pop_ops[pop].code)) ++pop;
-      if (pop == pop_ops.size()) break;
-      const Op& x = push_ops[push];
-      const Op& y = pop_ops[pop];
-      DirectFlags& fx = map[s][static_cast<std::size_t>(c.send_tb)][push];
-      DirectFlags& fy = map[r][static_cast<std::size_t>(c.recv_tb)][pop];
-      const auto xi = static_cast<int32_t>(push);
-      const auto yi = static_cast<int32_t>(pop);
-      ++pop;
-      const detail::OpPosition xp{c.sender, c.send_tb, xi};
-      const detail::OpPosition yp{c.receiver, c.recv_tb, yi};
-      // Every access of `rank` that conflicts with `region` must happen before X (which writes
-      // or publishes the region's value) or after Y (which consumes it): then the data is
-      // where the slot would have carried it, when it is read.
-      const auto ordered = [&](int32_t rank, const Region& region, bool writes_only) {
-        for (const Access& a : of(rank).list()) {
-          if (!a.region.overlaps(region) || (writes_only && !a.write)) continue;
-          const detail::OpPosition ap{rank, a.tb, a.op};
-          if ((rank == c.sender && a.tb == c.send_tb && a.op == xi) ||
-              (rank == c.receiver && a.tb == c.recv_tb && a.op == yi))
-            continue;  // X's own write of its value, Y's own access
-          const bool aligned = a.region.begin == region.begin && a.region.end == region.end;
-          const auto before = [&](const detail::OpPosition& from, const detail::OpPosition& to) {
-            if (!order) order.emplace(p);
-            return order->before(from, to, aligned);
-          };
-          // Before X: the access, and a receiver that may read it later, precede X.
-          const bool ahead = rank == c.sender && a.tb == c.send_tb && a.op < xi;
-          const bool before_x = (ahead || before(ap, xp)) && (!a.later || before(*a.later, xp));
-          if (before_x) continue;
-          // After Y: the access, and a sender that may write it earlier, follow Y.
-          const bool behind = rank == c.receiver && a.tb == c.recv_tb && a.op > yi;
-          const bool after_y =
-              (behind || before(yp, ap)) && (!a.earlier || before(yp, *a.earlier));
-          if (!after_y) return false;
-        }
-        return true;
-      };
-      // Push: the value lands in Y's dst as it is (recv, rcs); nothing else of the receiver
-      // may read or write it between.
-      if ((y.code == OpCode::kRecv || y.code == OpCode::kRecvCopySend) && y.dst &&
-          ordered(c.receiver, of(c.receiver).region(*y.dst, y.count), false)) {
-        fx.push = DirectPush::kPush;
-        fx.push_to = y.dst;
-        fy.pop = DirectPop::kPushed;
-        continue;
+    const Op& x = p.ranks[s].threadblocks[static_cast<std::size_t>(c.send_tb)].ops[pair.push];
+    const Op& y = p.ranks[r].threadblocks[static_cast<std::size_t>(c.recv_tb)].ops[pair.pop];
+    DirectFlags& fx = map[s][static_cast<std::size_t>(c.send_tb)][pair.push];
+    DirectFlags& fy = map[r][static_cast<std::size_t>(c.recv_tb)][pair.pop];
+    const auto xi = static_cast<int32_t>(pair.push);
+    const auto yi = static_cast<int32_t>(pair.pop);
+    const detail::OpPosition xp{c.sender, c.send_tb, xi};
+    const detail::OpPosition yp{c.receiver, c.recv_tb, yi};
+    // Every access of `rank` that conflicts with `region` must happen before X (which writes
+    // or publishes the region's value) or after Y (which consumes it): then the data is where
+    // the slot would have carried it, when it is read.
+    const auto ordered = [&](int32_t rank, const Region& region, bool writes_only) {
+      for (const Access& a : of(rank).list()) {
+        if (!a.region.overlaps(region) || (writes_only && !a.write)) continue;
+        const detail::OpPosition ap{rank, a.tb, a.op};
+        if ((rank == c.sender && a.tb == c.send_tb && a.op == xi) ||
+            (rank == c.receiver && a.tb == c.recv_tb && a.op == yi))
+          continue;  // X's own write of its value, Y's own access
+        const bool aligned = a.region.begin == region.begin && a.region.end == region.end;
+        const auto before = [&](const detail::OpPosition& from, const detail::OpPosition& to) {
+          if (!order) order.emplace(p);
+          return order->before(from, to, aligned);
+        };
+        // Before X: the access, and a receiver that may read it later, precede X.
+        const bool ahead = rank == c.sender && a.tb == c.send_tb && a.op < xi;
+        if ((ahead || before(ap, xp)) && (!a.later || before(*a.later, xp))) continue;
+        // After Y: the access, and a sender that may write it earlier, follow Y.
+        const bool behind = rank == c.receiver && a.tb == c.recv_tb && a.op > yi;
+        if (!(behind || before(yp, ap)) || (a.earlier && !before(yp, *a.earlier))) return false;
       }
-      // Pull: Y reads X's value where X's rank holds it; nothing may overwrite it between.
-      const std::optional<BufferRef> home = pushed_value_home(x);
-      if (home && ordered(c.sender, of(c.sender).region(*home, x.count), true)) {
-        fx.push = DirectPush::kPulled;
-        fy.pop = DirectPop::kPull;
-        fy.pull_from = home;
-      }
+      return true;
+    };
+    // Push: the value lands in Y's dst as it is (recv, rcs); nothing else of the receiver may
+    // read or write it between.
+    if ((y.code == OpCode::kRecv || y.code == OpCode::kRecvCopySend) && y.dst &&
+        ordered(c.receiver, of(c.receiver).region(*y.dst, y.count), false)) {
+      fx.push = DirectPush::kPush;
+      fx.push_to = y.dst;
+      fy.pop = DirectPop::kPushed;
+      continue;
+    }
+    // Pull: Y reads X's value where X's rank holds it; nothing may overwrite it between.
+    const std::optional<BufferRef> home = pushed_value_home(x);
+    if (home && ordered(c.sender, of(c.sender).region(*home, x.count), true)) {
+      fx.push = DirectPush::kPulled;
+      fy.pop = DirectPop::kPull;
+      fy.pull_from = home;
     }
   }
   return map;

@@ -64,6 +64,27 @@ inline std::vector<ConnectionEnds> find_connections(const Program& program) {
   return out;
 }
 
+/// Calls fn(push, pop) for connection `c`'s matched ops: the k-th op of its sending
+/// threadblock that pushes and the k-th op of its receiving threadblock that pops (indexes in
+/// their threadblocks), up to the shorter side. `c` must have both ends.
+template <typename F>
+void for_each_matched_pair(const Program& program, const ConnectionEnds& c, F&& fn) {
+  const auto& push_ops = program.ranks[static_cast<std::size_t>(c.sender)]
+                             .threadblocks[static_cast<std::size_t>(c.send_tb)]
+                             .ops;
+  const auto& pop_ops = program.ranks[static_cast<std::size_t>(c.receiver)]
+                            .threadblocks[static_cast<std::size_t>(c.recv_tb)]
+                            .ops;
+  std::size_t pop = 0;
+  for (std::size_t push = 0; push < push_ops.size(); ++push) {
+    if (!op_sends(push_ops[push].code)) continue;
+    while (pop < pop_ops.size() && !op_receives(pop_ops[pop].code)) ++pop;
+    if (pop == pop_ops.size()) return;
+    fn(push, pop);
+    ++pop;
+  }
+}
+
 /// Where an op sits in the program.
 struct OpPosition {
   int32_t rank = 0;
@@ -169,16 +190,9 @@ class WaitForGraph {
     }
     for (const ConnectionEnds& c : find_connections(program_)) {
       if (c.send_tb < 0 || c.recv_tb < 0) continue;
-      const auto& push_ops = program_.ranks[c.sender].threadblocks[c.send_tb].ops;
-      const auto& pop_ops = program_.ranks[c.receiver].threadblocks[c.recv_tb].ops;
-      std::size_t pop = 0;
-      for (std::size_t push = 0; push < push_ops.size(); ++push) {
-        if (!op_sends(push_ops[push].code)) continue;
-        while (pop < pop_ops.size() && !op_receives(pop_ops[pop].code)) ++pop;
-        if (pop == pop_ops.size()) break;
+      for_each_matched_pair(program_, c, [&](std::size_t push, std::size_t pop) {
         edges.emplace_back(id(c.sender, c.send_tb, push), id(c.receiver, c.recv_tb, pop));
-        ++pop;
-      }
+      });
     }
     to_csr(edges, /*by_target=*/true, pred_begin_, preds_);
     to_csr(edges, /*by_target=*/false, succ_begin_, succs_);
