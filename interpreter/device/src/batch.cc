@@ -103,17 +103,22 @@ Status DeviceExecutor::Impl::launch_fused_parts(
   }
   // Direct transfers read and write other ranks' buffers until the call's last CTA ends, and a
   // CTA may go on to its next call before that: calls whose buffers overlap keep their slots.
+  // One sweep over the calls' ranges sorted by start (ranges of one call never overlap but
+  // for in-place aliasing, which is the call's own).
+  std::vector<std::tuple<uintptr_t, uintptr_t, uint32_t>> ranges;  // begin, end, call
   for (uint32_t i = 0; i < params.ncalls; ++i)
-    for (uint32_t k = i + 1; k < params.ncalls; ++k) {
-      const auto& a = parts[i].second->direct_ranges;
-      const auto& b = parts[k].second->direct_ranges;
-      const bool overlap = std::any_of(a.begin(), a.end(), [&](const auto& x) {
-        return std::any_of(b.begin(), b.end(), [&](const auto& y) {
-          return x.first < y.second && y.first < x.second;
-        });
-      });
-      if (overlap) params.calls[i].direct_shift = params.calls[k].direct_shift = kDirectOff;
-    }
+    for (const auto& [begin, end] : parts[i].second->direct_ranges)
+      ranges.emplace_back(begin, end, i);
+  std::sort(ranges.begin(), ranges.end());
+  std::vector<std::size_t> open;  // ranges that may still overlap the next one
+  for (std::size_t j = 0; j < ranges.size(); ++j) {
+    const auto [begin, end, call] = ranges[j];
+    std::erase_if(open, [&](std::size_t k) { return std::get<1>(ranges[k]) <= begin; });
+    for (std::size_t k : open)
+      if (const uint32_t other = std::get<2>(ranges[k]); other != call)
+        params.calls[call].direct_shift = params.calls[other].direct_shift = kDirectOff;
+    open.push_back(j);
+  }
   uint32_t rank_cursor = 0;
   for (uint32_t i = 0; i < params.ncalls; ++i) {
     const PreparedPart& part = *parts[i].second;
