@@ -159,7 +159,9 @@ inline Result run(const Program& p, bool inplace, const DirectMap* dm, uint64_t 
       res.deadlock = true;
       break;
     }
-    auto [r, t] = ready[rng() % ready.size()];
+    // Not a structured binding: the lambdas below capture r, which Clang 14 does not allow.
+    const auto [picked_rank, picked_tb] = ready[rng() % ready.size()];
+    const int r = picked_rank, t = picked_tb;
     const Threadblock& tb = p.ranks[r].threadblocks[t];
     TbState& s = st[r][t];
     const Op& op = tb.ops[s.op];

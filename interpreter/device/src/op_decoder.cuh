@@ -95,13 +95,12 @@ struct Staging {
 /// depend on publishes its flag before its last unit frees or fills a slot, so the dependent
 /// threadblock does not wait for thread 0's fence behind a store to peer memory; the launch
 /// count is per CTA (no atomic and no fence at the end).
-template <typename E, Reduction R, typename Protocol, bool kDirect = true>
+template <typename E, Reduction R, typename Protocol>
 __device__ __forceinline__ bool run_threadblock(const CallParams& p, const RankCallArgs* ranks,
                                                 uint32_t index, Staging& staging) {
   using S = typename E::Storage;
-  // Direct transfers (kernel_params.h, DirectBits): Simple only; kDirect = false leaves them
-  // out of the kernel (the resident grid's), whose calls must then run with kDirectOff.
-  constexpr bool kDirectCode = std::is_same_v<Protocol, ProtoSimple> && kDirect;
+  // Direct transfers (kernel_params.h, DirectBits): Simple only.
+  constexpr bool kDirectCode = std::is_same_v<Protocol, ProtoSimple>;
   const ThreadblockDesc tb = p.threadblocks[index];
   const bool leader = threadIdx.x == 0;
   // Written by this CTA at the end of the previous launch (stream order makes it visible);

@@ -440,12 +440,6 @@ StatusOr<bool> post_resident(int device, cudaStream_t stream, const FusedCall* c
   if (ncalls == 0 || ncalls > static_cast<uint32_t>(kMaxFusedCalls) ||
       nranks > static_cast<uint32_t>(kMaxFusedRanks) || nctas == 0)
     return false;
-  // The grid's kernel is built without direct transfers (resident_kernel.cu: ptxas would need
-  // more than 24 GiB for it): its calls keep every transfer in the slots.
-  FusedCall slot_calls[kMaxFusedCalls];
-  std::copy(calls, calls + ncalls, slot_calls);
-  for (uint32_t i = 0; i < ncalls; ++i) slot_calls[i].direct_shift = kDirectOff;
-  calls = slot_calls;
   // The content: header, calls, ranks (value-initialised structs, so no stray padding bytes).
   ResidentDescriptor header{};
   header.ncalls = ncalls;

@@ -84,11 +84,9 @@ template <typename E, Reduction R>
 __device__ __noinline__ bool resident_threadblock(uint32_t index) {
   ResidentShared& sh = resident_shared;
   const RankCallArgs* ranks = sh.ranks + sh.call.rank_begin;
-  // Without direct transfers (post_resident turns them off): with them ptxas needs more than
-  // 24 GiB for this kernel.
   return sh.call.flagged != 0
-             ? run_threadblock<E, R, ProtoFlagged, false>(sh.call, ranks, index, sh.staging)
-             : run_threadblock<E, R, ProtoSimple, false>(sh.call, ranks, index, sh.staging);
+             ? run_threadblock<E, R, ProtoFlagged>(sh.call, ranks, index, sh.staging)
+             : run_threadblock<E, R, ProtoSimple>(sh.call, ranks, index, sh.staging);
 }
 
 template <typename E>

@@ -1550,6 +1550,55 @@ TEST(ResidentGrid, BackToBackPostsWithManyContents) {
   }
 }
 
+TEST(ResidentGrid, RanksSharingAGpuMoveDataDirectlyInPostedCalls) {
+  // The grid's kernel holds the direct transfers too (resident_kernel.cu, compiled as
+  // relocatable code): posted calls of 2 and 4 ranks on GPU 0 use them, in place and out of
+  // place, and give the host executor's results with them and without (RunArgs::direct).
+  SKIP_WITHOUT_GPU();
+  SKIP_UNLESS_EAGER_LOADING();
+  ResidentOn resident(64, std::chrono::milliseconds(200));
+  uint64_t seed = 3100;
+  for (int nranks : {2, 4}) {
+    algorithms::AlgorithmParams params;
+    params.ranks = nranks;
+    params.channels = 2;
+    params.protocol = ef::Protocol::kSimple;
+    auto generated = algorithms::generate_algorithm("ring_allreduce", params);
+    ASSERT_TRUE(generated.is_ok()) << generated.status().message();
+    const ef::Program& p = *generated;
+    const std::vector<int> devices = map_ranks(p.nranks, false);
+    auto executor = small_slot_executor(p, devices);
+    ASSERT_TRUE(executor.is_ok()) << executor.status().message();
+    device::DeviceExecutor& ex = **executor;
+    EXPECT_GT(ex.direct_ops(false), 0u) << nranks << " ranks";
+    EXPECT_GT(ex.direct_ops(true), 0u) << nranks << " ranks";
+    Streams streams(ex.devices());
+    const uint64_t count = ef::count_granularity(p) * 517;
+    for (bool inplace : {false, true}) {
+      for (bool direct : {true, false}) {
+        const std::string where = std::to_string(nranks) + " ranks " +
+                                  describe(DataType::kFloat32, RedOp::kSum, inplace, count) +
+                                  (direct ? " direct" : " slots");
+        CallBuffers bufs;
+        make_buffers(p, devices, count, DataType::kFloat32, inplace, false, ++seed, bufs);
+        auto args = run_args(p, bufs, count, DataType::kFloat32, RedOp::kSum, inplace,
+                             streams.get());
+        args.direct = direct;
+        ASSERT_TRUE(ex.reserve(count, DataType::kFloat32).is_ok()) << where;
+        leave_grid_before_allocating();
+        const uint64_t posts = device::resident_stats().posts;
+        const Status run = ex.run_and_wait(args);
+        ASSERT_TRUE(run.is_ok()) << where << ": " << run.message();
+        EXPECT_EQ(device::resident_stats().posts, posts + 1) << where << ": not posted";
+        auto host = host::execute(p, host_options(args, kSmallSlotBytes), bufs.host);
+        ASSERT_TRUE(host.status.is_ok()) << where << ": " << host.status.message();
+        const std::string failure = compare(p, DataType::kFloat32, bufs);
+        ASSERT_TRUE(failure.empty()) << where << ": " << failure;
+      }
+    }
+  }
+}
+
 TEST(ResidentGrid, ProgramsNeedingMoreCtasThanTheGridAreLaunched) {
   // With one resident CTA no program of several ranks on a GPU fits: every call is launched
   // (and correct); with enough CTAs the same calls are posted.
