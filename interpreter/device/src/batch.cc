@@ -12,6 +12,7 @@
 
 #include "cuda_status.h"
 #include "device_executor_impl.h"
+#include "fused_overlap.h"
 #include "interpreter_kernel.h"
 #include "launch_events.h"
 #include "resident_grid.h"
@@ -102,23 +103,14 @@ Status DeviceExecutor::Impl::launch_fused_parts(
     ++params.ncalls;
   }
   // Direct transfers read and write other ranks' buffers until the call's last CTA ends, and a
-  // CTA may go on to its next call before that: calls whose buffers overlap keep their slots.
-  // One sweep over the calls' ranges sorted by start (ranges of one call never overlap but
-  // for in-place aliasing, which is the call's own).
-  std::vector<std::tuple<uintptr_t, uintptr_t, uint32_t>> ranges;  // begin, end, call
+  // CTA may go on to its next call before that: calls whose buffers overlap another call's keep
+  // their slots, whether that other call is direct or not (a direct call's push into a buffer
+  // that a slots-only call still reads).
+  std::vector<const std::vector<ByteRange>*> call_ranges(params.ncalls);
+  for (uint32_t i = 0; i < params.ncalls; ++i) call_ranges[i] = &parts[i].second->buffer_ranges;
+  const std::vector<bool> overlapping = calls_overlapping_others(call_ranges);
   for (uint32_t i = 0; i < params.ncalls; ++i)
-    for (const auto& [begin, end] : parts[i].second->direct_ranges)
-      ranges.emplace_back(begin, end, i);
-  std::sort(ranges.begin(), ranges.end());
-  std::vector<std::size_t> open;  // ranges that may still overlap the next one
-  for (std::size_t j = 0; j < ranges.size(); ++j) {
-    const auto [begin, end, call] = ranges[j];
-    std::erase_if(open, [&](std::size_t k) { return std::get<1>(ranges[k]) <= begin; });
-    for (std::size_t k : open)
-      if (const uint32_t other = std::get<2>(ranges[k]); other != call)
-        params.calls[call].direct_shift = params.calls[other].direct_shift = kDirectOff;
-    open.push_back(j);
-  }
+    if (overlapping[i]) params.calls[i].direct_shift = kDirectOff;
   uint32_t rank_cursor = 0;
   for (uint32_t i = 0; i < params.ncalls; ++i) {
     const PreparedPart& part = *parts[i].second;

@@ -66,10 +66,10 @@ struct PreparedPart {
   DivideParams divide{};
   bool integer_avg = false;
   bool launched = false;  ///< its kernel is enqueued (run_batch: which calls ran after a failure)
-  /// Its ranks' input and output byte ranges [begin, end) when it runs direct transfers
-  /// (call.direct_shift != kDirectOff): a fused launch turns them off where another call's
-  /// buffers overlap these (its CTAs may run that call while this one's still read them).
-  std::vector<std::pair<uintptr_t, uintptr_t>> direct_ranges;
+  /// Its ranks' API buffer byte ranges [begin, end) on this device, whether or not it runs
+  /// direct transfers: a fused launch turns direct transfers off in any two calls whose buffers
+  /// overlap (its CTAs may run one call while the other's still read or write them).
+  std::vector<std::pair<uintptr_t, uintptr_t>> buffer_ranges;
 };
 
 /// A call checked and turned into per-device kernel parameters, ready to launch.

@@ -71,20 +71,16 @@ Status DeviceExecutor::Impl::choose_threads(LocalDevice& local, int dtype, int r
 
 namespace {
 
-/// Whether the direct transfers of ranks sharing a launch may run (kernel_params.h,
-/// DirectBits): no two ranks' program buffers overlap, nor one rank's buffers out of
-/// place (the analysis assumed NCCL's buffers; a call that shares memory between ranks keeps
-/// the slots). Premultiplying calls keep them too: a pulled send would skip the sender's scale.
-bool direct_buffers_apart(const ef::Program& p, const std::vector<int>& ranks,
-                          const std::vector<RankCallArgs>& args, uint64_t chunk_bytes,
-                          bool inplace, std::vector<std::pair<uintptr_t, uintptr_t>>* out) {
-  out->clear();
-  if (ranks.size() < 2) return false;
-  struct Range {
-    std::size_t rank;
-    uintptr_t begin, end;
-  };
-  std::vector<Range> ranges;
+/// The byte ranges [begin, end) of the API buffers (input, output, scratch where a caller gives
+/// one) of the device's ranks in this call, with each range's local rank.
+struct BufferRange {
+  std::size_t rank;
+  uintptr_t begin, end;
+};
+std::vector<BufferRange> buffer_ranges(const ef::Program& p, const std::vector<int>& ranks,
+                                       const std::vector<RankCallArgs>& args,
+                                       uint64_t chunk_bytes) {
+  std::vector<BufferRange> ranges;
   for (std::size_t li = 0; li < ranks.size(); ++li) {
     const ef::Rank& rank = p.ranks[static_cast<std::size_t>(ranks[li])];
     const int64_t chunks[3] = {rank.input_chunks, rank.output_chunks, rank.scratch_chunks};
@@ -94,13 +90,22 @@ bool direct_buffers_apart(const ef::Program& p, const std::vector<int>& ranks,
       ranges.push_back({li, begin, begin + static_cast<uintptr_t>(chunks[k]) * chunk_bytes});
     }
   }
+  return ranges;
+}
+
+/// Whether the direct transfers of ranks sharing a launch may run (kernel_params.h,
+/// DirectBits): no two ranks' program buffers overlap, nor one rank's buffers out of
+/// place (the analysis assumed NCCL's buffers; a call that shares memory between ranks keeps
+/// the slots). Premultiplying calls keep them too: a pulled send would skip the sender's scale.
+bool direct_buffers_apart(const std::vector<BufferRange>& ranges, std::size_t nranks,
+                          bool inplace) {
+  if (nranks < 2) return false;
   for (std::size_t i = 0; i < ranges.size(); ++i)
     for (std::size_t j = i + 1; j < ranges.size(); ++j) {
       if (inplace && ranges[i].rank == ranges[j].rank) continue;  // NCCL's aliasing
       // (scratch is the executor's own memory, apart from the API buffers)
       if (ranges[i].begin < ranges[j].end && ranges[j].begin < ranges[i].end) return false;
     }
-  for (const Range& r : ranges) out->emplace_back(r.begin, r.end);
   return true;
 }
 
@@ -214,10 +219,11 @@ Status DeviceExecutor::Impl::prepare(DeviceExecutor* self, const RunArgs& args,
 
       divide.outputs[li] = static_cast<char*>(args.outputs[r]);
     }
+    const std::vector<BufferRange> ranges = buffer_ranges(p, local.ranks, part.ranks, b * size);
+    part.buffer_ranges.clear();
+    for (const BufferRange& r : ranges) part.buffer_ranges.emplace_back(r.begin, r.end);
     params.direct_shift =
-        args.direct && !premul &&
-                direct_buffers_apart(p, local.ranks, part.ranks, b * size, args.inplace,
-                                     &part.direct_ranges)
+        args.direct && !premul && direct_buffers_apart(ranges, local.ranks.size(), args.inplace)
             ? (args.inplace ? kDirectShiftInPlace : kDirectShiftOutOfPlace)
             : kDirectOff;
   }

@@ -206,11 +206,15 @@ void check_locked(Registry& r, Grid& g) {
   if (loads_lazily_locked(r)) return;
   DeviceScope scope(g.device);
   int sm_count = 0, per_sm = 0;
-  if (cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, g.device) != cudaSuccess ||
-      resident_blocks_per_sm(&per_sm) != cudaSuccess) {
+  cudaError_t e = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, g.device);
+  // The grid's kernel is relocatable code without PTX: on a GPU of another architecture than
+  // the build's (CMAKE_CUDA_ARCHITECTURES) it has no image (cudaErrorNoKernelImageForDevice).
+  if (e == cudaSuccess) e = resident_blocks_per_sm(&per_sm);
+  if (e != cudaSuccess) {
     (void)cudaGetLastError();
-    EFCCL_WARN(g.device, "resident interpreter: cannot query device " + std::to_string(g.device) +
-                             "; its calls are launched");
+    EFCCL_WARN(g.device, "resident interpreter: cannot use its kernel on device " +
+                             std::to_string(g.device) + " (" + cudaGetErrorString(e) +
+                             "); its calls are launched");
     return;
   }
   const auto fit = static_cast<uint32_t>(std::max(0, per_sm * sm_count));

@@ -1553,7 +1553,10 @@ TEST(ResidentGrid, BackToBackPostsWithManyContents) {
 TEST(ResidentGrid, RanksSharingAGpuMoveDataDirectlyInPostedCalls) {
   // The grid's kernel holds the direct transfers too (resident_kernel.cu, compiled as
   // relocatable code): posted calls of 2 and 4 ranks on GPU 0 use them, in place and out of
-  // place, and give the host executor's results with them and without (RunArgs::direct).
+  // place, and give the host executor's results with them and without (RunArgs::direct). On
+  // the same buffers the two settings post two contents (the call's direct mode reaches the
+  // grid; a post that dropped it would find the first content again), and the first content
+  // is found again when direct transfers come back.
   SKIP_WITHOUT_GPU();
   SKIP_UNLESS_EAGER_LOADING();
   ResidentOn resident(64, std::chrono::milliseconds(200));
@@ -1575,25 +1578,31 @@ TEST(ResidentGrid, RanksSharingAGpuMoveDataDirectlyInPostedCalls) {
     Streams streams(ex.devices());
     const uint64_t count = ef::count_granularity(p) * 517;
     for (bool inplace : {false, true}) {
-      for (bool direct : {true, false}) {
+      CallBuffers bufs;
+      make_buffers(p, devices, count, DataType::kFloat32, inplace, false, ++seed, bufs);
+      ASSERT_TRUE(ex.reserve(count, DataType::kFloat32).is_ok());
+      leave_grid_before_allocating();  // the calls below allocate nothing
+      int call = 0;
+      for (bool direct : {true, false, true}) {
         const std::string where = std::to_string(nranks) + " ranks " +
                                   describe(DataType::kFloat32, RedOp::kSum, inplace, count) +
-                                  (direct ? " direct" : " slots");
-        CallBuffers bufs;
-        make_buffers(p, devices, count, DataType::kFloat32, inplace, false, ++seed, bufs);
+                                  (direct ? " direct" : " slots") + ", call " +
+                                  std::to_string(call);
+        if (call > 0) refill_inputs(p, DataType::kFloat32, ++seed, bufs);
         auto args = run_args(p, bufs, count, DataType::kFloat32, RedOp::kSum, inplace,
                              streams.get());
         args.direct = direct;
-        ASSERT_TRUE(ex.reserve(count, DataType::kFloat32).is_ok()) << where;
-        leave_grid_before_allocating();
-        const uint64_t posts = device::resident_stats().posts;
+        const device::ResidentStats before = device::resident_stats();
         const Status run = ex.run_and_wait(args);
         ASSERT_TRUE(run.is_ok()) << where << ": " << run.message();
-        EXPECT_EQ(device::resident_stats().posts, posts + 1) << where << ": not posted";
+        const device::ResidentStats after = device::resident_stats();
+        EXPECT_EQ(after.posts, before.posts + 1) << where << ": not posted";
+        EXPECT_EQ(after.new_contents, before.new_contents + (call < 2 ? 1u : 0u)) << where;
         auto host = host::execute(p, host_options(args, kSmallSlotBytes), bufs.host);
         ASSERT_TRUE(host.status.is_ok()) << where << ": " << host.status.message();
         const std::string failure = compare(p, DataType::kFloat32, bufs);
         ASSERT_TRUE(failure.empty()) << where << ": " << failure;
+        ++call;
       }
     }
   }
