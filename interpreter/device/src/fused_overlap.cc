@@ -16,7 +16,9 @@ std::vector<bool> calls_overlapping_others(
   std::sort(ranges.begin(), ranges.end());
   std::vector<std::size_t> open;  // ranges that may still overlap the next one
   for (std::size_t j = 0; j < ranges.size(); ++j) {
-    const auto [begin, end, call] = ranges[j];
+    // Not a structured binding: the lambda captures `begin`, which Clang 14 does not allow.
+    const uintptr_t begin = std::get<0>(ranges[j]);
+    const std::size_t call = std::get<2>(ranges[j]);
     std::erase_if(open, [&](std::size_t k) { return std::get<1>(ranges[k]) <= begin; });
     for (std::size_t k : open)
       if (const std::size_t other = std::get<2>(ranges[k]); other != call)
