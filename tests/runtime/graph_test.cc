@@ -6,6 +6,7 @@
 // forked streams are ordered in the graph.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <numeric>
@@ -315,6 +316,57 @@ TEST(RuntimeGraph, TwoCallsOnForkedStreamsOfOneCaptureAreOrdered) {
     cudaStreamDestroy(second[r]);
     cudaEventDestroy(fork[r]);
     cudaEventDestroy(join[r]);
+  }
+  cudaGraphExecDestroy(exec);
+}
+
+TEST(RuntimeGraph, RanksSharingAGpuCaptureAChainOfLaunches) {
+  // Two ranks on one GPU, each on its own stream: one launch per call serves both, and the
+  // second rank's stream is joined to it before and after. Captured, those joins must leave
+  // each launch depending on the previous one only; joined by event waits alone, the second
+  // stream's dependency set kept every earlier launch and the k-th launch depended on all k-1
+  // before it (k(k-1)/2 edges; a replay of 1000 calls then took ~10 us per call, not ~2).
+  EFCCL_REQUIRE_GPUS(1);
+  TestClique c({0, 0});
+  constexpr int kCalls = 40;
+  constexpr std::size_t kCount = 4099;
+  std::vector<float*> buf(2);
+  for (int r = 0; r < 2; ++r) ASSERT_NE(buf[r] = filled_buffer(0, kCount, 1.0f), nullptr);
+  const auto all_reduce = [&] {
+    NCCL_OK(ncclGroupStart());
+    for (int r = 0; r < 2; ++r)
+      NCCL_OK(ncclAllReduce(buf[r], buf[r], kCount, ncclFloat, ncclSum, c.comms[r], c.streams[r]));
+    NCCL_OK(ncclGroupEnd());
+  };
+  all_reduce();  // warm-up (1 -> 2): the program is prepared before the capture
+  c.sync();
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = capture_all(
+      c, cudaStreamCaptureModeGlobal,
+      [&] {
+        for (int k = 0; k < kCalls; ++k) all_reduce();
+      },
+      &graph);
+  ASSERT_NE(exec, nullptr);
+  ASSERT_NE(graph, nullptr);
+  std::size_t nnodes = 0, nedges = 0;
+  CUDA_OK(cudaGraphGetNodes(graph, nullptr, &nnodes));
+  CUDA_OK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &nedges));
+  const auto [kernels, ordered] = kernels_and_ordered_kernels(graph);
+  EXPECT_EQ(kernels, kCalls) << "one launch per call for both ranks";
+  EXPECT_EQ(ordered, kCalls - 1) << "every launch but the first after another";
+  EXPECT_LE(nedges, 2 * nnodes) << nnodes << " nodes: the launches must form a chain, not "
+                                << "depend on every earlier one";
+  cudaGraphDestroy(graph);
+  CUDA_OK(cudaGraphLaunch(exec, c.streams[0]));
+  c.sync();
+  for (int r = 0; r < 2; ++r) {
+    std::vector<float> h(kCount);
+    CUDA_OK(cudaMemcpy(h.data(), buf[r], kCount * sizeof(float), cudaMemcpyDeviceToHost));
+    // Each in-place sum of two equal buffers doubles them: 2 * 2^kCalls, exact in float.
+    for (std::size_t i = 0; i < kCount; ++i)
+      ASSERT_EQ(h[i], std::ldexp(2.0f, kCalls)) << "rank " << r << " element " << i;
+    cudaFree(buf[r]);
   }
   cudaGraphExecDestroy(exec);
 }

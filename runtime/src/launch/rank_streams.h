@@ -1,7 +1,9 @@
 // The ranks' CUDA streams around a launch. One launch per device serves every rank of the
 // device that takes part, on the stream of its lowest such rank (the same for every program run
 // on the device, so that runs on one stream can share a fused launch); the other ranks' streams
-// are joined to it with events before and after, so that each rank's later work follows it.
+// are joined to it with events before and after, so that each rank's later work follows it
+// (after it, in a capture shared by both streams, by setting the other stream's dependencies to
+// the launch instead of an event wait: see set_capture_dependencies in rank_streams.cc).
 #pragma once
 
 #include <cuda_runtime_api.h>
