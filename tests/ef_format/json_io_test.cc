@@ -14,21 +14,14 @@
 #include <sstream>
 #include <string>
 
+#include "program_builders.h"
+
 namespace efccl::ef {
 namespace {
 
 using nlohmann::json;
 
-Op make_op(OpCode code, std::optional<BufferRef> src, std::optional<BufferRef> dst, int64_t count,
-           std::vector<Dependency> deps = {}) {
-  Op op;
-  op.code = code;
-  op.src = src;
-  op.dst = dst;
-  op.count = count;
-  op.deps = std::move(deps);
-  return op;
-}
+using test_builders::make_op;
 
 /// Two ranks exchanging a chunk, plus a local copy; custom, so postconditions are present.
 /// Every optional field has a non-default value, and every object kind appears.

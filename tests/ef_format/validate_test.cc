@@ -12,41 +12,12 @@
 #include <set>
 #include <string>
 
+#include "program_builders.h"
+
 namespace efccl::ef {
 namespace {
 
-BufferRef in(int64_t offset) { return {BufferKind::kInput, offset}; }
-BufferRef out(int64_t offset) { return {BufferKind::kOutput, offset}; }
-
-Op make_op(OpCode code, std::optional<BufferRef> src, std::optional<BufferRef> dst,
-           int64_t count = 1, std::vector<Dependency> deps = {}) {
-  Op op;
-  op.code = code;
-  op.src = src;
-  op.dst = dst;
-  op.count = count;
-  op.deps = std::move(deps);
-  return op;
-}
-Op send(BufferRef src, int64_t count = 1) { return make_op(OpCode::kSend, src, std::nullopt, count); }
-Op recv(BufferRef dst, int64_t count = 1) { return make_op(OpCode::kRecv, std::nullopt, dst, count); }
-Op rrc(BufferRef src, BufferRef dst) { return make_op(OpCode::kRecvReduceCopy, src, dst); }
-Op rcs(BufferRef dst) { return make_op(OpCode::kRecvCopySend, std::nullopt, dst); }
-Op copy(BufferRef src, BufferRef dst) { return make_op(OpCode::kCopy, src, dst); }
-
-Threadblock make_tb(int32_t send_peer, int32_t recv_peer, std::vector<Op> ops, int32_t channel = 0) {
-  return {send_peer, recv_peer, channel, std::move(ops)};
-}
-
-Program make_program(Collective collective, int32_t nranks, int64_t chunks) {
-  Program p;
-  p.name = "test";
-  p.collective = collective;
-  p.nranks = nranks;
-  p.nchunksperloop = chunks;
-  p.ranks.resize(static_cast<std::size_t>(nranks));
-  return p;
-}
+using namespace test_builders;
 
 /// 2-rank ring allreduce, nchunksperloop 2: each rank reduces one chunk and forwards it.
 Program ring_allreduce_2() {
