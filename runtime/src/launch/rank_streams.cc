@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/device_guard.h"
@@ -16,42 +18,34 @@ ApiStatus cuda_status(cudaError_t e, const char* what) {
   return ApiStatus::cuda(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
-/// In a capture, an event wait adds the awaited nodes to the waiting stream's dependency set,
-/// and a stream that captures no node of its own never clears that set. Joined with events
-/// after every launch, a rank stream that only waits (the usual case for the other ranks of a
-/// GPU) would carry every earlier launch, and the next launch, which waits for that stream
-/// before it runs, would depend on all of them: n^2 / 2 edges for n calls in one graph (a
-/// replay of 1000 two-rank calls took about 10 us per call instead of about 2 on an H100,
-/// docs/performance.md). So when both streams capture into the same graph, `to`'s dependency
-/// set is replaced by `from`'s: the launch (everything `to` had before was already an ancestor
-/// of it, through order_before's wait). Returns false, changing nothing, when they do not.
-StatusOr<bool> set_capture_dependencies(cudaStream_t from, cudaStream_t to) {
-  cudaStreamCaptureStatus from_status = cudaStreamCaptureStatusNone;
-  unsigned long long from_id = 0;
+/// `stream`'s capture id and dependency set when it is capturing (else nullopt, `id` 0).
+/// Copied at once: the arrays CUDA returns are valid only until the next call on the stream.
+StatusOr<std::optional<CaptureDependencies>> capture_dependencies(cudaStream_t stream,
+                                                                  unsigned long long* id) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   const cudaGraphNode_t* nodes = nullptr;
   const cudaGraphEdgeData* edges = nullptr;
   std::size_t count = 0;
-  cudaError_t e = cudaStreamGetCaptureInfo(from, &from_status, &from_id, nullptr, &nodes, &edges,
-                                           &count);
+  *id = 0;
+  const cudaError_t e =
+      cudaStreamGetCaptureInfo(stream, &status, id, nullptr, &nodes, &edges, &count);
   if (e != cudaSuccess)
-    return Status::error(std::string("cudaStreamGetCaptureInfo: ") + cudaGetErrorString(e));
-  if (from_status != cudaStreamCaptureStatusActive) return false;
-  // Copied before the next call on the stream, which may invalidate them.
-  std::vector<cudaGraphNode_t> deps(nodes, nodes + count);
-  std::vector<cudaGraphEdgeData> data;
-  if (edges != nullptr) data.assign(edges, edges + count);
-  cudaStreamCaptureStatus to_status = cudaStreamCaptureStatusNone;
-  unsigned long long to_id = 0;
-  e = cudaStreamGetCaptureInfo(to, &to_status, &to_id);
-  if (e != cudaSuccess)
-    return Status::error(std::string("cudaStreamGetCaptureInfo: ") + cudaGetErrorString(e));
-  if (to_status != cudaStreamCaptureStatusActive || to_id != from_id) return false;
-  e = cudaStreamUpdateCaptureDependencies(to, deps.data(), data.empty() ? nullptr : data.data(),
-                                          deps.size(), cudaStreamSetCaptureDependencies);
-  if (e != cudaSuccess)
-    return Status::error(std::string("cudaStreamUpdateCaptureDependencies: ") +
+    return Status::error(std::string("cudaStreamGetCaptureInfo (joining the streams of ranks "
+                                      "sharing a GPU): ") +
                          cudaGetErrorString(e));
-  return true;
+  if (status != cudaStreamCaptureStatusActive) return std::optional<CaptureDependencies>();
+  CaptureDependencies d;
+  if (count > 0) d.nodes.assign(nodes, nodes + count);
+  if (edges != nullptr && count > 0) d.edges.assign(edges, edges + count);
+  return std::optional<CaptureDependencies>(std::move(d));
+}
+
+/// Appends `node` (with its edge data, or a default edge) to `to` unless it is there already.
+void add_dependency(CaptureDependencies& to, cudaGraphNode_t node, const cudaGraphEdgeData* edge) {
+  if (std::find(to.nodes.begin(), to.nodes.end(), node) != to.nodes.end()) return;
+  if (edge != nullptr && to.edges.empty()) to.edges.resize(to.nodes.size(), cudaGraphEdgeData{});
+  to.nodes.push_back(node);
+  if (!to.edges.empty()) to.edges.push_back(edge != nullptr ? *edge : cudaGraphEdgeData{});
 }
 
 }  // namespace
@@ -100,11 +94,20 @@ ApiStatus RankStreams::order_before(Launch& l) {
       l.args.streams[di] = l.rank_streams[i];
     }
   }
+  l.captured_before.assign(l.ranks.size(), std::nullopt);
   for (std::size_t i = 0; i < l.ranks.size(); ++i) {
     cudaStream_t launch_stream = l.args.streams[l.device_index[i]];
     if (l.rank_streams[i] == launch_stream) continue;
     const auto r = static_cast<std::size_t>(l.ranks[i]);
     cudaSetDevice(devices_[r]);
+    unsigned long long launch_id = 0, rank_id = 0;
+    auto launch_deps = capture_dependencies(launch_stream, &launch_id);
+    if (!launch_deps) return ApiStatus::cuda(launch_deps.status().message());
+    if (*launch_deps) {
+      auto rank_deps = capture_dependencies(l.rank_streams[i], &rank_id);
+      if (!rank_deps) return ApiStatus::cuda(rank_deps.status().message());
+      if (*rank_deps && rank_id == launch_id) l.captured_before[i] = std::move(*rank_deps);
+    }
     if (ApiStatus s = cuda_status(cudaEventRecord(ready_[r], l.rank_streams[i]), "cudaEventRecord");
         !s)
       return s;
@@ -126,9 +129,31 @@ ApiStatus RankStreams::join_after(const Launch& l) {
       if (l.device_index[i] != di || l.rank_streams[i] == l.args.streams[di]) continue;
       const auto r0 = static_cast<std::size_t>(l.ranks[first]);
       cudaSetDevice(devices[di]);
-      auto set = set_capture_dependencies(l.args.streams[di], l.rank_streams[i]);
-      if (!set) return ApiStatus::cuda(set.status().message());
-      if (*set) continue;
+      if (i < l.captured_before.size() && l.captured_before[i]) {
+        // Both streams capture into one graph (order_before): set, do not add (see the header).
+        unsigned long long launch_id = 0, rank_id = 0;
+        auto launch_deps = capture_dependencies(l.args.streams[di], &launch_id);
+        if (!launch_deps) return ApiStatus::cuda(launch_deps.status().message());
+        auto rank_deps = capture_dependencies(l.rank_streams[i], &rank_id);
+        if (!rank_deps) return ApiStatus::cuda(rank_deps.status().message());
+        if (*launch_deps && *rank_deps && launch_id == rank_id) {
+          CaptureDependencies next = std::move(**launch_deps);
+          const CaptureDependencies& before = *l.captured_before[i];
+          const CaptureDependencies& now = **rank_deps;
+          for (std::size_t k = 0; k < now.nodes.size(); ++k)
+            if (std::find(before.nodes.begin(), before.nodes.end(), now.nodes[k]) ==
+                before.nodes.end())
+              add_dependency(next, now.nodes[k], now.edges.empty() ? nullptr : &now.edges[k]);
+          const cudaError_t e = cudaStreamUpdateCaptureDependencies(
+              l.rank_streams[i], next.nodes.data(), next.edges.empty() ? nullptr : next.edges.data(),
+              next.nodes.size(), cudaStreamSetCaptureDependencies);
+          if (e != cudaSuccess)
+            return ApiStatus::cuda(std::string("cudaStreamUpdateCaptureDependencies (rank ") +
+                                   std::to_string(l.ranks[i]) + "'s stream after a launch on device " +
+                                   std::to_string(devices[di]) + "): " + cudaGetErrorString(e));
+          continue;
+        }
+      }
       if (!recorded) {
         if (ApiStatus s =
                 cuda_status(cudaEventRecord(done_[r0], l.args.streams[di]), "cudaEventRecord");
