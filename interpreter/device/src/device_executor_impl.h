@@ -18,6 +18,7 @@
 #include "cuda_raii.h"
 #include "efccl/device/device_executor.h"
 #include "efccl/ef/premul_analysis.h"
+#include "fused_overlap.h"
 #include "kernel_params.h"
 
 namespace efccl::device {
@@ -69,7 +70,7 @@ struct PreparedPart {
   /// Its ranks' API buffer byte ranges [begin, end) on this device, whether or not it runs
   /// direct transfers: a fused launch turns direct transfers off in any two calls whose buffers
   /// overlap (its CTAs may run one call while the other's still read or write them).
-  std::vector<std::pair<uintptr_t, uintptr_t>> buffer_ranges;
+  std::vector<ByteRange> buffer_ranges;
 };
 
 /// A call checked and turned into per-device kernel parameters, ready to launch.
