@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "efccl/ef/validate.h"
+#include "program_builders.h"
 
 namespace efccl::host {
 namespace {
@@ -25,47 +26,19 @@ using ef::RedOp;
 
 // ---- Building programs ----
 
-BufferRef in(int64_t chunk) { return {BufferKind::kInput, chunk}; }
-BufferRef out(int64_t chunk) { return {BufferKind::kOutput, chunk}; }
+using ef::test_builders::copy;
+using ef::test_builders::in;
+using ef::test_builders::make_op;
+using ef::test_builders::make_tb;
+using ef::test_builders::out;
+using ef::test_builders::recv;
+using ef::test_builders::rrc;
+using ef::test_builders::send;
 
-ef::Op make_op(OpCode code, std::optional<BufferRef> src, std::optional<BufferRef> dst,
-               int64_t count = 1, std::vector<ef::Dependency> deps = {}) {
-  ef::Op op;
-  op.code = code;
-  op.src = src;
-  op.dst = dst;
-  op.count = count;
-  op.deps = std::move(deps);
-  return op;
-}
-ef::Op send(BufferRef src, int64_t count = 1) {
-  return make_op(OpCode::kSend, src, std::nullopt, count);
-}
-ef::Op recv(BufferRef dst, int64_t count = 1) {
-  return make_op(OpCode::kRecv, std::nullopt, dst, count);
-}
-ef::Op copy(BufferRef src, BufferRef dst) { return make_op(OpCode::kCopy, src, dst); }
-ef::Op rrc(BufferRef src, BufferRef dst, std::vector<ef::Dependency> deps = {}) {
-  return make_op(OpCode::kRecvReduceCopy, src, dst, 1, std::move(deps));
-}
-
-ef::Threadblock threadblock(int send_peer, int recv_peer, std::vector<ef::Op> ops,
-                            int channel = 0) {
-  ef::Threadblock tb;
-  tb.send_peer = send_peer;
-  tb.recv_peer = recv_peer;
-  tb.channel = channel;
-  tb.ops = std::move(ops);
-  return tb;
-}
-
+/// An empty program named after its collective (the failure messages below print it).
 ef::Program make_program(Collective c, int nranks, int64_t chunks_per_loop) {
-  ef::Program p;
+  ef::Program p = ef::test_builders::make_program(c, nranks, chunks_per_loop);
   p.name = std::string(ef::to_string(c)) + "-test";
-  p.collective = c;
-  p.nranks = nranks;
-  p.nchunksperloop = chunks_per_loop;
-  p.ranks.resize(static_cast<std::size_t>(nranks));
   return p;
 }
 
@@ -94,7 +67,7 @@ ef::Program ring_allreduce(int n, int channels = 1, int rings = 1) {
           ops.push_back(make_op(OpCode::kRecvCopySend, std::nullopt, out(chunk(r + 1 - s))));
         ops.push_back(recv(out(chunk(r + 2))));
       }
-      rank.threadblocks.push_back(threadblock(mod(r + 1, n), mod(r - 1, n), ops, ch));
+      rank.threadblocks.push_back(make_tb(mod(r + 1, n), mod(r - 1, n), ops, ch));
     }
   }
   return p;
@@ -107,9 +80,9 @@ ef::Program direct_allgather(int n, bool local_copy = true) {
     ef::Rank& rank = rank_of(p, r);
     rank.input_chunks = 1;
     rank.output_chunks = n;
-    if (local_copy) rank.threadblocks.push_back(threadblock(-1, -1, {copy(in(0), out(r))}));
+    if (local_copy) rank.threadblocks.push_back(make_tb(-1, -1, {copy(in(0), out(r))}));
     for (int q = 0; q < n; ++q)
-      if (q != r) rank.threadblocks.push_back(threadblock(q, q, {send(in(0)), recv(out(q))}));
+      if (q != r) rank.threadblocks.push_back(make_tb(q, q, {send(in(0)), recv(out(q))}));
   }
   return p;
 }
@@ -119,9 +92,9 @@ ef::Program direct_alltoall(int n) {
   for (int r = 0; r < n; ++r) {
     ef::Rank& rank = rank_of(p, r);
     rank.input_chunks = rank.output_chunks = n;
-    rank.threadblocks.push_back(threadblock(-1, -1, {copy(in(r), out(r))}));
+    rank.threadblocks.push_back(make_tb(-1, -1, {copy(in(r), out(r))}));
     for (int q = 0; q < n; ++q)
-      if (q != r) rank.threadblocks.push_back(threadblock(q, q, {send(in(q)), recv(out(q))}));
+      if (q != r) rank.threadblocks.push_back(make_tb(q, q, {send(in(q)), recv(out(q))}));
   }
   return p;
 }
@@ -133,11 +106,11 @@ ef::Program direct_broadcast(int n, int root) {
     ef::Rank& rank = rank_of(p, r);
     rank.input_chunks = rank.output_chunks = 2;
     if (r == root) {
-      rank.threadblocks.push_back(threadblock(-1, -1, {copy(in(0), out(0)), copy(in(1), out(1))}));
+      rank.threadblocks.push_back(make_tb(-1, -1, {copy(in(0), out(0)), copy(in(1), out(1))}));
       for (int q = 0; q < n; ++q)
-        if (q != root) rank.threadblocks.push_back(threadblock(q, -1, {send(in(0), 2)}));
+        if (q != root) rank.threadblocks.push_back(make_tb(q, -1, {send(in(0), 2)}));
     } else {
-      rank.threadblocks.push_back(threadblock(-1, root, {recv(out(0), 2)}));
+      rank.threadblocks.push_back(make_tb(-1, root, {recv(out(0), 2)}));
     }
   }
   return p;
@@ -152,14 +125,14 @@ ef::Program direct_reduce(int n, int root) {
     ef::Rank& rank = rank_of(p, r);
     rank.input_chunks = rank.output_chunks = 1;
     if (r != root) {
-      rank.threadblocks.push_back(threadblock(root, -1, {send(in(0))}));
+      rank.threadblocks.push_back(make_tb(root, -1, {send(in(0))}));
       continue;
     }
-    rank.threadblocks.push_back(threadblock(-1, -1, {copy(in(0), out(0))}));
+    rank.threadblocks.push_back(make_tb(-1, -1, {copy(in(0), out(0))}));
     for (int q = 0; q < n; ++q) {
       if (q == root) continue;
       const int previous = static_cast<int>(rank.threadblocks.size()) - 1;
-      rank.threadblocks.push_back(threadblock(-1, q, {rrc(out(0), out(0), {{previous, 0}})}));
+      rank.threadblocks.push_back(make_tb(-1, q, {rrc(out(0), out(0), {{previous, 0}})}));
     }
   }
   return p;
@@ -173,12 +146,12 @@ ef::Program direct_gather(int n, int root) {
     rank.input_chunks = 1;
     rank.output_chunks = r == root ? n : 0;
     if (r != root) {
-      rank.threadblocks.push_back(threadblock(root, -1, {send(in(0))}));
+      rank.threadblocks.push_back(make_tb(root, -1, {send(in(0))}));
       continue;
     }
-    rank.threadblocks.push_back(threadblock(-1, -1, {copy(in(0), out(root))}));
+    rank.threadblocks.push_back(make_tb(-1, -1, {copy(in(0), out(root))}));
     for (int q = 0; q < n; ++q)
-      if (q != root) rank.threadblocks.push_back(threadblock(-1, q, {recv(out(q))}));
+      if (q != root) rank.threadblocks.push_back(make_tb(-1, q, {recv(out(q))}));
   }
   return p;
 }
@@ -191,12 +164,12 @@ ef::Program direct_scatter(int n, int root) {
     rank.input_chunks = r == root ? n : 0;
     rank.output_chunks = 1;
     if (r != root) {
-      rank.threadblocks.push_back(threadblock(-1, root, {recv(out(0))}));
+      rank.threadblocks.push_back(make_tb(-1, root, {recv(out(0))}));
       continue;
     }
-    rank.threadblocks.push_back(threadblock(-1, -1, {copy(in(root), out(0))}));
+    rank.threadblocks.push_back(make_tb(-1, -1, {copy(in(root), out(0))}));
     for (int q = 0; q < n; ++q)
-      if (q != root) rank.threadblocks.push_back(threadblock(q, -1, {send(in(q))}));
+      if (q != root) rank.threadblocks.push_back(make_tb(q, -1, {send(in(q))}));
   }
   return p;
 }
@@ -210,7 +183,7 @@ ef::Program direct_reducescatter(int n, bool local_copy = true) {
     ef::Rank& rank = rank_of(p, r);
     rank.input_chunks = n;
     rank.output_chunks = 1;
-    if (local_copy) rank.threadblocks.push_back(threadblock(-1, -1, {copy(in(r), out(0))}));
+    if (local_copy) rank.threadblocks.push_back(make_tb(-1, -1, {copy(in(r), out(0))}));
     for (int q = 0; q < n; ++q) {
       if (q == r) continue;
       std::vector<ef::Dependency> deps;
@@ -219,7 +192,7 @@ ef::Program direct_reducescatter(int n, bool local_copy = true) {
         deps.push_back({previous, static_cast<int>(rank.threadblocks.back().ops.size()) - 1});
       }
       rank.threadblocks.push_back(
-          threadblock(q, q, {send(in(q)), rrc(out(0), out(0), std::move(deps))}));
+          make_tb(q, q, {send(in(q)), rrc(out(0), out(0), std::move(deps))}));
     }
   }
   return p;
@@ -232,8 +205,8 @@ ef::Program custom_two_rank() {
     rank_of(p, r).input_chunks = 2;
     rank_of(p, r).output_chunks = 1;
   }
-  rank_of(p, 0).threadblocks.push_back(threadblock(1, 1, {send(in(1)), rrc(in(0), out(0))}));
-  rank_of(p, 1).threadblocks.push_back(threadblock(0, 0, {send(in(0)), recv(out(0))}));
+  rank_of(p, 0).threadblocks.push_back(make_tb(1, 1, {send(in(1)), rrc(in(0), out(0))}));
+  rank_of(p, 1).threadblocks.push_back(make_tb(0, 0, {send(in(0)), recv(out(0))}));
   p.postconditions = {{0, 0, {{0, 0}, {1, 0}}}, {1, 0, {{0, 1}}}};
   return p;
 }
@@ -245,7 +218,7 @@ ef::Program exchange(int64_t chunks) {
     ef::Rank& rank = rank_of(p, r);
     rank.input_chunks = rank.output_chunks = chunks;
     rank.threadblocks.push_back(
-        threadblock(1 - r, 1 - r, {send(in(0), chunks), recv(out(0), chunks)}));
+        make_tb(1 - r, 1 - r, {send(in(0), chunks), recv(out(0), chunks)}));
     for (int64_t k = 0; k < chunks; ++k) p.postconditions.push_back({r, k, {{1 - r, k}}});
   }
   return p;
@@ -435,8 +408,8 @@ TEST(Executor, ReceivingBeforeSendingDeadlocks) {
   for (int r = 0; r < 2; ++r) {
     rank_of(p, r).input_chunks = 1;
     rank_of(p, r).output_chunks = 2;
-    rank_of(p, r).threadblocks = {threadblock(-1, -1, {copy(in(0), out(r))}),
-                                  threadblock(1 - r, 1 - r, {recv(out(1 - r)), send(in(0))})};
+    rank_of(p, r).threadblocks = {make_tb(-1, -1, {copy(in(0), out(r))}),
+                                  make_tb(1 - r, 1 - r, {recv(out(1 - r)), send(in(0))})};
   }
   const VerifyResult v = run_and_verify(p, options_for(p, DataType::kInt32, RedOp::kSum, false), 1);
   EXPECT_FALSE(v.pass);
@@ -484,7 +457,7 @@ TEST(Executor, CircularDependenciesDeadlock) {
   ef::Op a = copy(in(0), out(0));
   a.deps = {{1, 0}};
   ef::Op b = make_op(OpCode::kNop, std::nullopt, std::nullopt, 0, {{0, 0}});
-  rank_of(p, 0).threadblocks = {threadblock(-1, -1, {a}), threadblock(-1, -1, {b})};
+  rank_of(p, 0).threadblocks = {make_tb(-1, -1, {a}), make_tb(-1, -1, {b})};
   std::vector<RankBuffers> buffers(1);
   buffers[0].input.resize(4);
   buffers[0].output.resize(4);
@@ -652,7 +625,7 @@ ef::Program copy_only_allreduce(int n) {
   ef::Program p = make_program(Collective::kAllReduce, n, 1);
   for (int r = 0; r < n; ++r) {
     rank_of(p, r).input_chunks = rank_of(p, r).output_chunks = 1;
-    rank_of(p, r).threadblocks.push_back(threadblock(-1, -1, {copy(in(0), out(0))}));
+    rank_of(p, r).threadblocks.push_back(make_tb(-1, -1, {copy(in(0), out(0))}));
   }
   return p;
 }
@@ -750,14 +723,14 @@ ef::Program mixed_send(bool split) {
   } else {
     sends = {make_op(OpCode::kSend, in(0), std::nullopt, 2, {{0, 0}})};
   }
-  rank_of(p, 0).threadblocks = {threadblock(-1, 1, {recv(in(1))}), threadblock(1, -1, sends)};
+  rank_of(p, 0).threadblocks = {make_tb(-1, 1, {recv(in(1))}), make_tb(1, -1, sends)};
   std::vector<ef::Op> recvs;
   if (split) {
     recvs = {recv(out(0)), recv(out(1))};
   } else {
     recvs = {recv(out(0), 2)};
   }
-  rank_of(p, 1).threadblocks = {threadblock(0, -1, {send(in(0))}), threadblock(-1, 0, recvs)};
+  rank_of(p, 1).threadblocks = {make_tb(0, -1, {send(in(0))}), make_tb(-1, 0, recvs)};
   p.postconditions = {{1, 0, {{0, 0}}}, {1, 1, {{1, 0}}}};
   return p;
 }
@@ -826,10 +799,10 @@ TEST(Executor, HugeDependencyListIsLinear) {
     std::vector<ef::Dependency> on_all;
     for (int i = 0; i < deps; ++i) on_all.push_back({1, i});
     rank_of(p, 0).threadblocks = {
-        threadblock(-1, -1, {make_op(OpCode::kNop, std::nullopt, std::nullopt, 0, on_all)}),
-        threadblock(1, -1, std::vector<ef::Op>(static_cast<std::size_t>(deps), send(in(0))))};
+        make_tb(-1, -1, {make_op(OpCode::kNop, std::nullopt, std::nullopt, 0, on_all)}),
+        make_tb(1, -1, std::vector<ef::Op>(static_cast<std::size_t>(deps), send(in(0))))};
     rank_of(p, 1).threadblocks = {
-        threadblock(-1, 0, std::vector<ef::Op>(static_cast<std::size_t>(deps), recv(out(0))))};
+        make_tb(-1, 0, std::vector<ef::Op>(static_cast<std::size_t>(deps), recv(out(0))))};
     p.postconditions = {{1, 0, {{0, 0}}}};
     ExecOptions o = options_for(p, DataType::kFloat32, RedOp::kSum, false, 1);
     o.slot_bytes = 2;  // 2 iterations: the cursor must start over in the second

@@ -1,4 +1,5 @@
-// Small builders for hand-written EF programs in the ef_format tests: buffer references, ops
+// Small builders for hand-written EF programs in the tests (ef_format's, the host executor's):
+// buffer references, ops
 // (with optional count and dependencies), threadblocks, an empty program, and the 2-rank ring
 // allreduce several analyses are checked on.
 #pragma once
@@ -33,7 +34,9 @@ inline Op send(BufferRef src, int64_t count = 1, std::vector<Dependency> deps = 
 inline Op recv(BufferRef dst, int64_t count = 1, std::vector<Dependency> deps = {}) {
   return make_op(OpCode::kRecv, std::nullopt, dst, count, std::move(deps));
 }
-inline Op rrc(BufferRef src, BufferRef dst) { return make_op(OpCode::kRecvReduceCopy, src, dst); }
+inline Op rrc(BufferRef src, BufferRef dst, std::vector<Dependency> deps = {}) {
+  return make_op(OpCode::kRecvReduceCopy, src, dst, 1, std::move(deps));
+}
 inline Op rrs(BufferRef src) { return make_op(OpCode::kRecvReduceSend, src, std::nullopt); }
 inline Op rrcs(BufferRef src, BufferRef dst, int64_t count = 1) {
   return make_op(OpCode::kRecvReduceCopySend, src, dst, count);
