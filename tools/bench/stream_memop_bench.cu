@@ -11,7 +11,13 @@
 //                   sleeping and answers by storing 0, with the fences named (PTX), e.g.
 //                   "sc.sys;st" = fence.sc.sys then the store
 // The answers differ only in where their fences sit; the resident grid's end of a run is one of
-// them (resident_kernel.cu, finish_work).
+// them (resident_kernel.cu, finish_work). Then two streams served together, as a post for two
+// ranks sharing a GPU is (answer "st"):
+//   2 streams, event joins   stream B records an event that stream A waits for, A rings and
+//                            waits, A records an event that B waits for (the runtime's joins
+//                            around a post today)
+//   2 streams, a bell each   each stream rings its own word and waits for it; a one-thread
+//                            kernel answers once both rang (per-rank doorbells)
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
@@ -104,6 +110,20 @@ __global__ void echo_kernel(volatile uint32_t* word, const volatile uint32_t* st
   }
 }
 
+/// Answers two doorbells together: once both words are set, clears both.
+__global__ void echo_pair_kernel(volatile uint32_t* a, volatile uint32_t* b,
+                                 const volatile uint32_t* stop) {
+  if (threadIdx.x != 0) return;
+  for (;;) {
+    if (*a == 0 || *b == 0) {
+      if (*stop != 0) return;
+      continue;
+    }
+    *a = 0;
+    *b = 0;
+  }
+}
+
 using BatchMemOp = CUresult (*)(CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int);
 
 }  // namespace
@@ -144,21 +164,22 @@ int main(int argc, char** argv) {
     return 1;
   }
   const auto batch = reinterpret_cast<BatchMemOp>(entry);
-  const auto doorbell = [&](uint32_t value) {
+  const auto ring = [&](cudaStream_t on, uint32_t* bell, uint32_t value) {
     CUstreamBatchMemOpParams ops[2] = {};
     ops[0].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
-    ops[0].writeValue.address = reinterpret_cast<CUdeviceptr>(word);
+    ops[0].writeValue.address = reinterpret_cast<CUdeviceptr>(bell);
     ops[0].writeValue.value = value;
     ops[0].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
     ops[1].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
-    ops[1].waitValue.address = reinterpret_cast<CUdeviceptr>(word);
+    ops[1].waitValue.address = reinterpret_cast<CUdeviceptr>(bell);
     ops[1].waitValue.value = 0;
     ops[1].waitValue.flags = CU_STREAM_WAIT_VALUE_EQ;
-    if (batch(reinterpret_cast<CUstream>(stream), 2, ops, 0) != CUDA_SUCCESS) {
+    if (batch(reinterpret_cast<CUstream>(on), 2, ops, 0) != CUDA_SUCCESS) {
       std::fprintf(stderr, "stream_memop_bench: cuStreamBatchMemOp failed\n");
       std::exit(1);
     }
   };
+  const auto doorbell = [&](uint32_t value) { ring(stream, word, value); };
   using Clock = std::chrono::steady_clock;
   const auto time_loop = [&](const std::string& name, auto body) {
     for (int i = 0; i < 200; ++i) body(i);  // warm-up
@@ -183,5 +204,50 @@ int main(int argc, char** argv) {
     reinterpret_cast<volatile uint32_t*>(host)[0] = 1;
     check(cudaStreamSynchronize(echo_stream), "stopping the echo kernel");
   }
+
+  // Two streams served together. Timed until both streams are idle.
+  cudaStream_t second = nullptr;
+  check(cudaStreamCreateWithFlags(&second, cudaStreamNonBlocking), "cudaStreamCreate");
+  cudaEvent_t ready = nullptr, done = nullptr;
+  check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
+  check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
+  const auto time_two = [&](const std::string& name, auto body) {
+    for (int i = 0; i < 200; ++i) body(i);  // warm-up
+    // Not cudaDeviceSynchronize: the echo kernel runs until told to stop.
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    check(cudaStreamSynchronize(second), "cudaStreamSynchronize");
+    const auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) body(i);
+    const auto t1 = Clock::now();
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    check(cudaStreamSynchronize(second), "cudaStreamSynchronize");
+    const auto t2 = Clock::now();
+    std::printf("%-40s issue %7.2f us  per-iter %7.2f us\n", name.c_str(),
+                std::chrono::duration<double, std::micro>(t1 - t0).count() / iters,
+                std::chrono::duration<double, std::micro>(t2 - t0).count() / iters);
+    std::fflush(stdout);
+  };
+  host[0] = 0;
+  echo_kernel<<<1, 32, 0, echo_stream>>>(word, host_on_device, kPlain, host_on_device + 8);
+  check(cudaGetLastError(), "launching the echo kernel");
+  time_two("2 streams, event joins", [&](int i) {
+    check(cudaEventRecord(ready, second), "cudaEventRecord");
+    check(cudaStreamWaitEvent(stream, ready, 0), "cudaStreamWaitEvent");
+    doorbell(static_cast<uint32_t>(i % 1000) + 1);
+    check(cudaEventRecord(done, stream), "cudaEventRecord");
+    check(cudaStreamWaitEvent(second, done, 0), "cudaStreamWaitEvent");
+  });
+  reinterpret_cast<volatile uint32_t*>(host)[0] = 1;
+  check(cudaStreamSynchronize(echo_stream), "stopping the echo kernel");
+  host[0] = 0;
+  echo_pair_kernel<<<1, 32, 0, echo_stream>>>(word, word + 8, host_on_device);
+  check(cudaGetLastError(), "launching the echo kernel");
+  time_two("2 streams, a bell each", [&](int i) {
+    const auto value = static_cast<uint32_t>(i % 1000) + 1;
+    ring(stream, word, value);
+    ring(second, word + 8, value);
+  });
+  reinterpret_cast<volatile uint32_t*>(host)[0] = 1;
+  check(cudaStreamSynchronize(echo_stream), "stopping the echo kernel");
   return 0;
 }
