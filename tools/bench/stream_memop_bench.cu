@@ -11,8 +11,10 @@
 //                   sleeping and answers by storing 0, with the fences named (PTX), e.g.
 //                   "sc.sys;st" = fence.sc.sys then the store
 // The answers differ only in where their fences sit; the resident grid's end of a run is one of
-// them (resident_kernel.cu, finish_work). Then two streams served together, as a post for two
-// ranks sharing a GPU is (answer "st"):
+// them (resident_kernel.cu, finish_work). "echo st after D us" answers D µs after it saw the
+// doorbell, as a run of that length would. Then (answer "st") one stream recording an event after
+// each doorbell, as an executor does after a post, and two streams served together, as a post
+// for two ranks sharing a GPU is:
 //   2 streams, event joins   stream B records an event that stream A waits for, A rings and
 //                            waits, A records an event that B waits for (the runtime's joins
 //                            around a post today)
@@ -107,6 +109,24 @@ __global__ void echo_kernel(volatile uint32_t* word, const volatile uint32_t* st
         *host_word = n;
         break;
     }
+  }
+}
+
+/// Answers each doorbell `delay_ns` after it saw it (plain store), as a run of that length would.
+__global__ void delayed_echo_kernel(volatile uint32_t* word, const volatile uint32_t* stop,
+                                    uint64_t delay_ns) {
+  if (threadIdx.x != 0) return;
+  for (;;) {
+    if (*word == 0) {
+      if (*stop != 0) return;
+      continue;
+    }
+    uint64_t start = 0, now = 0;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < delay_ns);
+    *word = 0;
   }
 }
 
@@ -227,9 +247,22 @@ int main(int argc, char** argv) {
                 std::chrono::duration<double, std::micro>(t2 - t0).count() / iters);
     std::fflush(stdout);
   };
+  for (const uint64_t delay_us : {2, 5, 10}) {
+    host[0] = 0;
+    delayed_echo_kernel<<<1, 32, 0, echo_stream>>>(word, host_on_device, delay_us * 1000);
+    check(cudaGetLastError(), "launching the echo kernel");
+    time_loop("echo st after " + std::to_string(delay_us) + " us",
+              [&](int i) { doorbell(static_cast<uint32_t>(i % 1000) + 1); });
+    reinterpret_cast<volatile uint32_t*>(host)[0] = 1;
+    check(cudaStreamSynchronize(echo_stream), "stopping the echo kernel");
+  }
   host[0] = 0;
   echo_kernel<<<1, 32, 0, echo_stream>>>(word, host_on_device, kPlain, host_on_device + 8);
   check(cudaGetLastError(), "launching the echo kernel");
+  time_two("1 stream, an event recorded after", [&](int i) {
+    doorbell(static_cast<uint32_t>(i % 1000) + 1);
+    check(cudaEventRecord(done, stream), "cudaEventRecord");
+  });
   time_two("2 streams, event joins", [&](int i) {
     check(cudaEventRecord(ready, second), "cudaEventRecord");
     check(cudaStreamWaitEvent(stream, ready, 0), "cudaStreamWaitEvent");
