@@ -5,7 +5,7 @@
 // synchronisation:
 //
 //   shared_gpu_switch_bench [--procs 2] [--iters 2000] [--mode pingpong|last|served|spin]
-//                           [--bytes N]
+//                           [--bytes N] [--limit 120]
 //
 //   pingpong  strict turns: process r waits on the host (a word in shared host memory) for its
 //             turn, then launches a one-thread kernel that hands the turn on. One iteration is
@@ -29,8 +29,11 @@
 //
 // Every process prints µs per iteration of a loop that enqueues without waiting, then µs per
 // iteration synchronised each time. Processes are forked before CUDA starts; device 0. A
-// kernel's wait gives up after 10 s (a process gone) and the parent kills its children after
-// 120 s, so a broken run ends with a non-zero exit instead of hanging.
+// kernel's or the host's wait for another process gives up after 10 s (a process gone), process
+// 0 leaves only once the others have closed their mapping of its memory (or 10 s passed), and
+// the parent kills its children after --limit seconds (default 120), so a broken run ends with a
+// non-zero exit instead of hanging. (A stream waiting with cuStreamWaitValue32 for a process that
+// is gone has no deadline of its own: the parent's limit ends it.)
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <signal.h>
@@ -84,8 +87,14 @@ void* driver_entry(const char* name) {
 WaitValue32 wait_value32() { return reinterpret_cast<WaitValue32>(driver_entry("cuStreamWaitValue32")); }
 WriteValue32 write_value32() { return reinterpret_cast<WriteValue32>(driver_entry("cuStreamWriteValue32")); }
 
-/// Spins at most ~10 s of GPU clock (1.98 GHz on H100/H200 at most; a lower clock waits longer).
-constexpr long long kKernelSpinCycles = 20'000'000'000LL;
+/// A kernel's wait gives up after this long (the GPU's global timer, nanoseconds).
+constexpr uint64_t kKernelWaitNs = 10'000'000'000ULL;
+
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
 
 __global__ void hand_on(volatile uint32_t* turn, uint32_t next) {
   __threadfence_system();
@@ -103,15 +112,16 @@ __global__ void finish_if_last(const uint32_t* last, volatile uint32_t* done, ui
   *done = iteration;
 }
 
-/// Thread r (1 <= r < procs) answers process r's doorbells 1 .. calls in order.
+/// Lane 0 of warp r (1 <= r < procs) answers process r's doorbells 1 .. calls in order (a warp
+/// per process, so that the processes' polls do not diverge within one warp).
 __global__ void serve(volatile uint32_t* doorbells, volatile uint32_t* answers, uint32_t procs,
                       uint32_t calls, uint32_t* timed_out) {
-  const uint32_t r = threadIdx.x;
-  if (r == 0 || r >= procs) return;
+  const uint32_t r = threadIdx.x / 32;
+  if (threadIdx.x % 32 != 0 || r == 0 || r >= procs) return;
   for (uint32_t k = 1; k <= calls; ++k) {
-    const long long start = clock64();
+    const uint64_t start = global_ns();
     while (doorbells[r * 32] < k) {
-      if (clock64() - start > kKernelSpinCycles) {
+      if (global_ns() - start > kKernelWaitNs) {
         *timed_out = 1;
         return;
       }
@@ -124,9 +134,9 @@ __global__ void serve(volatile uint32_t* doorbells, volatile uint32_t* answers, 
 __global__ void arrive_and_spin(uint32_t* arrivals, uint32_t iteration, uint32_t procs,
                                 uint32_t* timed_out) {
   atomicAdd(arrivals, 1u);
-  const long long start = clock64();
+  const uint64_t start = global_ns();
   while (atomicAdd(arrivals, 0u) < iteration * procs) {
-    if (clock64() - start > kKernelSpinCycles) {
+    if (global_ns() - start > kKernelWaitNs) {
       *timed_out = 1;
       return;
     }
@@ -138,6 +148,7 @@ struct Options {
   int iters = 2000;
   std::string mode = "last";
   long long bytes = 0;  // served: staging copies per call
+  int limit_s = 120;    // the parent kills the processes after this long
 };
 
 Options parse(int argc, char** argv) {
@@ -149,18 +160,21 @@ Options parse(int argc, char** argv) {
     else if (a == "--iters" && has_value) o.iters = std::atoi(argv[++i]);
     else if (a == "--mode" && has_value) o.mode = argv[++i];
     else if (a == "--bytes" && has_value) o.bytes = std::atoll(argv[++i]);
+    else if (a == "--limit" && has_value) o.limit_s = std::atoi(argv[++i]);
     else {
       std::fprintf(stderr, "usage: shared_gpu_switch_bench [--procs 1..%d] [--iters N] "
-                           "[--mode pingpong|last|served|spin] [--bytes N] (unknown argument '%s')\n",
+                           "[--mode pingpong|last|served|spin] [--bytes N] [--limit S] (unknown argument '%s')\n",
                    kMaxProcs, a.c_str());
       std::exit(2);
     }
   }
   if (o.procs < 1 || o.procs > kMaxProcs || o.iters < 4 ||
       (o.mode != "pingpong" && o.mode != "last" && o.mode != "spin" && o.mode != "served") ||
-      (o.mode == "served" && o.procs < 2) || o.bytes < 0 || o.bytes > (1LL << 30)) {
+      (o.mode == "served" && o.procs < 2) || o.bytes < 0 || o.bytes > (1LL << 30) ||
+      (o.bytes > 0 && o.mode != "served") || o.limit_s < 1) {
     std::fprintf(stderr, "shared_gpu_switch_bench: --procs 1..%d, --iters >= 4, --mode "
-                         "pingpong|last|served|spin (served: --procs >= 2), --bytes 0..2^30\n", kMaxProcs);
+                         "pingpong|last|served|spin (served: --procs >= 2), --bytes 0..2^30 (served only), "
+                         "--limit >= 1\n", kMaxProcs);
     std::exit(2);
   }
   return o;
@@ -172,6 +186,7 @@ struct SharedHost {
   uint32_t pad[15];
   cudaIpcMemHandle_t arrivals_handle;
   volatile uint32_t handle_ready;
+  uint32_t closed;  // processes other than 0 that are done with rank 0's memory
 };
 
 int run_process(const Options& o, int rank, SharedHost* shared) {
@@ -228,6 +243,7 @@ int run_process(const Options& o, int rank, SharedHost* shared) {
       const auto deadline = std::chrono::steady_clock::now() + kHostWaitLimit;
       while (shared->turn != mine && !host_timed_out)
         host_timed_out = std::chrono::steady_clock::now() > deadline;
+      if (host_timed_out) return;  // the turn stays here: the others time out too
       hand_on<<<1, 1, 0, stream>>>(turn_device, mine + 1);
     } else if (o.mode == "last") {
       arrive<<<1, 1, 0, stream>>>(arrivals, iteration, o.procs, local);
@@ -264,12 +280,30 @@ int run_process(const Options& o, int rank, SharedHost* shared) {
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / n;
   };
+  // Rank 0's memory is mapped by the others: it may leave only once they have closed it.
+  const auto leave = [&](int rc) {
+    if (rank != 0) {
+      if (cudaStreamSynchronize(stream) == cudaSuccess) (void)cudaIpcCloseMemHandle(words);
+      __atomic_add_fetch(&shared->closed, 1u, __ATOMIC_ACQ_REL);
+      return rc;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + kHostWaitLimit;
+    while (__atomic_load_n(&shared->closed, __ATOMIC_ACQUIRE) < static_cast<uint32_t>(o.procs - 1)) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        std::fprintf(stderr, "shared_gpu_switch_bench: rank 0: the others did not release its "
+                             "memory within 10 s\n");
+        return 1;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    return rc;
+  };
   const int warmup = o.mode == "spin" ? 4 : 100;
   if (o.mode == "served" && rank == 0) {
     // The server: one kernel answering every call of the others (warm-up, enqueued, synced).
     const uint32_t calls = static_cast<uint32_t>(warmup + o.iters + o.iters / 4);
     const auto t0 = std::chrono::steady_clock::now();
-    serve<<<1, 32, 0, stream>>>(doorbells, answers, o.procs, calls, local + 1);
+    serve<<<1, 32 * o.procs, 0, stream>>>(doorbells, answers, o.procs, calls, local + 1);
     check(cudaGetLastError(), "kernel launch");
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
@@ -277,12 +311,12 @@ int run_process(const Options& o, int rank, SharedHost* shared) {
     check(cudaMemcpy(&timed_out, local + 1, 4, cudaMemcpyDeviceToHost), "cudaMemcpy");
     if (timed_out) {
       std::fprintf(stderr, "shared_gpu_switch_bench: the server waited 10 s for a doorbell\n");
-      return 1;
+      return leave(1);
     }
     std::printf("mode served procs %d rank 0: served %u calls per process in %.0f us\n", o.procs,
                 calls, us);
     std::fflush(stdout);
-    return 0;
+    return leave(0);
   }
   timed(warmup, false);
   const double enqueued = timed(o.iters, false);
@@ -292,12 +326,13 @@ int run_process(const Options& o, int rank, SharedHost* shared) {
   if (host_timed_out || kernel_timed_out) {
     std::fprintf(stderr, "shared_gpu_switch_bench: rank %d: a wait for the other processes gave up "
                          "after 10 s\n", rank);
-    return 1;
+    return leave(1);
   }
-  std::printf("mode %s procs %d bytes %lld rank %d: %.2f us per call enqueued, %.2f us per call synchronized "
-              "(%d calls)\n", o.mode.c_str(), o.procs, o.bytes, rank, enqueued, synced, o.iters);
+  std::printf("mode %s procs %d bytes %lld rank %d: %.2f us per call enqueued (%d calls), %.2f us "
+              "per call synchronized (%d calls)\n",
+              o.mode.c_str(), o.procs, o.bytes, rank, enqueued, o.iters, synced, o.iters / 4);
   std::fflush(stdout);
-  return 0;
+  return leave(0);
 }
 
 }  // namespace
@@ -322,7 +357,7 @@ int main(int argc, char** argv) {
     if (children[r] == 0) std::_Exit(run_process(o, r, shared));
   }
   int failed = 0, left = o.procs;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(o.limit_s);
   while (left > 0) {
     int status = 0;
     const pid_t pid = waitpid(-1, &status, WNOHANG);
@@ -330,7 +365,8 @@ int main(int argc, char** argv) {
       --left;
       if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
     } else if (std::chrono::steady_clock::now() > deadline) {
-      std::fprintf(stderr, "shared_gpu_switch_bench: processes still running after 120 s; killed\n");
+      std::fprintf(stderr, "shared_gpu_switch_bench: processes still running after %d s (--limit); "
+                           "killed\n", o.limit_s);
       for (int r = 0; r < o.procs; ++r) kill(children[r], SIGKILL);
       while (waitpid(-1, &status, 0) > 0) {}
       return 1;

@@ -20,6 +20,8 @@
 //                            around a post today)
 //   2 streams, a bell each   each stream rings its own word and waits for it; a one-thread
 //                            kernel answers once both rang (per-rank doorbells)
+// The echo kernels poll until the host raises their stop word and the streams' waits have no
+// deadline: a probe for a working GPU, not a test (run it under `timeout`).
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
