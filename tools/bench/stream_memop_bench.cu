@@ -275,7 +275,7 @@ int main(int argc, char** argv) {
     reinterpret_cast<volatile uint32_t*>(host)[0] = 1;
     check(cudaStreamSynchronize(echo_stream), "stopping the echo kernel");
   }
-  // The 2 µs delayed echo with other ways of waiting: does any see the answer sooner?
+  // The delayed echo with other ways of waiting: does any see the answer sooner?
   struct WaitVariant {
     const char* name;
     uint32_t* bell;
