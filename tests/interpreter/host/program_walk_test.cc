@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "program_builders.h"
+
 namespace efccl::host {
 namespace {
 
@@ -15,24 +17,8 @@ using ef::BufferKind;
 using ef::BufferRef;
 using ef::OpCode;
 
-ef::Op make_op(OpCode code, std::optional<BufferRef> src, std::optional<BufferRef> dst,
-               int64_t count, std::vector<ef::Dependency> deps = {}) {
-  ef::Op o;
-  o.code = code;
-  o.src = src;
-  o.dst = dst;
-  o.count = count;
-  o.deps = std::move(deps);
-  return o;
-}
-
-ef::Threadblock threadblock(int32_t send, int32_t recv, std::vector<ef::Op> ops) {
-  ef::Threadblock tb;
-  tb.send_peer = send;
-  tb.recv_peer = recv;
-  tb.ops = std::move(ops);
-  return tb;
-}
+using ef::test_builders::make_op;
+using ef::test_builders::make_tb;
 
 /// Rank 0 sends three chunks to rank 1 in one op; rank 1 receives them in one op, and a second
 /// threadblock of rank 1 waits for that receive with a nop.
@@ -45,10 +31,10 @@ ef::Program three_units() {
   p.ranks[0].input_chunks = 3;
   p.ranks[1].output_chunks = 3;
   p.ranks[0].threadblocks = {
-      threadblock(1, -1, {make_op(OpCode::kSend, BufferRef{BufferKind::kInput, 0}, {}, 3)})};
+      make_tb(1, -1, {make_op(OpCode::kSend, BufferRef{BufferKind::kInput, 0}, {}, 3)})};
   p.ranks[1].threadblocks = {
-      threadblock(-1, 0, {make_op(OpCode::kRecv, {}, BufferRef{BufferKind::kOutput, 0}, 3)}),
-      threadblock(-1, -1, {make_op(OpCode::kNop, {}, {}, 0, {{0, 0}})})};
+      make_tb(-1, 0, {make_op(OpCode::kRecv, {}, BufferRef{BufferKind::kOutput, 0}, 3)}),
+      make_tb(-1, -1, {make_op(OpCode::kNop, {}, {}, 0, {{0, 0}})})};
   return p;
 }
 
