@@ -187,25 +187,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   const auto batch = reinterpret_cast<BatchMemOp>(entry);
-  const auto ring = [&](cudaStream_t on, uint32_t* bell, uint32_t value) {
-    CUstreamBatchMemOpParams ops[2] = {};
-    ops[0].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
-    ops[0].writeValue.address = reinterpret_cast<CUdeviceptr>(bell);
-    ops[0].writeValue.value = value;
-    ops[0].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
-    ops[1].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
-    ops[1].waitValue.address = reinterpret_cast<CUdeviceptr>(bell);
-    ops[1].waitValue.value = 0;
-    ops[1].waitValue.flags = CU_STREAM_WAIT_VALUE_EQ;
-    if (batch(reinterpret_cast<CUstream>(on), 2, ops, 0) != CUDA_SUCCESS) {
-      std::fprintf(stderr, "stream_memop_bench: cuStreamBatchMemOp failed\n");
-      std::exit(1);
-    }
-  };
-  const auto doorbell = [&](uint32_t value) { ring(stream, word, value); };
-  // A doorbell with other wait flags, or its write and wait enqueued as two batches; false when
-  // the driver refuses it.
-  const auto ring_with = [&](uint32_t* bell, uint32_t value, unsigned wait_flags, bool split) {
+  // A doorbell on `on`: write `*bell = value`, then wait until it is 0 (the answer); the wait
+  // with `wait_flags`, in the same batch as the write or (`split`) in a batch of its own. False
+  // when the driver refuses it.
+  const auto try_ring = [&](cudaStream_t on, uint32_t* bell, uint32_t value, unsigned wait_flags,
+                            bool split) {
     CUstreamBatchMemOpParams ops[2] = {};
     ops[0].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
     ops[0].writeValue.address = reinterpret_cast<CUdeviceptr>(bell);
@@ -215,10 +201,17 @@ int main(int argc, char** argv) {
     ops[1].waitValue.address = reinterpret_cast<CUdeviceptr>(bell);
     ops[1].waitValue.value = 0;
     ops[1].waitValue.flags = wait_flags;
-    const auto cu = reinterpret_cast<CUstream>(stream);
+    const auto cu = reinterpret_cast<CUstream>(on);
     if (!split) return batch(cu, 2, ops, 0) == CUDA_SUCCESS;
     return batch(cu, 1, &ops[0], 0) == CUDA_SUCCESS && batch(cu, 1, &ops[1], 0) == CUDA_SUCCESS;
   };
+  const auto ring = [&](cudaStream_t on, uint32_t* bell, uint32_t value) {
+    if (!try_ring(on, bell, value, CU_STREAM_WAIT_VALUE_EQ, false)) {
+      std::fprintf(stderr, "stream_memop_bench: cuStreamBatchMemOp failed\n");
+      std::exit(1);
+    }
+  };
+  const auto doorbell = [&](uint32_t value) { ring(stream, word, value); };
   using Clock = std::chrono::steady_clock;
   const auto time_loop = [&](const std::string& name, auto body) {
     for (int i = 0; i < 200; ++i) body(i);  // warm-up
@@ -299,7 +292,7 @@ int main(int argc, char** argv) {
     check(cudaGetLastError(), "launching the echo kernel");
     bool ok = true;
     time_loop(std::string("echo ") + v.name, [&](int i) {
-      if (ok) ok = ring_with(v.bell, static_cast<uint32_t>(i % 1000) + 1, v.flags, v.split);
+      if (ok) ok = try_ring(stream, v.bell, static_cast<uint32_t>(i % 1000) + 1, v.flags, v.split);
     });
     if (!ok) std::printf("  (the driver refused this wait: the line above is not a measurement)\n");
     reinterpret_cast<volatile uint32_t*>(host)[0] = 1;
