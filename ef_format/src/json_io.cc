@@ -61,8 +61,10 @@ constexpr std::array<std::string_view, 17> kProgramFields = {
 constexpr std::array<std::string_view, 4> kRankFields = {"input_chunks", "output_chunks",
                                                          "scratch_chunks", "threadblocks"};
 constexpr std::array<std::string_view, 4> kThreadblockFields = {"send", "recv", "channel", "ops"};
-constexpr std::array<std::string_view, 5> kOpFields = {"op", "src", "dst", "count", "deps"};
+constexpr std::array<std::string_view, 7> kOpFields = {"op",      "src",     "dst", "count",
+                                                       "sources", "targets", "deps"};
 constexpr std::array<std::string_view, 2> kBufferRefFields = {"buf", "off"};
+constexpr std::array<std::string_view, 3> kRankBufferRefFields = {"rank", "buf", "off"};
 constexpr std::array<std::string_view, 2> kDependencyFields = {"tb", "op"};
 constexpr std::array<std::string_view, 3> kPostconditionFields = {"rank", "index", "sources"};
 constexpr std::array<std::string_view, 2> kChunkSourceFields = {"rank", "index"};
@@ -574,7 +576,7 @@ class StructureReader {
   Op read_op(const Json& v, const std::string& at) {
     Op op;
     if (!object(v, at, "an op object", kOpFields)) return op;
-    if (auto code = enum_field<OpCode, 9>(v, at, "op", parse_op_code)) op.code = *code;
+    if (auto code = enum_field<OpCode, 10>(v, at, "op", parse_op_code)) op.code = *code;
     if (v.contains("src")) op.src = read_buffer_ref(v["src"], at + "/src");
     if (v.contains("dst")) op.dst = read_buffer_ref(v["dst"], at + "/dst");
     op.count = int_field(v, at, "count", kChunksRange, kRequired);
@@ -588,7 +590,28 @@ class StructureReader {
                            int32_field(dep, dep_at, "op", kIndexRange, kRequired)});
       }
     }
+    read_rank_buffer_refs(v, at, "sources", op.sources);
+    read_rank_buffer_refs(v, at, "targets", op.targets);
     return op;
+  }
+
+  /// mrc's operand lists: [{"rank", "buf", "off"}, ...] (which ops take them is validation's).
+  void read_rank_buffer_refs(const Json& v, const std::string& at, const char* key,
+                             std::vector<RankBufferRef>& out) {
+    const Json* list = array_field(v, at, key, /*required=*/false);
+    if (list == nullptr) return;
+    out.reserve(std::min<std::size_t>(list->size(), kMaxMultiOperands + 1));
+    for (std::size_t i = 0; i < list->size() && !full(); ++i) {
+      const std::string ref_at = at + "/" + key + "/" + std::to_string(i);
+      const Json& item = (*list)[i];
+      if (!object(item, ref_at, "a rank buffer reference object", kRankBufferRefFields)) continue;
+      RankBufferRef ref;
+      ref.rank = int32_field(item, ref_at, "rank", kRankRange, kRequired);
+      if (auto buffer = enum_field<BufferKind, 3>(item, ref_at, "buf", parse_buffer_kind))
+        ref.buffer = *buffer;
+      ref.offset = int_field(item, ref_at, "off", kChunksRange, kRequired);
+      out.push_back(ref);
+    }
   }
 
   BufferRef read_buffer_ref(const Json& v, const std::string& at) {
@@ -816,6 +839,19 @@ void append_op(std::string& out, const Op& op) {
     append_buffer_ref(out, *op.dst);
   }
   out += ", \"count\": " + std::to_string(op.count);
+  const auto append_refs = [&](const char* key, const std::vector<RankBufferRef>& refs) {
+    if (refs.empty()) return;
+    out += std::string(", \"") + key + "\": [";
+    for (std::size_t i = 0; i < refs.size(); ++i) {
+      if (i > 0) out += ", ";
+      out += "{\"rank\": " + std::to_string(refs[i].rank) + ", \"buf\": ";
+      append_string(out, to_string(refs[i].buffer));
+      out += ", \"off\": " + std::to_string(refs[i].offset) + "}";
+    }
+    out += "]";
+  };
+  append_refs("sources", op.sources);
+  append_refs("targets", op.targets);
   if (!op.deps.empty()) {
     out += ", \"deps\": [";
     for (std::size_t i = 0; i < op.deps.size(); ++i) {

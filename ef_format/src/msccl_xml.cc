@@ -642,6 +642,9 @@ Status check_exportable(const Program& program) {
     for (std::size_t t = 0; t < tbs.size(); ++t) {
       for (std::size_t i = 0; i < tbs[t].ops.size(); ++i) {
         const Op& op = tbs[t].ops[i];
+        if (op.code == OpCode::kMultiReduceCopy || !op.sources.empty() || !op.targets.empty())
+          return Status::error(op_name(r, t, i) +
+                               " is a multi-rank op (mrc); MSCCL XML has no form for it");
         if (op.src.has_value() != op_reads_src(op.code) ||
             op.dst.has_value() != op_writes_dst(op.code))
           return Status::error(op_name(r, t, i) + " (" + std::string(to_string(op.code)) +
@@ -716,7 +719,8 @@ void append_rank(std::string& out, std::size_t r, const Rank& rank) {
       std::vector<Dependency> deps = op.deps;
       for (Dependency& d : deps)
         d.op = step_of[static_cast<std::size_t>(d.tb)][static_cast<std::size_t>(d.op)];
-      const Op nop{OpCode::kNop, std::nullopt, std::nullopt, 0, {}, std::nullopt};
+      Op nop;  // kNop, count 0, no operands
+      nop.count = 0;
       for (std::size_t k = 0; k + 1 < deps.size(); ++k) append_step(out, s++, nop, &deps[k], false);
       append_step(out, s++, op, deps.empty() ? nullptr : &deps.back(), has_dependents[t][i]);
     }

@@ -18,11 +18,12 @@ constexpr std::array<std::string_view, 9> kCollectiveNames = {
     "alltoall",  "gather",    "scatter",       "custom"};
 constexpr std::array<std::string_view, 3> kProtocolNames = {"Simple", "LL", "LL128"};
 constexpr std::array<std::string_view, 3> kBufferNames = {"input", "output", "scratch"};
-constexpr std::array<std::string_view, 9> kOpNames = {
-    "send", "recv", "copy", "reduce", "rcs", "rrc", "rrs", "rrcs", "nop"};
+constexpr std::array<std::string_view, 10> kOpNames = {
+    "send", "recv", "copy", "reduce", "rcs", "rrc", "rrs", "rrcs", "nop", "mrc"};
 constexpr std::array<std::string_view, 3> kSlotLocationNames = {"receiver", "host", "device"};
-constexpr std::array<std::string_view, 9> kMscclOpNames = {"s",   "r",   "cpy",  "re", "rcs",
-                                                           "rrc", "rrs", "rrcs", "nop"};
+// mrc has no MSCCL spelling: its name here is for messages only, and parsing refuses it.
+constexpr std::array<std::string_view, 10> kMscclOpNames = {"s",   "r",   "cpy",  "re",  "rcs",
+                                                            "rrc", "rrs", "rrcs", "nop", "mrc"};
 
 }  // namespace
 
@@ -69,7 +70,9 @@ std::optional<SlotLocation> parse_slot_location(std::string_view s) {
   return parse_enum<SlotLocation>(kSlotLocationNames, s);
 }
 std::optional<OpCode> parse_msccl_op_code(std::string_view s) {
-  return parse_enum<OpCode>(kMscclOpNames, s);
+  const std::optional<OpCode> code = parse_enum<OpCode>(kMscclOpNames, s);
+  if (code == OpCode::kMultiReduceCopy) return std::nullopt;
+  return code;
 }
 
 bool op_receives(OpCode op) {
@@ -92,7 +95,16 @@ bool op_writes_dst(OpCode op) {
 }
 bool op_reduces(OpCode op) {
   return op == OpCode::kReduce || op == OpCode::kRecvReduceCopy ||
-         op == OpCode::kRecvReduceSend || op == OpCode::kRecvReduceCopySend;
+         op == OpCode::kRecvReduceSend || op == OpCode::kRecvReduceCopySend ||
+         op == OpCode::kMultiReduceCopy;
+}
+
+bool uses_multi_rank_ops(const Program& p) {
+  for (const Rank& rank : p.ranks)
+    for (const Threadblock& tb : rank.threadblocks)
+      for (const Op& op : tb.ops)
+        if (op.code == OpCode::kMultiReduceCopy) return true;
+  return false;
 }
 
 bool collective_reduces(Collective c) {

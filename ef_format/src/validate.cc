@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "inplace_shift.h"
 #include "wait_for_graph.h"
 
 namespace efccl::ef {
@@ -32,7 +33,9 @@ constexpr uint64_t kCapacityVisitBudget = uint64_t{1} << 27;
 /// Sweeps remembered for detecting a periodic streaming regime (see CapacitySimulation).
 constexpr std::size_t kMaxPeriod = 4;
 
-bool is_known(OpCode code) { return static_cast<int>(code) <= static_cast<int>(OpCode::kNop); }
+bool is_known(OpCode code) {
+  return static_cast<int>(code) <= static_cast<int>(OpCode::kMultiReduceCopy);
+}
 bool is_known(BufferKind b) { return static_cast<int>(b) <= static_cast<int>(BufferKind::kScratch); }
 bool is_known(Collective c) { return static_cast<int>(c) <= static_cast<int>(Collective::kCustom); }
 
@@ -333,6 +336,8 @@ class Validator {
     check_placements();
     const bool declarations_ok = check_threadblocks();
     const bool graph_ok = check_ops();
+    // Only on an otherwise valid op list: its sweep adds offsets the earlier rules bound.
+    if (graph_ok && multi_ops_ && out_.empty()) check_multi_rank_exclusive();
     if (full() || !declarations_ok) return std::move(out_);
     const std::vector<ConnectionEnds> connections = detail::find_connections(p_);
     if (!check_connections(connections) || !graph_ok || full()) return std::move(out_);
@@ -715,7 +720,7 @@ class Validator {
     const Threadblock& tb = p_.ranks[r].threadblocks[t];
     const Op& op = tb.ops[i];
     if (!is_known(op.code)) {
-      report(where(r, t, i, "op"), "op-operands", op_name(op.code) + "; expected send, recv, copy, reduce, rcs, rrc, rrs, rrcs or nop");
+      report(where(r, t, i, "op"), "op-operands", op_name(op.code) + "; expected send, recv, copy, reduce, rcs, rrc, rrs, rrcs, nop or mrc");
       return false;
     }
     const std::string name(to_string(op.code));
@@ -739,6 +744,7 @@ class Validator {
                  (nop ? "0" : "at least 1"));
       operands_ok = counts_ok_ = false;
     }
+    operands_ok &= check_multi_operands(r, t, i);
     if (operands_ok) {
       if (op.src) check_range(r, t, i, "src", *op.src, op.count);
       if (op.dst) check_range(r, t, i, "dst", *op.dst, op.count);
@@ -799,6 +805,219 @@ class Validator {
            std::string(field) + " " + describe_chunks(ref.offset, count) + " outside " +
                std::string(to_string(ref.buffer)) + " buffer of " + std::to_string(size) +
                " chunks");
+  }
+
+  /// mrc: 1..kMaxMultiOperands sources in input buffers and targets in output buffers, each
+  /// `count` chunks inside its rank's buffer; a source may meet a target of the same op only
+  /// exactly (each element is read before the same thread writes it), targets not at all. Other
+  /// ops take no sources or targets. False when the op's operands are unusable.
+  bool check_multi_operands(std::size_t r, std::size_t t, std::size_t i) {
+    const Op& op = p_.ranks[r].threadblocks[t].ops[i];
+    if (op.code != OpCode::kMultiReduceCopy) {
+      if (op.sources.empty() && op.targets.empty()) return true;
+      report(where(r, t, i, op.sources.empty() ? "targets" : "sources"), "op-operands",
+             op_name(op.code) + " takes no sources or targets (only mrc does)");
+      return false;
+    }
+    multi_ops_ = true;
+    bool ok = true;
+    const auto check_list = [&](const char* field, const std::vector<RankBufferRef>& refs,
+                                BufferKind expected) {
+      if (refs.empty() || refs.size() > static_cast<std::size_t>(kMaxMultiOperands)) {
+        report(where(r, t, i, field), "op-operands",
+               "mrc has " + std::to_string(refs.size()) + " " + field + "; expected 1.." +
+                   std::to_string(kMaxMultiOperands));
+        ok = false;
+        return;
+      }
+      for (std::size_t k = 0; k < refs.size(); ++k) {
+        const RankBufferRef& ref = refs[k];
+        const std::string at = std::string(field) + "[" + std::to_string(k) + "]";
+        if (ref.rank < 0 || ref.rank >= static_cast<int32_t>(p_.ranks.size())) {
+          report(where(r, t, i, field), "op-operands",
+                 at + " names rank " + std::to_string(ref.rank) + "; expected 0.." + last_rank());
+          ok = false;
+        } else if (ref.buffer != expected) {
+          report(where(r, t, i, field), "op-operands",
+                 at + " is in the " +
+                     (is_known(ref.buffer) ? std::string(to_string(ref.buffer))
+                                           : std::string("unknown")) +
+                     " buffer; mrc reads input buffers and writes output buffers");
+          ok = false;
+        } else if (op.count >= 1) {
+          const Rank& rank = p_.ranks[static_cast<std::size_t>(ref.rank)];
+          const int64_t size =
+              expected == BufferKind::kInput ? rank.input_chunks : rank.output_chunks;
+          if (ref.offset < 0 || op.count > size || ref.offset > size - op.count) {
+            report(where(r, t, i, field), "buffer-range",
+                   at + " " + describe_chunks(ref.offset, op.count) + " outside rank " +
+                       std::to_string(ref.rank) + "'s " + std::string(to_string(ref.buffer)) +
+                       " buffer of " + std::to_string(size) + " chunks");
+            ok = false;
+          }
+        }
+      }
+    };
+    check_list("sources", op.sources, BufferKind::kInput);
+    check_list("targets", op.targets, BufferKind::kOutput);
+    return ok;
+  }
+
+  // ---- multi-rank-exclusive ----
+  /// An mrc op reads and writes other ranks' buffers with no connection ordering it against
+  /// their ops, so in every call mode the program allows (in place with NCCL's aliasing) no
+  /// other op may write the chunks an mrc reads or touch the chunks it writes (reads of the
+  /// same chunks are fine), and within one mrc no two targets overlap and a source meets a
+  /// target only exactly. Sorted sweeps over each rank's memory keep it O(n log n) in the
+  /// number of operands.
+  void check_multi_rank_exclusive() {
+    if (p_.outofplace) check_multi_rank_exclusive_in(/*inplace=*/false);
+    if (p_.inplace && !full()) check_multi_rank_exclusive_in(/*inplace=*/true);
+  }
+
+  struct Access {
+    int32_t rank = 0;
+    int32_t space = 0;  ///< BufferKind, or kInput for an output aliasing the input in place
+    int64_t begin = 0, end = 0;
+    int64_t group = -1;  ///< the mrc op's number, -1 for other ops
+    bool write = false;
+    detail::OpPosition at;
+    std::string field;
+  };
+
+  void check_multi_rank_exclusive_in(bool inplace) {
+    std::vector<Access> accesses;
+    std::vector<std::optional<int64_t>> shift(p_.ranks.size());
+    if (inplace)
+      for (std::size_t q = 0; q < p_.ranks.size(); ++q)
+        shift[q] = detail::output_to_input_shift(p_, q);
+    const auto add = [&](int32_t rank, BufferKind buffer, int64_t offset, int64_t count,
+                         int64_t group, bool write, const detail::OpPosition& at,
+                         std::string field) {
+      Access a;
+      a.rank = rank;
+      a.space = static_cast<int32_t>(buffer);
+      a.begin = offset;
+      if (buffer == BufferKind::kOutput && shift[static_cast<std::size_t>(rank)]) {
+        a.space = static_cast<int32_t>(BufferKind::kInput);
+        a.begin += *shift[static_cast<std::size_t>(rank)];
+      }
+      a.end = a.begin + count;
+      a.group = group;
+      a.write = write;
+      a.at = at;
+      a.field = std::move(field);
+      accesses.push_back(std::move(a));
+    };
+    int64_t groups = 0;
+    for (std::size_t r = 0; r < p_.ranks.size(); ++r) {
+      const auto& tbs = p_.ranks[r].threadblocks;
+      for (std::size_t t = 0; t < tbs.size(); ++t) {
+        for (std::size_t i = 0; i < tbs[t].ops.size(); ++i) {
+          const Op& op = tbs[t].ops[i];
+          const detail::OpPosition at{static_cast<int32_t>(r), static_cast<int32_t>(t),
+                                      static_cast<int32_t>(i)};
+          const auto rank = static_cast<int32_t>(r);
+          if (op.code != OpCode::kMultiReduceCopy) {
+            if (op.src) add(rank, op.src->buffer, op.src->offset, op.count, -1, false, at, "src");
+            if (op.dst) add(rank, op.dst->buffer, op.dst->offset, op.count, -1, true, at, "dst");
+            continue;
+          }
+          const std::size_t first = accesses.size();
+          for (std::size_t k = 0; k < op.sources.size(); ++k)
+            add(op.sources[k].rank, op.sources[k].buffer, op.sources[k].offset, op.count, groups,
+                false, at, "sources[" + std::to_string(k) + "]");
+          for (std::size_t k = 0; k < op.targets.size(); ++k)
+            add(op.targets[k].rank, op.targets[k].buffer, op.targets[k].offset, op.count, groups,
+                true, at, "targets[" + std::to_string(k) + "]");
+          ++groups;
+          // Within the op (at most 2 * kMaxMultiOperands operands).
+          for (std::size_t a = first; a < accesses.size() && !full(); ++a)
+            for (std::size_t b = a + 1; b < accesses.size(); ++b) {
+              const Access& x = accesses[a];
+              const Access& y = accesses[b];
+              if (x.rank != y.rank || x.space != y.space || x.end <= y.begin || y.end <= x.begin ||
+                  (!x.write && !y.write))
+                continue;
+              if (x.write != y.write && x.begin == y.begin) continue;  // read, then written
+              report(where(at.rank, at.tb, at.op, y.write ? "targets" : "sources"),
+                     "multi-rank-exclusive",
+                     x.field + " and " + y.field + " overlap in rank " + std::to_string(x.rank) +
+                         "'s memory" + mode_text(inplace) +
+                         "; expected targets apart from each other, and a source meeting a "
+                         "target only exactly");
+              break;
+            }
+        }
+      }
+    }
+    std::sort(accesses.begin(), accesses.end(), [](const Access& a, const Access& b) {
+      return std::tie(a.rank, a.space, a.begin) < std::tie(b.rank, b.space, b.begin);
+    });
+    // Per (rank, space), over the accesses before x: how far other ops' accesses reach (all,
+    // and writes only), and how far mrc accesses reach from the two mrc ops reaching furthest
+    // (so that an op's own operands, checked above, do not count), again all and writes only.
+    // Two reads never clash.
+    struct Reach {
+      int64_t end = std::numeric_limits<int64_t>::min();
+      const Access* by = nullptr;
+    };
+    struct TopTwo {
+      Reach first, second;  // distinct mrc ops
+      void add(const Access& a) {
+        if (first.by != nullptr && first.by->group == a.group) {
+          if (a.end > first.end) first = {a.end, &a};
+        } else if (a.end > first.end) {
+          second = first;
+          first = {a.end, &a};
+        } else if (a.end > second.end) {
+          second = {a.end, &a};
+        }
+      }
+      /// An access of another mrc op than `group` reaching past `begin`, or null.
+      const Access* past(int64_t begin, int64_t group) const {
+        const Reach& r = first.by != nullptr && first.by->group != group ? first : second;
+        return r.end > begin ? r.by : nullptr;
+      }
+    };
+    Reach other_any, other_write;
+    TopTwo mrc_any, mrc_write;
+    for (std::size_t k = 0; k < accesses.size() && !full(); ++k) {
+      const Access& x = accesses[k];
+      if (k == 0 || x.rank != accesses[k - 1].rank || x.space != accesses[k - 1].space) {
+        other_any = other_write = Reach{};
+        mrc_any = mrc_write = TopTwo{};
+      }
+      const Access* clash = nullptr;
+      if (x.group < 0) {
+        clash = (x.write ? mrc_any : mrc_write).past(x.begin, -1);
+      } else {
+        const Reach& other = x.write ? other_any : other_write;
+        if (other.end > x.begin) clash = other.by;
+        if (clash == nullptr) clash = (x.write ? mrc_any : mrc_write).past(x.begin, x.group);
+      }
+      if (clash != nullptr) {
+        const Access& m = x.group >= 0 ? x : *clash;
+        const Access& o = x.group >= 0 ? *clash : x;
+        report(where(m.at.rank, m.at.tb, m.at.op, m.write ? "targets" : "sources"),
+               "multi-rank-exclusive",
+               "mrc's " + m.field + " overlaps " + describe_op(o.at) + "'s " + o.field +
+                   " in rank " + std::to_string(x.rank) + "'s memory" + mode_text(inplace) +
+                   "; nothing orders an mrc against other ops, so no other op may write its "
+                   "chunks or touch the chunks it writes");
+      }
+      if (x.group < 0) {
+        if (x.end > other_any.end) other_any = {x.end, &x};
+        if (x.write && x.end > other_write.end) other_write = {x.end, &x};
+      } else {
+        mrc_any.add(x);
+        if (x.write) mrc_write.add(x);
+      }
+    }
+  }
+
+  static std::string mode_text(bool inplace) {
+    return inplace ? " (in-place calls)" : " (out-of-place calls)";
   }
 
   void check_hasdep(std::size_t r, const std::vector<std::vector<char>>& is_target) {
@@ -911,7 +1130,8 @@ class Validator {
   const Program& p_;
   const ValidateOptions& options_;
   std::size_t limit_;
-  bool counts_ok_ = true;  ///< every op's count is valid (capacity simulates them)
+  bool counts_ok_ = true;   ///< every op's count is valid (capacity simulates them)
+  bool multi_ops_ = false;  ///< the program has an mrc op (multi-rank-exclusive applies)
   Diagnostics out_;
 };
 

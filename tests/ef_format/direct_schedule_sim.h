@@ -279,6 +279,21 @@ inline Result run(const Program& p, bool inplace, const DirectMap* dm, uint64_t 
       }
       case OpCode::kNop:
         break;
+      case OpCode::kMultiReduceCopy: {
+        // Every rank's operand through that rank's memory and race history.
+        uint64_t v = 0;
+        for (const RankBufferRef& ref : op.sources) {
+          Mem& om = res.mem[ref.rank];
+          access(ref.rank, om.idx(ref.buffer, ref.offset + u), false);
+          v += om.cells[om.idx(ref.buffer, ref.offset + u)];
+        }
+        for (const RankBufferRef& ref : op.targets) {
+          Mem& om = res.mem[ref.rank];
+          access(ref.rank, om.idx(ref.buffer, ref.offset + u), true);
+          om.cells[om.idx(ref.buffer, ref.offset + u)] = v;
+        }
+        break;
+      }
     }
     s.u++;
     if (s.u >= op.count) {

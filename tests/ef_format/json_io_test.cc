@@ -121,6 +121,25 @@ std::string all_diagnostics(const Diagnostics& diagnostics) {
 
 TEST(JsonIoTest, RoundTripsCustomProgramWithEveryField) { expect_round_trip(exchange_program()); }
 
+TEST(JsonIoTest, RoundTripsMultiRankOps) {
+  const Program p = test_builders::mrc_allreduce(3);
+  expect_round_trip(p);
+  const std::string text = save_json(p);
+  EXPECT_NE(text.find("{\"op\": \"mrc\", \"count\": 1, \"sources\": [{\"rank\": 0, \"buf\": "
+                      "\"input\", \"off\": 0}, "),
+            std::string::npos)
+      << text;
+  // Operand lists are read wherever they appear (whether an op takes them is validation's);
+  // their entries are objects of exactly rank, buf and off.
+  std::string bad = text;
+  bad.replace(bad.find("\"rank\": 0, \"buf\""), 9, "\"rnk\": 0");
+  const JsonLoadResult loaded = load_json(bad, "bad.json");
+  EXPECT_FALSE(loaded.program.has_value());
+  ASSERT_FALSE(loaded.diagnostics.empty());
+  EXPECT_NE(loaded.diagnostics[0].location.find("/sources/0"), std::string::npos)
+      << loaded.diagnostics[0].to_string();
+}
+
 TEST(JsonIoTest, PlacementFieldsAreWrittenOnlyWhereAProgramHasThem) {
   const std::string with = save_json(exchange_program());
   EXPECT_NE(with.find("  \"slot_devices\": 2,\n  \"connections\": [\n"
@@ -307,7 +326,7 @@ TEST(JsonIoTest, ReportsEachStructuralErrorAtItsPointer) {
       {"unknown top-level", [](json& d) { d["nrank"] = 2; }, "/nrank",
        "unknown field \"nrank\"; expected one of: format, version,"},
       {"unknown op field", [&](json& d) { set(d, op1 + "/cnt", 1); }, op1 + "/cnt",
-       "unknown field \"cnt\"; expected one of: op, src, dst, count, deps"},
+       "unknown field \"cnt\"; expected one of: op, src, dst, count, sources, targets, deps"},
       {"unknown dep field", [&](json& d) { set(d, op1 + "/deps/0/tbid", 0); }, op1 + "/deps/0/tbid",
        "unknown field \"tbid\""},
       {"integer as string", [](json& d) { d["nranks"] = "2"; }, "/nranks",
@@ -764,8 +783,17 @@ TEST(JsonIoTest, SchemaListsExactlyTheFieldsTheLoaderAccepts) {
   for (const auto& [definition, instance] : objects) {
     SCOPED_TRACE(definition.dump().substr(0, 80));
     EXPECT_EQ(definition.at("additionalProperties"), false);
-    EXPECT_EQ(keys_of(definition.at("properties")), keys_of(instance));
+    std::set<std::string> keys = keys_of(instance);
+    if (&definition == &objects[3].first) keys.insert({"sources", "targets"});  // mrc's, below
+    EXPECT_EQ(keys_of(definition.at("properties")), keys);
   }
+  // An mrc op: its operand lists and their entries.
+  const json mrc_op = json::parse(save_json(test_builders::mrc_allreduce(2)))
+                          .at(json::json_pointer("/ranks/0/threadblocks/0/ops/0"));
+  EXPECT_EQ(keys_of(mrc_op), (std::set<std::string>{"op", "count", "sources", "targets"}));
+  const json& ref = schema.at("$defs").at("rank_buffer_ref");
+  EXPECT_EQ(ref.at("additionalProperties"), false);
+  EXPECT_EQ(keys_of(ref.at("properties")), keys_of(mrc_op.at("sources").at(0)));
 }
 
 TEST(JsonIoTest, SchemaRequiredFieldsAreExactlyTheLoadersRequiredFields) {

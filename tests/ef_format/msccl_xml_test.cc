@@ -467,6 +467,13 @@ TEST(MscclXmlExport, LowersSeveralDependenciesToNopsAndShiftsTargets) {
 
 TEST(MscclXmlExport, RefusesWhatMscclCannotExpress) {
   Program p = load_ok(kBase);
+  // Multi-rank ops have no MSCCL step type, either way.
+  Program multi = p;
+  multi.ranks[0].threadblocks[0].ops[0].code = OpCode::kMultiReduceCopy;
+  EXPECT_NE(save_msccl_xml(multi).status().message().find("multi-rank op (mrc)"),
+            std::string::npos);
+  EXPECT_FALSE(parse_msccl_op_code("mrc").has_value());
+  EXPECT_EQ(parse_msccl_op_code("rrcs"), OpCode::kRecvReduceCopySend);
   p.collective = Collective::kCustom;
   EXPECT_NE(save_msccl_xml(p).status().message().find("custom"), std::string::npos);
 

@@ -114,6 +114,12 @@ TEST(OpProperties, MatchTheSemanticsTable) {
   EXPECT_FALSE(op_reads_src(OpCode::kRecvCopySend));
   EXPECT_TRUE(op_reduces(OpCode::kReduce));
   EXPECT_FALSE(op_sends(OpCode::kNop));
+  // mrc: no connection and no src/dst (its operands are sources and targets); it reduces.
+  for (auto f : {op_sends, op_receives, op_reads_src, op_writes_dst})
+    EXPECT_FALSE(f(OpCode::kMultiReduceCopy));
+  EXPECT_TRUE(op_reduces(OpCode::kMultiReduceCopy));
+  EXPECT_EQ(to_string(OpCode::kMultiReduceCopy), "mrc");
+  EXPECT_EQ(parse_op_code("mrc"), OpCode::kMultiReduceCopy);
 }
 
 TEST(ProgramEquality, IgnoresSourceMap) {

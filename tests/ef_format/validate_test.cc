@@ -191,6 +191,83 @@ TEST(Validate, OpOperands) {
             "nop has count 1; expected 0");
 }
 
+TEST(Validate, MultiRankOps) {
+  EXPECT_EQ(dump(validate(mrc_allreduce(2))), "");
+  EXPECT_EQ(dump(validate(mrc_allreduce(4))), "");
+
+  Program p = mrc_allreduce(2);
+  p.ranks[0].threadblocks[0].ops[0].sources.clear();
+  EXPECT_EQ(expect_rule(p, "op-operands", "/ranks/0/threadblocks/0/ops/0/sources"),
+            "mrc has 0 sources; expected 1..16");
+
+  p = mrc_allreduce(2);
+  p.ranks[0].threadblocks[0].ops[0].targets[1].rank = 2;
+  EXPECT_EQ(expect_rule(p, "op-operands", "/ranks/0/threadblocks/0/ops/0/targets"),
+            "targets[1] names rank 2; expected 0..1");
+
+  p = mrc_allreduce(2);
+  p.ranks[1].threadblocks[0].ops[0].sources[0].buffer = BufferKind::kScratch;
+  EXPECT_EQ(expect_rule(p, "op-operands", "/ranks/1/threadblocks/0/ops/0/sources"),
+            "sources[0] is in the scratch buffer; mrc reads input buffers and writes output "
+            "buffers");
+
+  p = mrc_allreduce(2);
+  p.ranks[1].threadblocks[0].ops[0].targets[0].offset = 2;
+  EXPECT_EQ(expect_rule(p, "buffer-range", "/ranks/1/threadblocks/0/ops/0/targets"),
+            "targets[0] chunk 2 outside rank 0's output buffer of 2 chunks");
+
+  p = mrc_allreduce(2);
+  p.ranks[0].threadblocks[0].ops[0].src = in(0);
+  expect_rule(p, "op-operands", "/ranks/0/threadblocks/0/ops/0/src");
+
+  p = ring_allreduce_2();
+  p.ranks[0].threadblocks[0].ops[0].sources.push_back({0, BufferKind::kInput, 0});
+  EXPECT_EQ(expect_rule(p, "op-operands", "/ranks/0/threadblocks/0/ops/0/sources"),
+            "send takes no sources or targets (only mrc does)");
+
+  Program too_many = mrc_allreduce(2);
+  for (int k = 0; k < 16; ++k)
+    too_many.ranks[0].threadblocks[0].ops[0].sources.push_back({1, BufferKind::kInput, 0});
+  EXPECT_EQ(expect_rule(too_many, "op-operands", "/ranks/0/threadblocks/0/ops/0/sources"),
+            "mrc has 18 sources; expected 1..16");
+}
+
+TEST(Validate, MultiRankExclusive) {
+  // Another op writing a chunk an mrc reads: nothing orders them.
+  Program p = mrc_allreduce(2);
+  p.ranks[1].threadblocks.push_back(make_tb(-1, -1, {copy(in(1), out(0))}));
+  const std::string message =
+      expect_rule(p, "multi-rank-exclusive", "/ranks/0/threadblocks/0/ops/0/targets");
+  EXPECT_NE(message.find("overlaps rank 1 tb 1 op 0 (copy)'s dst in rank 1's memory"),
+            std::string::npos)
+      << message;
+
+  // Two mrc ops writing the same chunk.
+  p = mrc_allreduce(2);
+  p.ranks[1].threadblocks[0].ops[0].targets[0].offset = 0;
+  expect_rule(p, "multi-rank-exclusive", "/ranks/1/threadblocks/0/ops/0/targets");
+
+  // Within one op: two targets on the same chunk, a source meeting a target partly.
+  p = mrc_allreduce(2);
+  p.ranks[0].threadblocks[0].ops[0].targets[1] = {0, BufferKind::kOutput, 0};
+  EXPECT_EQ(expect_rule(p, "multi-rank-exclusive", "/ranks/0/threadblocks/0/ops/0/targets"),
+            "targets[0] and targets[1] overlap in rank 0's memory (out-of-place calls); "
+            "expected targets apart from each other, and a source meeting a target only exactly");
+  p = mrc_allreduce(2);
+  for (Rank& rank : p.ranks) rank.input_chunks = rank.output_chunks = 4;
+  p.nchunksperloop = 4;
+  for (int r = 0; r < 2; ++r) {
+    Op& op = p.ranks[static_cast<std::size_t>(r)].threadblocks[0].ops[0];
+    op.count = 2;
+    for (auto& ref : op.sources) ref.offset = 2 * r;
+    for (auto& ref : op.targets) ref.offset = 2 * r;
+  }
+  EXPECT_EQ(dump(validate(p)), "");  // in place, each source is its own target: allowed
+  p.ranks[0].threadblocks[0].ops[0].targets[0].offset = 1;  // rank 0 output 1..2 vs input 0..1
+  p.outofplace = false;
+  expect_rule(p, "multi-rank-exclusive", "/ranks/0/threadblocks/0/ops/0/targets");
+}
+
 TEST(Validate, BufferRange) {
   Program p = make_program(Collective::kCustom, 2, 256);
   p.ranks[0].input_chunks = 256;
@@ -662,7 +739,8 @@ TEST(Validate, RandomMutationsNeverCrash) {
                                        "capacity",
                                        "postcondition",
                                        "hasdep",
-                                       "placement"};
+                                       "placement",
+                                       "multi-rank-exclusive"};
   const int64_t extremes[] = {0, 1, -1, 2, 3, 1 << 30, std::numeric_limits<int64_t>::max(),
                               std::numeric_limits<int64_t>::min()};
   std::mt19937 rng(12345);
@@ -682,17 +760,25 @@ TEST(Validate, RandomMutationsNeverCrash) {
                                 static_cast<SlotLocation>(rng() % 4),
                                 static_cast<int32_t>(rng() % 4) - 1});
       }
-      switch (rng() % 10) {
+      switch (rng() % 12) {
         case 0: op.count = v; break;
         case 1: op.src = BufferRef{static_cast<BufferKind>(rng() % 4), v}; break;
         case 2: op.dst.reset(); break;
         case 3: op.deps.push_back({static_cast<int32_t>(v), static_cast<int32_t>(rng() % 5)}); break;
         case 4: tb.send_peer = static_cast<int32_t>(v); break;
         case 5: tb.channel = static_cast<int32_t>(v); break;
-        case 6: op.code = static_cast<OpCode>(rng() % 10); break;
+        case 6: op.code = static_cast<OpCode>(rng() % 11); break;
         case 7: rank.output_chunks = v; break;
         case 8: tb.ops.push_back(op); break;
         case 9: p.nchunksperloop = v; break;
+        case 10:
+          op.sources.push_back({static_cast<int32_t>(rng() % 5) - 1,
+                                static_cast<BufferKind>(rng() % 4), v});
+          break;
+        case 11:
+          op.targets.push_back({static_cast<int32_t>(v), static_cast<BufferKind>(rng() % 4),
+                                static_cast<int64_t>(rng() % 4)});
+          break;
       }
     }
     const Diagnostics diagnostics = validate(p);

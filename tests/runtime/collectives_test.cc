@@ -374,29 +374,37 @@ TEST(RuntimeApiErrors, MismatchAcrossRanksIsReported) {
   EFCCL_REQUIRE_GPUS(1);
   TestClique clique({0, 0, 0});
   cudaSetDevice(0);
-  void* buf = nullptr;
-  CUDA_OK(cudaMalloc(&buf, 1 << 16));
+  // Each rank its own buffer: ranks sharing a GPU that share a buffer are refused (below).
+  std::vector<void*> bufs(3, nullptr);
+  for (void*& b : bufs) CUDA_OK(cudaMalloc(&b, 1 << 16));
   NCCL_OK(ncclGroupStart());
-  NCCL_OK(ncclAllReduce(buf, buf, 16, ncclFloat, ncclSum, clique.comms[0], clique.streams[0]));
-  NCCL_OK(ncclAllReduce(buf, buf, 32, ncclFloat, ncclSum, clique.comms[1], clique.streams[1]));
-  NCCL_OK(ncclAllReduce(buf, buf, 16, ncclFloat, ncclSum, clique.comms[2], clique.streams[2]));
+  NCCL_OK(ncclAllReduce(bufs[0], bufs[0], 16, ncclFloat, ncclSum, clique.comms[0], clique.streams[0]));
+  NCCL_OK(ncclAllReduce(bufs[1], bufs[1], 32, ncclFloat, ncclSum, clique.comms[1], clique.streams[1]));
+  NCCL_OK(ncclAllReduce(bufs[2], bufs[2], 16, ncclFloat, ncclSum, clique.comms[2], clique.streams[2]));
   EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
   const std::string m = ncclGetLastError(nullptr);
   EXPECT_NE(m.find("rank 0's call #0 is ncclAllReduce(count 16"), std::string::npos) << m;
   EXPECT_NE(m.find("rank 1's call #0 is ncclAllReduce(count 32"), std::string::npos) << m;
   // A rank that makes fewer calls than the others in a group covering the whole clique.
   NCCL_OK(ncclGroupStart());
-  for (int r = 0; r < 3; ++r) NCCL_OK(ncclAllReduce(buf, buf, 16, ncclFloat, ncclSum, clique.comms[r], clique.streams[r]));
-  NCCL_OK(ncclAllReduce(buf, buf, 16, ncclFloat, ncclSum, clique.comms[0], clique.streams[0]));
+  for (int r = 0; r < 3; ++r) NCCL_OK(ncclAllReduce(bufs[r], bufs[r], 16, ncclFloat, ncclSum, clique.comms[r], clique.streams[r]));
+  NCCL_OK(ncclAllReduce(bufs[0], bufs[0], 16, ncclFloat, ncclSum, clique.comms[0], clique.streams[0]));
   EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
   EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("rank 0 has 1 unmatched call(s)"), std::string::npos)
       << ncclGetLastError(nullptr);
+  // One buffer for every rank: the one-pass allreduce of ranks sharing a GPU would race.
+  NCCL_OK(ncclGroupStart());
+  for (int r = 0; r < 3; ++r) NCCL_OK(ncclAllReduce(bufs[0], bufs[0], 16, ncclFloat, ncclSum, clique.comms[r], clique.streams[r]));
+  EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("rank 0's sendbuff overlaps rank 1's recvbuff"),
+            std::string::npos)
+      << ncclGetLastError(nullptr);
   // The communicators stay usable.
   NCCL_OK(ncclGroupStart());
-  for (int r = 0; r < 3; ++r) NCCL_OK(ncclAllReduce(buf, buf, 16, ncclFloat, ncclSum, clique.comms[r], clique.streams[r]));
+  for (int r = 0; r < 3; ++r) NCCL_OK(ncclAllReduce(bufs[r], bufs[r], 16, ncclFloat, ncclSum, clique.comms[r], clique.streams[r]));
   NCCL_OK(ncclGroupEnd());
   clique.sync();
-  cudaFree(buf);
+  for (void* b : bufs) cudaFree(b);
 }
 
 // ---- Threads and ranks ----

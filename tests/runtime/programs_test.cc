@@ -170,6 +170,56 @@ TEST(RuntimePrograms, TuningTableCoversEveryCollective) {
   EXPECT_EQ(choose_builtin(ef::Collective::kAllReduce, 8, 128 << 20).instances, 32);
 }
 
+TEST(RuntimePrograms, RanksSharingALaunchReduceInOnePass) {
+  const HostLayout one_host;
+  // About 128 CTAs (ranks x instances x channels) for large calls, one lane per rank for small.
+  for (int n : {2, 3, 4, 16}) {
+    const BuiltinChoice c =
+        choose_builtin(ef::Collective::kAllReduce, n, uint64_t{64} << 20, one_host, true);
+    EXPECT_EQ(c.algorithm, "shared_gpu_allreduce") << n;
+    EXPECT_LE(c.instances, 32) << n;
+    EXPECT_LE(n * c.instances * c.channels, 128) << n;
+    EXPECT_GT(n * c.instances * c.channels, 128 - n * c.channels) << n;
+  }
+  const BuiltinChoice two = choose_builtin(ef::Collective::kAllReduce, 2, 64 << 20, one_host, true);
+  EXPECT_EQ(two.instances, 32);
+  EXPECT_EQ(two.channels, 2);
+  const BuiltinChoice small = choose_builtin(ef::Collective::kAllReduce, 2, 8, one_host, true);
+  EXPECT_EQ(small.algorithm, "shared_gpu_allreduce");
+  EXPECT_EQ(small.instances * small.channels, 1);
+  // Not shared, more ranks than an mrc takes, or another collective: the usual table.
+  EXPECT_EQ(choose_builtin(ef::Collective::kAllReduce, 2, 64 << 20, one_host, false).algorithm,
+            "ring_allreduce");
+  EXPECT_EQ(choose_builtin(ef::Collective::kAllReduce, 17, 64 << 20, one_host, true).algorithm,
+            "ring_allreduce");
+  EXPECT_EQ(choose_builtin(ef::Collective::kAllGather, 2, 64 << 20, one_host, true).algorithm,
+            "ring_allgather");
+
+  // Through the registry: every count is covered (the tail through all-pairs) and verifies.
+  ProgramRegistry registry({}, ProtocolFilter{});
+  registry.set_shared_launch(true);
+  for (uint64_t count : {uint64_t{1}, uint64_t{7}, uint64_t{4096 + 3}}) {
+    for (bool inplace : {false, true}) {
+      CallShape s;
+      s.collective = ef::Collective::kAllReduce;
+      s.nranks = 4;
+      s.count = count;
+      s.inplace = inplace;
+      auto plan = registry.select(s);
+      ASSERT_TRUE(plan) << plan.status().message();
+      uint64_t covered = 0;
+      for (const PlanPiece& p : plan->pieces) {
+        covered += p.count;
+        expect_verifies(*p.program, p.count, ef::DataType::kFloat32, ef::RedOp::kSum);
+      }
+      EXPECT_EQ(covered, count);
+      if (count > 7) {
+        EXPECT_EQ(plan->pieces.front().program->name, "shared_gpu_allreduce");
+      }
+    }
+  }
+}
+
 CallShape shape(ef::Collective c, int n, uint64_t count, bool inplace = false,
                 ef::DataType t = ef::DataType::kFloat32) {
   CallShape s;

@@ -45,6 +45,17 @@ inline Op rcs(BufferRef dst) { return make_op(OpCode::kRecvCopySend, std::nullop
 inline Op copy(BufferRef src, BufferRef dst) { return make_op(OpCode::kCopy, src, dst); }
 inline Op reduce(BufferRef src, BufferRef dst) { return make_op(OpCode::kReduce, src, dst); }
 
+/// mrc: targets = reduction of sources (operands in any rank's buffers).
+inline Op mrc(std::vector<RankBufferRef> sources, std::vector<RankBufferRef> targets,
+              int64_t count = 1) {
+  Op op;
+  op.code = OpCode::kMultiReduceCopy;
+  op.count = count;
+  op.sources = std::move(sources);
+  op.targets = std::move(targets);
+  return op;
+}
+
 inline Threadblock make_tb(int32_t send_peer, int32_t recv_peer, std::vector<Op> ops,
                            int32_t channel = 0) {
   return {send_peer, recv_peer, channel, std::move(ops)};
@@ -69,6 +80,23 @@ inline Program ring_allreduce_2() {
     const int other = 1 - r;
     rank.threadblocks = {make_tb(
         other, other, {send(in(other)), rrc(in(r), out(r)), send(out(r)), recv(out(other))})};
+  }
+  return p;
+}
+
+/// n-rank allreduce of mrc ops (as the library's shared_gpu_allreduce with one lane): rank r's
+/// one threadblock reduces chunk r of every rank's input into chunk r of every output.
+inline Program mrc_allreduce(int32_t n) {
+  Program p = make_program(Collective::kAllReduce, n, n);
+  for (int32_t r = 0; r < n; ++r) {
+    Rank& rank = p.ranks[static_cast<std::size_t>(r)];
+    rank.input_chunks = rank.output_chunks = n;
+    std::vector<RankBufferRef> sources, targets;
+    for (int32_t q = 0; q < n; ++q) {
+      sources.push_back({q, BufferKind::kInput, r});
+      targets.push_back({q, BufferKind::kOutput, r});
+    }
+    rank.threadblocks = {make_tb(-1, -1, {mrc(sources, targets)})};
   }
   return p;
 }

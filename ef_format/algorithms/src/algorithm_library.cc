@@ -49,6 +49,13 @@ Entry two_ranks(Entry e) {
   return e;
 }
 
+/// An entry whose programs use mrc (AlgorithmInfo::shared_launch), for up to `max_ranks`.
+Entry shared_launch(Entry e, int32_t max_ranks) {
+  e.info.max_ranks = max_ranks;
+  e.info.shared_launch = true;
+  return e;
+}
+
 const std::vector<Entry>& entries() {
   static const std::vector<Entry> kEntries = {
       flat("allpairs_allgather", ef::Collective::kAllGather,
@@ -94,6 +101,12 @@ const std::vector<Entry>& entries() {
       flat("ring_reducescatter", ef::Collective::kReduceScatter,
            "each block is reduced along the ring and ends at its owner (rrs, then rrc)",
            std::nullopt, detail::ring_reducescatter),
+      shared_launch(flat("shared_gpu_allreduce", ef::Collective::kAllReduce,
+                       "ranks sharing one GPU in one process: one pass per chunk reads every "
+                       "rank's input and writes every rank's output (mrc); runs only where all "
+                       "ranks share a launch",
+                       std::nullopt, detail::shared_gpu_allreduce),
+                    ef::kMaxMultiOperands),
       two_ranks(flat("send_recv", ef::Collective::kCustom,
                      "custom, 2 ranks: rank 0's input arrives in rank 1's output, chunk c on "
                      "channel c",

@@ -63,8 +63,21 @@ Status DeviceExecutor::Impl::launch_fused_parts(
     capacity = *c;
     if (static_cast<uint32_t>(capacity) >= widest) break;
   }
-  if (threads < 64 || static_cast<uint32_t>(capacity) < widest) {
-    // The fused kernel's grid cannot hold the widest call: launch them one by one.
+  // Direct transfers read and write other ranks' buffers until the call's last CTA ends, and a
+  // CTA may go on to its next call before that: calls whose buffers overlap another call's keep
+  // their slots, whether that other call is direct or not (a direct call's push into a buffer
+  // that a slots-only call still reads). An mrc has no slots to fall back on, so such a call
+  // makes the whole batch go out one launch at a time (stream order then separates them).
+  std::vector<const std::vector<ByteRange>*> call_ranges(parts.size());
+  for (std::size_t i = 0; i < parts.size(); ++i) call_ranges[i] = &parts[i].second->buffer_ranges;
+  const std::vector<bool> overlapping = calls_overlapping_others(call_ranges);
+  bool multi_overlaps = false;
+  for (std::size_t i = 0; i < parts.size(); ++i)
+    multi_overlaps |= overlapping[i] &&
+                      parts[i].first->executor->impl_->locals[parts[i].second->device_index].multi_ops;
+  if (threads < 64 || static_cast<uint32_t>(capacity) < widest || multi_overlaps) {
+    // The fused kernel's grid cannot hold the widest call, or an mrc call overlaps another:
+    // launch them one by one.
     for (const auto& [call, part] : parts) {
       if (Status s = call->executor->impl_->launch_part(*part, dtype, reduction); !s) return s;
       ++report->launches;
@@ -102,13 +115,6 @@ Status DeviceExecutor::Impl::launch_fused_parts(
     grid = std::max(grid, begin + ntb);
     ++params.ncalls;
   }
-  // Direct transfers read and write other ranks' buffers until the call's last CTA ends, and a
-  // CTA may go on to its next call before that: calls whose buffers overlap another call's keep
-  // their slots, whether that other call is direct or not (a direct call's push into a buffer
-  // that a slots-only call still reads).
-  std::vector<const std::vector<ByteRange>*> call_ranges(params.ncalls);
-  for (uint32_t i = 0; i < params.ncalls; ++i) call_ranges[i] = &parts[i].second->buffer_ranges;
-  const std::vector<bool> overlapping = calls_overlapping_others(call_ranges);
   for (uint32_t i = 0; i < params.ncalls; ++i)
     if (overlapping[i]) params.calls[i].direct_shift = kDirectOff;
   uint32_t rank_cursor = 0;

@@ -403,6 +403,7 @@ Status DeviceExecutor::Impl::build_device(LocalDevice& local, const ef::PremulMa
   local.nblocks = static_cast<uint32_t>(tables->threadblocks.size());
   local.ndivide_segments = static_cast<uint32_t>(tables->divide_segments.size());
   local.largest_divide_chunks = tables->largest_divide_chunks;
+  local.multi_ops = !tables->operands.empty();
   for (const OpDesc& op : tables->ops) {
     if ((op.direct >> kDirectShiftOutOfPlace) & 15) ++local.direct_ops[0];
     if ((op.direct >> kDirectShiftInPlace) & 15) ++local.direct_ops[1];
@@ -413,6 +414,7 @@ Status DeviceExecutor::Impl::build_device(LocalDevice& local, const ef::PremulMa
   if (Status s = local.threadblocks.upload(d, tables->threadblocks); !s) return s;
   if (Status s = local.ops.upload(d, tables->ops); !s) return s;
   if (Status s = local.deps.upload(d, tables->deps); !s) return s;
+  if (Status s = local.operands.upload(d, tables->operands); !s) return s;
   if (Status s = local.sends.upload(d, sends); !s) return s;
   if (Status s = local.recvs.upload(d, recvs); !s) return s;
   if (Status s = local.flags.allocate(d, tables->nflags * sizeof(uint64_t)); !s) return s;

@@ -29,11 +29,12 @@ struct LocalDevice {
   int sm_count = 0;
   std::vector<int> ranks;  ///< global ranks served by this device's launch, ascending
   uint32_t nblocks = 0;
-  DeviceBuffer threadblocks, ops, deps, flags, sends, recvs, state, epochs;
+  DeviceBuffer threadblocks, ops, deps, operands, flags, sends, recvs, state, epochs;
   DeviceBuffer divide_segments;  ///< integer avg's result regions (DivideSegment)
   uint32_t ndivide_segments = 0;
   int64_t largest_divide_chunks = 0;
   std::size_t direct_ops[2] = {};  ///< ops with direct transfers: out of place, in place
+  bool multi_ops = false;  ///< the program has mrc ops (they write other ranks' buffers)
   /// Chosen CTA size per (dtype, reduction): 0 = not yet chosen, -1 = cannot be co-resident.
   int threads[ef::kNumDataTypes][4] = {};
   int max_blocks_seen[ef::kNumDataTypes][4] = {};

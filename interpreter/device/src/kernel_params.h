@@ -34,6 +34,7 @@ enum OpKind : uint8_t {
   kOpRecvReduceSend = 6,
   kOpRecvReduceCopySend = 7,
   kOpNop = 8,
+  kOpMultiReduceCopy = 9,  ///< mrc: operands in CallParams::operands (see OpDesc)
 };
 
 /// ef::BufferKind, same values: index into RankCallArgs::buffers.
@@ -64,7 +65,21 @@ inline constexpr int kDirectShiftOutOfPlace = 0;
 inline constexpr int kDirectShiftInPlace = 4;
 inline constexpr int kDirectOff = 8;
 
-/// One op of one threadblock (docs/ef-format.md §4). Offsets and counts are in chunks.
+/// Sources, and targets, of one mrc op at most (ef::kMaxMultiOperands).
+inline constexpr int kMaxMultiOperands = 16;
+
+/// One operand of an mrc op: a chunk of a buffer of one of the launch's ranks.
+struct MultiOperand {
+  int64_t chunk;
+  int32_t local_rank;  ///< index into the call's RankCallArgs
+  uint8_t buffer;      ///< BufferIndex
+  uint8_t reserved[3];
+};
+
+/// One op of one threadblock (docs/ef-format.md §4). Offsets and counts are in chunks. An mrc
+/// (kOpMultiReduceCopy) keeps its operands in CallParams::operands: src_chunk is the index of
+/// its first, pull_chunk the number of sources and push_chunk the number of targets, which
+/// follow the sources.
 struct OpDesc {
   int64_t src_chunk;
   int64_t dst_chunk;
@@ -124,6 +139,7 @@ struct CallParams {
   const ThreadblockDesc* threadblocks;  ///< one per threadblock of the device's ranks
   const OpDesc* ops;
   const DepDesc* deps;
+  const MultiOperand* operands;  ///< mrc operands (null when the program has none)
   uint64_t* flags;
   const SendConnectionDeviceHandle* sends;
   const RecvConnectionDeviceHandle* recvs;

@@ -76,6 +76,7 @@ namespace {
 struct BufferRange {
   std::size_t rank;
   uintptr_t begin, end;
+  int kind;  ///< BufferIndex
 };
 std::vector<BufferRange> buffer_ranges(const ef::Program& p, const std::vector<int>& ranks,
                                        const std::vector<RankCallArgs>& args,
@@ -87,7 +88,7 @@ std::vector<BufferRange> buffer_ranges(const ef::Program& p, const std::vector<i
     for (int k = 0; k < 3; ++k) {
       if (chunks[k] <= 0 || args[li].buffers[k] == nullptr) continue;
       const auto begin = reinterpret_cast<uintptr_t>(args[li].buffers[k]);
-      ranges.push_back({li, begin, begin + static_cast<uintptr_t>(chunks[k]) * chunk_bytes});
+      ranges.push_back({li, begin, begin + static_cast<uintptr_t>(chunks[k]) * chunk_bytes, k});
     }
   }
   return ranges;
@@ -107,6 +108,27 @@ bool direct_buffers_apart(const std::vector<BufferRange>& ranges, std::size_t nr
       if (ranges[i].begin < ranges[j].end && ranges[j].begin < ranges[i].end) return false;
     }
   return true;
+}
+
+/// Programs with mrc ops write other ranks' outputs with nothing to fall back on: a call where
+/// a rank's output meets another rank's buffer (or, out of place, its own input) would race
+/// inside one op. Reads of shared inputs are fine. Empty when apart, else what meets what.
+std::string multi_buffers_clash(const std::vector<BufferRange>& ranges,
+                                const std::vector<int>& ranks, bool inplace) {
+  for (std::size_t i = 0; i < ranges.size(); ++i)
+    for (std::size_t j = i + 1; j < ranges.size(); ++j) {
+      const BufferRange& a = ranges[i];
+      const BufferRange& b = ranges[j];
+      if (a.kind != kBufferOutput && b.kind != kBufferOutput) continue;
+      if (a.rank == b.rank && inplace) continue;  // NCCL's aliasing
+      if (a.begin < b.end && b.begin < a.end) {
+        const char* names[kNumBuffers] = {"input", "output", "scratch"};
+        return std::string("rank ") + std::to_string(ranks[a.rank]) + "'s " + names[a.kind] +
+               " buffer overlaps rank " + std::to_string(ranks[b.rank]) + "'s " +
+               names[b.kind] + " buffer";
+      }
+    }
+  return {};
 }
 
 }  // namespace
@@ -179,6 +201,7 @@ Status DeviceExecutor::Impl::prepare(DeviceExecutor* self, const RunArgs& args,
     params.threadblocks = local.threadblocks.get<ThreadblockDesc>();
     params.ops = local.ops.get<OpDesc>();
     params.deps = local.deps.get<DepDesc>();
+    params.operands = local.operands.get<MultiOperand>();
     params.flags = local.flags.get<uint64_t>();
     params.sends = local.sends.get<SendConnectionDeviceHandle>();
     params.recvs = local.recvs.get<RecvConnectionDeviceHandle>();
@@ -220,6 +243,11 @@ Status DeviceExecutor::Impl::prepare(DeviceExecutor* self, const RunArgs& args,
       divide.outputs[li] = static_cast<char*>(args.outputs[r]);
     }
     const std::vector<BufferRange> ranges = buffer_ranges(p, local.ranks, part.ranks, b * size);
+    if (local.multi_ops)
+      if (std::string clash = multi_buffers_clash(ranges, local.ranks, args.inplace);
+          !clash.empty())
+        return Status::error("program '" + p.name + "' reads and writes every rank's buffers in "
+                             "one op (mrc), but " + clash + "; give each rank its own buffers");
     part.buffer_ranges.clear();
     for (const BufferRange& r : ranges) part.buffer_ranges.emplace_back(r.begin, r.end);
     params.direct_shift =

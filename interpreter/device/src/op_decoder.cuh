@@ -78,6 +78,8 @@ struct Staging {
   DepDesc deps[kStagedDeps];
   SendConnectionDeviceHandle send;
   RecvConnectionDeviceHandle recv;
+  char* multi[2 * kMaxMultiOperands];          ///< an mrc unit's sources, then targets
+  int32_t multi_local[2 * kMaxMultiOperands];  ///< their ranks' local indexes
 };
 
 /// Runs threadblock `index` of the call `p` on this CTA (every thread) and returns false when
@@ -160,53 +162,70 @@ __device__ __forceinline__ bool run_threadblock(const CallParams& p, const RankC
           break;
         }
         if (!t.moves()) break;  // a nop
-        const auto at = [&](uint8_t buffer, int64_t chunk) {
-          return rank.buffers[buffer] +
-                 (static_cast<uint64_t>(chunk + u) * p.chunk_elements + tile_begin) * sizeof(S);
-        };
-        switch (op.code) {
-          case kOpSend:
-            t.send(at(op.src_buffer, op.src_chunk), scale_src);
-            break;
-          case kOpRecv:
-            t.recv(at(op.dst_buffer, op.dst_chunk));
-            break;
-          case kOpCopy:
-            t.copy(at(op.src_buffer, op.src_chunk), scale_src, at(op.dst_buffer, op.dst_chunk));
-            break;
-          case kOpReduce:
-            t.reduce(at(op.dst_buffer, op.dst_chunk), (pristine & kPremulDst) != 0,
-                     at(op.src_buffer, op.src_chunk), scale_src);
-            break;
-          case kOpRecvCopySend:
-            t.recv_copy_send(at(op.dst_buffer, op.dst_chunk));
-            break;
-          case kOpRecvReduceCopy:
-            t.recv_reduce_copy(at(op.src_buffer, op.src_chunk), scale_src,
-                               at(op.dst_buffer, op.dst_chunk));
-            break;
-          case kOpRecvReduceSend:
-            t.recv_reduce_send(at(op.src_buffer, op.src_chunk), scale_src);
-            break;
-          default:  // rrcs (validation admits no other code)
-            t.recv_reduce_copy_send(at(op.src_buffer, op.src_chunk), scale_src,
-                                    at(op.dst_buffer, op.dst_chunk));
-            break;
-        }
-        if constexpr (kDirectCode) {
-          // The peer's tile of a direct transfer (its rank shares this launch).
-          const auto peer_at = [&](int32_t local, uint8_t buffer, int32_t chunk) {
-            return ranks[local].buffers[buffer] +
+        if (op.code == kOpMultiReduceCopy) {
+          // mrc: no connection; its operands are tiles of the launch's ranks' buffers.
+          const int nsrc = op.pull_chunk;
+          const int ndst = op.push_chunk;
+          if (threadIdx.x < static_cast<unsigned>(nsrc + ndst)) {
+            const MultiOperand m = p.operands[op.src_chunk + threadIdx.x];
+            staging.multi[threadIdx.x] =
+                ranks[m.local_rank].buffers[m.buffer] +
+                (static_cast<uint64_t>(m.chunk + u) * p.chunk_elements + tile_begin) * sizeof(S);
+            staging.multi_local[threadIdx.x] = m.local_rank;
+          }
+          __syncthreads();
+          multi_reduce_copy<E, R>(staging.multi, nsrc, ndst, tile, p.premul != 0, ranks,
+                                  staging.multi_local);
+          __syncthreads();  // the tile is written; staging.multi may be reused
+        } else {
+          const auto at = [&](uint8_t buffer, int64_t chunk) {
+            return rank.buffers[buffer] +
                    (static_cast<uint64_t>(chunk + u) * p.chunk_elements + tile_begin) * sizeof(S);
           };
-          if (t.pop_mode == kDirectPull)
-            t.pulled = peer_at(tb.recv_local, op.pull_buffer, op.pull_chunk);
-          if (t.push_mode == kDirectPush)
-            t.push_to = peer_at(tb.send_local, op.push_buffer, op.push_chunk);
-        }
-        if (!prims.move(t, tile, site)) {
-          stopped = true;
-          break;
+          switch (op.code) {
+            case kOpSend:
+              t.send(at(op.src_buffer, op.src_chunk), scale_src);
+              break;
+            case kOpRecv:
+              t.recv(at(op.dst_buffer, op.dst_chunk));
+              break;
+            case kOpCopy:
+              t.copy(at(op.src_buffer, op.src_chunk), scale_src, at(op.dst_buffer, op.dst_chunk));
+              break;
+            case kOpReduce:
+              t.reduce(at(op.dst_buffer, op.dst_chunk), (pristine & kPremulDst) != 0,
+                       at(op.src_buffer, op.src_chunk), scale_src);
+              break;
+            case kOpRecvCopySend:
+              t.recv_copy_send(at(op.dst_buffer, op.dst_chunk));
+              break;
+            case kOpRecvReduceCopy:
+              t.recv_reduce_copy(at(op.src_buffer, op.src_chunk), scale_src,
+                                 at(op.dst_buffer, op.dst_chunk));
+              break;
+            case kOpRecvReduceSend:
+              t.recv_reduce_send(at(op.src_buffer, op.src_chunk), scale_src);
+              break;
+            default:  // rrcs (validation admits no other code)
+              t.recv_reduce_copy_send(at(op.src_buffer, op.src_chunk), scale_src,
+                                      at(op.dst_buffer, op.dst_chunk));
+              break;
+          }
+          if constexpr (kDirectCode) {
+            // The peer's tile of a direct transfer (its rank shares this launch).
+            const auto peer_at = [&](int32_t local, uint8_t buffer, int32_t chunk) {
+              return ranks[local].buffers[buffer] +
+                     (static_cast<uint64_t>(chunk + u) * p.chunk_elements + tile_begin) * sizeof(S);
+            };
+            if (t.pop_mode == kDirectPull)
+              t.pulled = peer_at(tb.recv_local, op.pull_buffer, op.pull_chunk);
+            if (t.push_mode == kDirectPush)
+              t.push_to = peer_at(tb.send_local, op.push_buffer, op.push_chunk);
+          }
+          if (!prims.move(t, tile, site)) {
+            stopped = true;
+            break;
+          }
         }
         // Thread 0, after the unit's final barrier: the op's flag first when this is its last
         // unit (see the latency note above), then the connection counters.

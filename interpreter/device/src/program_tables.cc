@@ -21,8 +21,10 @@ static_assert(static_cast<int>(ef::OpCode::kSend) == kOpSend &&
                   static_cast<int>(ef::OpCode::kRecvReduceCopy) == kOpRecvReduceCopy &&
                   static_cast<int>(ef::OpCode::kRecvReduceSend) == kOpRecvReduceSend &&
                   static_cast<int>(ef::OpCode::kRecvReduceCopySend) == kOpRecvReduceCopySend &&
-                  static_cast<int>(ef::OpCode::kNop) == kOpNop,
+                  static_cast<int>(ef::OpCode::kNop) == kOpNop &&
+                  static_cast<int>(ef::OpCode::kMultiReduceCopy) == kOpMultiReduceCopy,
               "OpKind mirrors ef::OpCode");
+static_assert(ef::kMaxMultiOperands == kMaxMultiOperands, "mrc operand limits agree");
 static_assert(static_cast<int>(ef::BufferKind::kInput) == kBufferInput &&
                   static_cast<int>(ef::BufferKind::kOutput) == kBufferOutput &&
                   static_cast<int>(ef::BufferKind::kScratch) == kBufferScratch,
@@ -78,18 +80,22 @@ StatusOr<ProgramTables> build_program_tables(const ef::Program& p, const std::ve
                                              const ef::PremulMap* inplace) {
   ProgramTables t;
   // Counted before anything is built, so that no index below is truncated.
-  uint64_t nthreadblocks = 0, nops = 0, ndeps = 0;
+  uint64_t nthreadblocks = 0, nops = 0, ndeps = 0, noperands = 0;
   for (int r : ranks)
     for (const auto& tb : p.ranks[r].threadblocks) {
       ++nthreadblocks;
       nops += tb.ops.size();
-      for (const auto& op : tb.ops) ndeps += op.deps.size();
+      for (const auto& op : tb.ops) {
+        ndeps += op.deps.size();
+        noperands += op.sources.size() + op.targets.size();
+      }
     }
-  if (nthreadblocks > kMaxTableEntries || nops > kMaxTableEntries || ndeps > kMaxTableEntries)
+  if (nthreadblocks > kMaxTableEntries || nops > kMaxTableEntries || ndeps > kMaxTableEntries ||
+      noperands > kMaxTableEntries)
     return Status::error("program too large for one launch: " + std::to_string(nthreadblocks) +
                          " threadblocks, " + std::to_string(nops) + " ops, " +
-                         std::to_string(ndeps) + " dependencies (at most " +
-                         std::to_string(kMaxTableEntries) + " each)");
+                         std::to_string(ndeps) + " dependencies, " + std::to_string(noperands) +
+                         " mrc operands (at most " + std::to_string(kMaxTableEntries) + " each)");
   if (nthreadblocks > static_cast<uint64_t>(std::numeric_limits<int>::max()))
     return Status::error("too many threadblocks for one launch");
 
@@ -168,6 +174,34 @@ StatusOr<ProgramTables> build_program_tables(const ef::Program& p, const std::ve
           if (f.push_to) {
             od.push_buffer = static_cast<uint8_t>(f.push_to->buffer);
             od.push_chunk = static_cast<int32_t>(f.push_to->offset);
+          }
+        }
+        if (op.code == ef::OpCode::kMultiReduceCopy) {
+          if (op.sources.empty() || op.targets.empty() ||
+              op.sources.size() > static_cast<std::size_t>(ef::kMaxMultiOperands) ||
+              op.targets.size() > static_cast<std::size_t>(ef::kMaxMultiOperands))
+            return Status::error("rank " + std::to_string(r) + " tb " + std::to_string(tbi) +
+                                 " op " + std::to_string(o) +
+                                 " (mrc): " + std::to_string(op.sources.size()) + " sources and " +
+                                 std::to_string(op.targets.size()) + " targets; expected 1.." +
+                                 std::to_string(ef::kMaxMultiOperands) + " each");
+          od.src_chunk = static_cast<int64_t>(t.operands.size());
+          od.pull_chunk = static_cast<int32_t>(op.sources.size());
+          od.push_chunk = static_cast<int32_t>(op.targets.size());
+          for (const auto* refs : {&op.sources, &op.targets}) {
+            for (const ef::RankBufferRef& ref : *refs) {
+              const int32_t local =
+                  ref.rank >= 0 && static_cast<std::size_t>(ref.rank) < local_of.size()
+                      ? local_of[static_cast<std::size_t>(ref.rank)]
+                      : -1;
+              if (local < 0)
+                return Status::error(
+                    "rank " + std::to_string(r) + " tb " + std::to_string(tbi) + " op " +
+                    std::to_string(o) + " (mrc) names rank " + std::to_string(ref.rank) +
+                    "'s buffer, but that rank does not run in this launch: mrc runs only on "
+                    "ranks of one process on one GPU");
+              t.operands.push_back({ref.offset, local, static_cast<uint8_t>(ref.buffer), {}});
+            }
           }
         }
         od.dep_begin = static_cast<uint32_t>(t.deps.size());

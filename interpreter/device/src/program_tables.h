@@ -20,7 +20,8 @@ struct ProgramTables {
   std::vector<ThreadblockDesc> threadblocks;  ///< CTA i of a one-call launch runs entry i
   std::vector<OpDesc> ops;
   std::vector<DepDesc> deps;
-  uint64_t nflags = 0;  ///< one per op
+  std::vector<MultiOperand> operands;  ///< mrc operands (OpDesc)
+  uint64_t nflags = 0;                 ///< one per op
   std::vector<DivideSegment> divide_segments;
   int64_t largest_divide_chunks = 0;
 };
@@ -31,7 +32,8 @@ using ConnectionIndex = std::map<std::pair<int, int>, int>;
 /// The tables of the launch that serves `ranks` (global ranks, ascending; their local index is
 /// their position here). `sends`/`recvs`: where each threadblock's connection ends are;
 /// `outofplace`/`inplace`: the premul analysis of the modes the program allows (null for the
-/// others). Fails when a table index would not fit the kernel's 32-bit fields.
+/// others). Fails when a table index would not fit the kernel's 32-bit fields, and when an mrc
+/// names a rank that is not in `ranks` (mrc runs only on ranks that share the launch).
 StatusOr<ProgramTables> build_program_tables(
     const ef::Program& program, const std::vector<int>& ranks, const ConnectionIndex& sends,
     const ConnectionIndex& recvs, const ef::PremulMap* outofplace, const ef::PremulMap* inplace);

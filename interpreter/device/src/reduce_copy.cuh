@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "kernel_params.h"
 #include "reduction.cuh"
 
 namespace efccl::device {
@@ -127,6 +128,93 @@ __device__ __forceinline__ void reduce_copy(const UnitOperands& u, uint64_t n,
     reduce_copy_as<E, R, UnitKind::kReduce>(u, n, scalar);
   } else {
     reduce_copy_as<E, R, UnitKind::kCopy>(u, n, scalar);
+  }
+}
+
+/// mrc's unit: targets[*] = sources[0] (op) sources[1] (op) ... for `n` elements, with every
+/// thread of the CTA. `ptrs` (shared memory): the nsrc sources, then the ndst targets;
+/// when `scale` (premul calls) source s is scaled by the scalar of rank `ranks[source_local[s]]`
+/// (shared memory too; the slow path, so the scalar is read where it is used). A target may be a
+/// source too, at the same address only (validation), so each element is read before it is written
+/// by the same thread. Sources are summed in order; every pointer 16-byte aligned takes the
+/// vector loop.
+template <typename E, Reduction R>
+__device__ __forceinline__ void multi_reduce_copy(char* const* ptrs, int nsrc, int ndst, uint64_t n,
+                                                  bool scale, const RankCallArgs* ranks,
+                                                  const int32_t* source_local) {
+  using S = typename E::Storage;
+  constexpr int kPack = 16 / sizeof(S);
+  union Pack {
+    uint4 raw;
+    S element[kPack];
+  };
+  const auto load_scaled = [&](int s, Pack v) {
+    if (scale) {
+      const Scalar<E> scalar(ranks[source_local[s]]);
+#pragma unroll
+      for (int e = 0; e < kPack; ++e) v.element[e] = scalar.apply(v.element[e]);
+    }
+    return v;
+  };
+  uintptr_t address_bits = 0;
+  for (int k = 0; k < nsrc + ndst; ++k) address_bits |= reinterpret_cast<uintptr_t>(ptrs[k]);
+  uint64_t scalar_begin = 0;
+  if ((address_bits & 15) == 0) {
+    const uint64_t npacks = n / kPack;
+    constexpr int kUnroll = sizeof(S) == 1 ? 2 : sizeof(S) == 2 ? 4 : 8;
+    const uint64_t stride = blockDim.x;
+    uint64_t i = threadIdx.x;
+    for (; i + (kUnroll - 1) * stride < npacks; i += kUnroll * stride) {
+      Pack acc[kUnroll];
+      const auto* first = reinterpret_cast<const uint4*>(ptrs[0]);
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) acc[k].raw = __ldcg(first + i + k * stride);
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) acc[k] = load_scaled(0, acc[k]);
+      for (int s = 1; s < nsrc; ++s) {
+        const auto* src = reinterpret_cast<const uint4*>(ptrs[s]);
+        Pack w[kUnroll];
+#pragma unroll
+        for (int k = 0; k < kUnroll; ++k) w[k].raw = __ldcg(src + i + k * stride);
+#pragma unroll
+        for (int k = 0; k < kUnroll; ++k) {
+          w[k] = load_scaled(s, w[k]);
+#pragma unroll
+          for (int e = 0; e < kPack; ++e)
+            acc[k].element[e] = reduce_element<E, R>(acc[k].element[e], w[k].element[e]);
+        }
+      }
+      for (int d = 0; d < ndst; ++d) {
+        auto* dst = reinterpret_cast<uint4*>(ptrs[nsrc + d]);
+#pragma unroll
+        for (int k = 0; k < kUnroll; ++k) __stcg(dst + i + k * stride, acc[k].raw);
+      }
+    }
+    for (; i < npacks; i += stride) {  // fewer than kUnroll packs left for this thread
+      Pack acc;
+      acc.raw = __ldcg(reinterpret_cast<const uint4*>(ptrs[0]) + i);
+      acc = load_scaled(0, acc);
+      for (int s = 1; s < nsrc; ++s) {
+        Pack w;
+        w.raw = __ldcg(reinterpret_cast<const uint4*>(ptrs[s]) + i);
+        w = load_scaled(s, w);
+#pragma unroll
+        for (int e = 0; e < kPack; ++e)
+          acc.element[e] = reduce_element<E, R>(acc.element[e], w.element[e]);
+      }
+      for (int d = 0; d < ndst; ++d) __stcg(reinterpret_cast<uint4*>(ptrs[nsrc + d]) + i, acc.raw);
+    }
+    scalar_begin = npacks * kPack;
+  }
+  for (uint64_t i = scalar_begin + threadIdx.x; i < n; i += blockDim.x) {
+    S acc = reinterpret_cast<const S*>(ptrs[0])[i];
+    if (scale) acc = Scalar<E>(ranks[source_local[0]]).apply(acc);
+    for (int s = 1; s < nsrc; ++s) {
+      S w = reinterpret_cast<const S*>(ptrs[s])[i];
+      if (scale) w = Scalar<E>(ranks[source_local[s]]).apply(w);
+      acc = reduce_element<E, R>(acc, w);
+    }
+    for (int d = 0; d < ndst; ++d) reinterpret_cast<S*>(ptrs[nsrc + d])[i] = acc;
   }
 }
 

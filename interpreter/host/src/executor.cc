@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include "efccl/ef/premul_analysis.h"
+#include "efccl/ef/validate.h"
 #include "efccl/host/numeric.h"
 #include "index_check.h"
 #include "program_walk.h"
@@ -34,6 +35,12 @@ std::optional<uint64_t> checked_mul(uint64_t a, uint64_t b) {
 /// Checks everything about the call that does not depend on the buffers.
 Status check_call(const ef::Program& p, const ExecOptions& o) {
   if (Status s = check_indices(p); !s) return s;
+  // mrc ops read and write other ranks' buffers in the walk's order, which gives the program's
+  // result only under validation's multi-rank-exclusive rule (the GPU executor validates every
+  // program): a program with mrc ops runs here only if it is valid.
+  if (ef::uses_multi_rank_ops(p))
+    if (const auto d = ef::validate(p); !d.empty())
+      return Status::error("the program has mrc ops and is not valid: " + d.front().to_string());
   if (Status s = ef::check_call(p, o.count, o.dtype, o.op, o.inplace, o.premul_scalars.size()); !s)
     return s;
   if (o.connection_slots < 1)
@@ -289,6 +296,26 @@ double Execution::run(const WalkUnit& unit) {
       reduce_elements(type, red, pushed, src_operand(unit, src, n), n);
       if (op.code == OpCode::kRecvReduceCopySend) std::memcpy(dst, pushed, bytes);
       break;
+    case OpCode::kMultiReduceCopy: {
+      // Under a pre-multiplying operator every source is scaled by its own rank's scalar:
+      // validation (check_call) keeps other ops from writing mrc's sources: pristine input.
+      const auto read = [&](const ef::RankBufferRef& ref, uint8_t* into) {
+        const uint8_t* at = element(ref.rank, {ref.buffer, ref.offset}, t.unit, unit.tile_start);
+        if (premul_.empty())
+          std::memcpy(into, at, bytes);
+        else
+          scale_elements(type, scalars_[static_cast<std::size_t>(ref.rank)], into, at, n);
+      };
+      read(op.sources.front(), result_tile_.data());
+      for (std::size_t k = 1; k < op.sources.size(); ++k) {
+        read(op.sources[k], operand_tile_.data());
+        reduce_elements(type, red, result_tile_.data(), operand_tile_.data(), n);
+      }
+      for (const ef::RankBufferRef& ref : op.targets)
+        std::memcpy(element(ref.rank, {ref.buffer, ref.offset}, t.unit, unit.tile_start),
+                    result_tile_.data(), bytes);
+      break;
+    }
     case OpCode::kNop:
       break;
   }

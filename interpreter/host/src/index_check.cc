@@ -7,6 +7,7 @@ namespace efccl::host {
 namespace {
 
 using ef::BufferKind;
+using ef::OpCode;
 
 std::string where(int rank, int tb, int op) {
   std::ostringstream s;
@@ -61,6 +62,29 @@ Status check_indices(const ef::Program& p) {
         };
         if (Status s = check_ref(op.src, ef::op_reads_src(op.code), "src"); !s) return s;
         if (Status s = check_ref(op.dst, ef::op_writes_dst(op.code), "dst"); !s) return s;
+        // mrc: every operand in its own rank's buffer (the executor reads them all).
+        const bool multi = op.code == OpCode::kMultiReduceCopy;
+        if (multi && (op.sources.empty() || op.targets.empty()))
+          return Status::error(at() + ": needs at least one source and one target");
+        if (!multi && (!op.sources.empty() || !op.targets.empty()))
+          return Status::error(at() + ": only mrc takes sources and targets");
+        for (const auto* refs : {&op.sources, &op.targets}) {
+          for (const ef::RankBufferRef& ref : *refs) {
+            if (ref.rank < 0 || ref.rank >= p.nranks)
+              return Status::error(at() + ": operand in rank " + std::to_string(ref.rank) +
+                                   ", not a rank of 0.." + std::to_string(p.nranks - 1));
+            const ef::Rank& owner = p.ranks[static_cast<std::size_t>(ref.rank)];
+            const int64_t chunks = ref.buffer == BufferKind::kInput    ? owner.input_chunks
+                                   : ref.buffer == BufferKind::kOutput ? owner.output_chunks
+                                                                       : owner.scratch_chunks;
+            if (ref.offset < 0 || ref.offset > chunks || op.count > chunks - ref.offset)
+              return Status::error(at() + ": operand of " + std::to_string(op.count) +
+                                   " chunks from chunk " + std::to_string(ref.offset) +
+                                   " outside rank " + std::to_string(ref.rank) + "'s " +
+                                   std::string(ef::to_string(ref.buffer)) + " buffer of " +
+                                   std::to_string(chunks) + " chunks");
+          }
+        }
         for (const ef::Dependency& d : op.deps) {
           if (d.tb < 0 || d.tb >= ntbs || d.op < 0 ||
               static_cast<std::size_t>(d.op) >=

@@ -31,9 +31,10 @@ double transfer_us(uint64_t bytes, double gbps) {
 
 /// Device-memory traffic of one unit, in tiles: what the op reads and writes locally. A
 /// received tile is read from the slot in the receiver's memory; a sent one is written into
-/// the peer's slot by the link, so only its local read counts here.
-uint64_t local_tiles(OpCode code) {
-  switch (code) {
+/// the peer's slot by the link, so only its local read counts here. An mrc reads and writes
+/// buffers of ranks on the same GPU (it runs only there): each of its operands once.
+uint64_t local_tiles(const ef::Op& op) {
+  switch (op.code) {
     case OpCode::kSend:
       return 1;  // read src
     case OpCode::kRecv:
@@ -47,6 +48,8 @@ uint64_t local_tiles(OpCode code) {
       return 3;  // two reads + one write
     case OpCode::kNop:
       return 0;
+    case OpCode::kMultiReduceCopy:
+      return op.sources.size() + op.targets.size();
   }
   return 0;
 }
@@ -292,7 +295,7 @@ double LinkCosts::run(const WalkUnit& unit) {
   const uint64_t bytes = unit.tile_elements * tiles_.element_size;
   const double ready = unit.ready;
   double end = ready + transfer_us(bytes, model_.threadblock_bandwidth_gbps);
-  if (const uint64_t local = local_tiles(unit.op.code) * bytes; local > 0) {
+  if (const uint64_t local = local_tiles(unit.op) * bytes; local > 0) {
     Port& m = memory(model_.device_of(t.rank));
     const double start = std::max(ready, m.free_at);
     const double busy = transfer_us(local, model_.local_bandwidth_gbps);

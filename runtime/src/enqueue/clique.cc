@@ -64,6 +64,13 @@ StatusOr<std::shared_ptr<Clique>> Clique::create(std::vector<int> rank_devices,
                                processes->leader.size() != n || processes->where.size() != n ||
                                processes->bootstraps.empty()))
     return Status::error("internal: incomplete process map");
+  // Ranks of one process on one GPU run every call in one launch, which programs of mrc ops
+  // need (they read and write the other ranks' buffers); EFCCL_DIRECT=0 keeps them off too.
+  const bool shared_launch =
+      processes == nullptr && n > 1 && direct_enabled() &&
+      std::all_of(rank_devices.begin(), rank_devices.end(),
+                  [&](int d) { return d == rank_devices.front(); });
+  if (registry != nullptr) registry->set_shared_launch(shared_launch);
   std::shared_ptr<Clique> c(
       new Clique(std::move(rank_devices), std::move(registry), std::move(processes)));
   if (c->processes_ != nullptr) {

@@ -99,6 +99,37 @@ ApiStatus run_balanced_alltoall(LaunchContext& ctx, const std::vector<Call>& set
   return run_send_recv(ctx, p2p, batch, bytes);
 }
 
+/// For element-wise calls (allreduce: count elements in and out per rank): where one rank's
+/// receive buffer meets another rank's buffer, or (out of place) its own send buffer. Empty
+/// when apart.
+std::string buffers_clash(const std::vector<Call>& set, bool inplace) {
+  struct Range {
+    int32_t rank;
+    const char* name;
+    uintptr_t begin, end;
+    bool written;
+  };
+  std::vector<Range> ranges;
+  for (const Call& c : set) {
+    const uintptr_t bytes = static_cast<uintptr_t>(c.count) * ef::size_of(c.dtype);
+    const auto send = reinterpret_cast<uintptr_t>(c.sendbuff);
+    const auto recv = reinterpret_cast<uintptr_t>(c.recvbuff);
+    ranges.push_back({c.rank, "sendbuff", send, send + bytes, false});
+    ranges.push_back({c.rank, "recvbuff", recv, recv + bytes, true});
+  }
+  for (std::size_t i = 0; i < ranges.size(); ++i)
+    for (std::size_t j = i + 1; j < ranges.size(); ++j) {
+      const Range& a = ranges[i];
+      const Range& b = ranges[j];
+      if (!a.written && !b.written) continue;  // reading one buffer twice is fine
+      if (a.rank == b.rank && inplace) continue;
+      if (a.begin < b.end && b.begin < a.end)
+        return "rank " + std::to_string(a.rank) + "'s " + a.name + " overlaps rank " +
+               std::to_string(b.rank) + "'s " + b.name;
+    }
+  return {};
+}
+
 }  // namespace
 
 ApiStatus run_collective(LaunchContext& ctx, const std::vector<Call>& set, LaunchBatch& batch) {
@@ -147,6 +178,17 @@ ApiStatus run_collective(LaunchContext& ctx, const std::vector<Call>& set, Launc
   }
   if (!plan)
     return ApiStatus::internal(std::string(api_name(ref.kind)) + ": " + plan.status().message());
+
+  // Programs of mrc ops (ranks sharing one launch) write every rank's output in one op: ranks
+  // passing overlapping buffers would race inside it, so such a call is refused as an invalid
+  // argument (ranks sharing a GPU each need their own buffers), before anything is launched.
+  for (const PlanPiece& piece : plan->pieces)
+    if (ef::uses_multi_rank_ops(*piece.program))
+      if (std::string clash = buffers_clash(set, inplace); !clash.empty())
+        return ApiStatus::invalid_usage(std::string(api_name(ref.kind)) + ": " + clash +
+                                        ", but program '" + piece.program->name +
+                                        "' writes every rank's output in one pass; give each "
+                                        "rank sharing the GPU its own buffers");
 
   std::vector<cudaStream_t> streams;
   for (const Call& c : set) streams.push_back(c.stream);

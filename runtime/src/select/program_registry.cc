@@ -170,7 +170,7 @@ StatusOr<Plan> ProgramRegistry::select_uncached(const CallShape& call,
         std::to_string(call.nranks) + " ranks, " + (call.inplace ? "in place" : "out of place") +
         ") and the built-in algorithms are disabled (EFCCL_BUILTINS=0)" + skipped);
   const BuiltinChoice choice =
-      choose_builtin(call.collective, call.nranks, call_bytes(call), hosts_);
+      choose_builtin(call.collective, call.nranks, call_bytes(call), hosts_, shared_launch_);
   if (choice.algorithm.empty())
     return Status::error("no built-in algorithm for " + collective + " with " +
                          std::to_string(call.nranks) + " ranks");

@@ -72,6 +72,10 @@ class ProgramRegistry {
   /// table picks hierarchical programs for communicators spanning hosts.
   void set_host_layout(const HostLayout& hosts) { hosts_ = hosts; }
   const HostLayout& host_layout() const { return hosts_; }
+  /// Whether every rank runs every call in one launch (one process, one GPU; set once, before
+  /// the first select()): the tuning table may then pick programs of mrc ops.
+  void set_shared_launch(bool shared) { shared_launch_ = shared; }
+  bool shared_launch() const { return shared_launch_; }
 
  private:
   struct UserProgram {
@@ -100,6 +104,7 @@ class ProgramRegistry {
   bool use_builtins_ = true;
   ef::Protocol fallback_protocol_ = ef::Protocol::kSimple;  ///< when the preferred is excluded
   HostLayout hosts_;
+  bool shared_launch_ = false;
   /// By (algorithm, nranks, root, instances, channels, nodes, in-place variant, protocol).
   std::map<std::tuple<std::string, int32_t, int32_t, int32_t, int32_t, int32_t, bool, ef::Protocol>,
            std::unique_ptr<ef::Program>>

@@ -180,6 +180,33 @@ BuiltinChoice choose_builtin(ef::Collective collective, int32_t nranks, uint64_t
   return c;
 }
 
+BuiltinChoice choose_builtin(ef::Collective collective, int32_t nranks, uint64_t bytes,
+                             const HostLayout& hosts, bool shared_launch) {
+  // Ranks sharing one launch: allreduce in one pass per chunk over every rank's buffers (n
+  // reads and n writes, the memory bound; the ring needs 3n-4 and 2n-2). One mrc op moves a
+  // few GB/s per CTA, so the CTAs (ranks x lanes) grow with the size: 128 from 4 MiB, 64 from
+  // 256 KiB, 16 from 16 KiB, one lane per rank below (H100, 2 and 4 ranks:
+  // docs/performance.md, "Ranks sharing one GPU"). Lanes beyond 32 instances go to channels.
+  constexpr int32_t kMaxSharedRanks = 16;  // ef::kMaxMultiOperands
+  if (shared_launch && collective == ef::Collective::kAllReduce && nranks >= 2 &&
+      nranks <= kMaxSharedRanks && hosts.hosts <= 1) {
+    const int32_t ctas = bytes >= 4 * MiB     ? 128
+                         : bytes >= 256 * KiB ? 64
+                         : bytes >= 16 * KiB  ? 16
+                                              : nranks;
+    const int32_t lanes = std::max(1, ctas / nranks);
+    BuiltinChoice c;
+    c.algorithm = "shared_gpu_allreduce";
+    c.channels = (lanes + 31) / 32;
+    c.instances = lanes / c.channels;
+    c.why = "ranks sharing one launch (one process, one GPU): " + std::to_string(nranks) +
+            " ranks, " + std::to_string(bytes) + " bytes -> " + std::to_string(c.instances) +
+            " instance(s) x " + std::to_string(c.channels) + " lane(s) per rank, Simple";
+    return c;
+  }
+  return choose_builtin(collective, nranks, bytes, hosts);
+}
+
 namespace {
 
 constexpr int32_t kMaxP2pChannels = 64;  // NCCL's MAXCHANNELS

@@ -35,6 +35,11 @@ BuiltinChoice choose_builtin(ef::Collective collective, int32_t nranks, uint64_t
 /// alltoall from 4 ranks per host: the two-step program), else the rows above.
 BuiltinChoice choose_builtin(ef::Collective collective, int32_t nranks, uint64_t bytes,
                              const HostLayout& hosts);
+/// The same where every rank shares one launch (one process, one GPU) when `shared_launch`:
+/// allreduce of 2..16 ranks then runs shared_gpu_allreduce (one pass over every rank's
+/// buffers per chunk), the rest as above.
+BuiltinChoice choose_builtin(ef::Collective collective, int32_t nranks, uint64_t bytes,
+                             const HostLayout& hosts, bool shared_launch);
 
 /// Channels (CTAs per direction) for one point-to-point transfer of `bytes`: the tuning table's,
 /// within the bounds NCCL_MIN_P2P_NCHANNELS / NCCL_MAX_P2P_NCHANNELS gave at the first call.

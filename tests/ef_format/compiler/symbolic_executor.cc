@@ -175,6 +175,24 @@ std::string symbolic_check(const ef::Program& p, bool inplace, uint64_t seed) {
           v = std::move(m);
         }
         if (op.code == ef::OpCode::kNop) break;
+        if (op.code == ef::OpCode::kMultiReduceCopy) {
+          // Every source of every rank read, then every target written (one unit).
+          Value m;
+          for (const ef::RankBufferRef& ref : op.sources) {
+            auto* s = mem.at(ref.rank, ref.buffer, ref.offset + u);
+            if (s == nullptr || !*s) return fail_at(t, "mrc reads an unwritten chunk");
+            Value merged;
+            std::merge(m.begin(), m.end(), (*s)->begin(), (*s)->end(),
+                       std::back_inserter(merged));
+            m = std::move(merged);
+          }
+          for (const ef::RankBufferRef& ref : op.targets) {
+            auto* s = mem.at(ref.rank, ref.buffer, ref.offset + u);
+            if (s == nullptr) return fail_at(t, "mrc writes outside a buffer");
+            *s = m;
+          }
+          continue;
+        }
         if (!v) return fail_at(t, "reads an unwritten chunk");
         if (op.dst && ef::op_writes_dst(op.code)) {
           auto* s = mem.at(t.rank, op.dst->buffer, op.dst->offset + u);

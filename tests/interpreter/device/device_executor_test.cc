@@ -265,7 +265,8 @@ TEST(DeviceExecutor, EveryLibraryAlgorithmUnderEveryProtocol) {
       auto generated = algorithms::generate_algorithm(info.name, library_params(info, protocol));
       ASSERT_TRUE(generated.is_ok()) << info.name << ": " << generated.status().message();
       const ef::Program& p = *generated;
-      const auto devices = map_ranks(p.nranks, true);
+      // Programs of mrc ops run only on ranks that share one launch: all on GPU 0.
+      const auto devices = map_ranks(p.nranks, !info.shared_launch);
       auto executor = small_slot_executor(p, devices);
       ASSERT_TRUE(executor.is_ok()) << info.name << ": " << executor.status().message();
       Streams streams((*executor)->devices());
@@ -1074,6 +1075,61 @@ TEST(DeviceExecutor, BatchRunsInOneFusedLaunchPerDevice) {
     cudaGraphExecDestroy(execs[i]);
     cudaGraphDestroy(graphs[i]);
   }
+}
+
+TEST(DeviceExecutor, MultiRankCallsOfABatchFuseUnlessTheirBuffersMeet) {
+  // shared_gpu_allreduce (mrc ops) with 2 ranks on GPU 0. Two calls on separate buffers: one
+  // fused launch. The same call twice on the same buffers in place (the second reduces what the
+  // first wrote): an mrc writes other ranks' buffers with no slots to fall back on, so the batch
+  // goes out one launch per call, and the result is the allreduce applied twice.
+  SKIP_WITHOUT_GPU();
+  algorithms::AlgorithmParams params;
+  params.ranks = 2;
+  params.instances = 2;
+  auto generated = algorithms::generate_algorithm("shared_gpu_allreduce", params);
+  ASSERT_TRUE(generated) << generated.status().message();
+  const ef::Program& p = *generated;
+  const std::vector<int> devices = {0, 0};
+  auto executor = small_slot_executor(p, devices);
+  ASSERT_TRUE(executor) << executor.status().message();
+  Streams streams((*executor)->devices());
+  std::vector<BatchEntry> entries(2);
+  for (BatchEntry& e : entries) {
+    e.program = &p;
+    e.executor = executor->get();
+    e.inplace = true;
+    e.count = ef::count_granularity(p) * 1000;
+    e.devices = devices;
+  }
+  device::BatchReport report;
+  uint64_t before = device::interpreter_launch_count();
+  ASSERT_TRUE(run_batch_of(entries, streams, 31, &report).is_ok());
+  for (BatchEntry& e : entries) ASSERT_TRUE(e.executor->wait(e.args).is_ok());
+  EXPECT_EQ(report.launches, 1u);
+  EXPECT_EQ(device::interpreter_launch_count() - before, 1u);
+  ASSERT_EQ(compare_batch(entries), "");
+
+  make_batch_buffers(entries, streams, 77);
+  entries[1].args = entries[0].args;  // the same buffers and streams
+  report = {};
+  before = device::interpreter_launch_count();
+  ASSERT_TRUE(run_batch_only(entries, &report).is_ok());
+  for (BatchEntry& e : entries) ASSERT_TRUE(e.executor->wait(e.args).is_ok());
+  EXPECT_EQ(report.launches, 2u);
+  EXPECT_EQ(device::interpreter_launch_count() - before, 2u);
+  const host::ExecOptions o = host_options(entries[0].args, (*executor)->slot_bytes());
+  for (int pass = 0; pass < 2; ++pass)
+    ASSERT_TRUE(host::execute(p, o, entries[0].bufs.host).status);
+  EXPECT_EQ(compare(p, DataType::kFloat32, entries[0].bufs), "");
+
+  // Two ranks given the same buffer: an mrc would race inside one op, so the call is refused.
+  device::RunArgs shared = entries[0].args;
+  shared.inputs[1] = shared.inputs[0];
+  shared.outputs[1] = shared.outputs[0];
+  const Status refused = (*executor)->run(shared);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.message().find("overlaps rank 1's output buffer"), std::string::npos)
+      << refused.message();
 }
 
 TEST(DeviceExecutor, BatchLaunchesPerKernelInCallOrder) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace efccl::device {
@@ -148,6 +149,49 @@ TEST(ProgramTables, DirectModesAndPeersOfRanksSharingTheLaunch) {
   for (const OpDesc& op : alone->ops) EXPECT_EQ(op.direct, 0);
   EXPECT_EQ(alone->threadblocks[0].send_local, -1);
   EXPECT_EQ(alone->threadblocks[0].recv_local, -1);
+}
+
+TEST(ProgramTables, MultiRankOpsListTheirOperandsByLocalRank) {
+  // Two ranks, each reducing its chunk of both inputs into both outputs (mrc).
+  ef::Program p;
+  p.collective = ef::Collective::kAllReduce;
+  p.nranks = 2;
+  p.nchunksperloop = 2;
+  for (int32_t r = 0; r < 2; ++r) {
+    ef::Rank rank;
+    rank.input_chunks = rank.output_chunks = 2;
+    ef::Op m;
+    m.code = ef::OpCode::kMultiReduceCopy;
+    for (int32_t q = 0; q < 2; ++q) {
+      m.sources.push_back({q, ef::BufferKind::kInput, r});
+      m.targets.push_back({q, ef::BufferKind::kOutput, r});
+    }
+    ef::Threadblock tb;
+    tb.ops = {m};
+    rank.threadblocks = {tb};
+    p.ranks.push_back(rank);
+  }
+  auto tables = build_program_tables(p, {0, 1}, {}, {}, nullptr, nullptr);
+  ASSERT_TRUE(tables) << tables.status().message();
+  ASSERT_EQ(tables->ops.size(), 2u);
+  ASSERT_EQ(tables->operands.size(), 8u);
+  const OpDesc& second = tables->ops[1];
+  EXPECT_EQ(second.code, kOpMultiReduceCopy);
+  EXPECT_EQ(second.src_chunk, 4);   // its first operand
+  EXPECT_EQ(second.pull_chunk, 2);  // sources
+  EXPECT_EQ(second.push_chunk, 2);  // targets, after the sources
+  const MultiOperand& target = tables->operands[7];
+  EXPECT_EQ(target.local_rank, 1);
+  EXPECT_EQ(target.buffer, kBufferOutput);
+  EXPECT_EQ(target.chunk, 1);
+
+  // A launch without one of the ranks an mrc names cannot run it.
+  auto alone = build_program_tables(p, {1}, {}, {}, nullptr, nullptr);
+  ASSERT_FALSE(alone);
+  EXPECT_NE(alone.status().message().find("names rank 0's buffer, but that rank does not run "
+                                          "in this launch"),
+            std::string::npos)
+      << alone.status().message();
 }
 
 TEST(ProgramTables, ReduceDividesOnlyAtTheRoot) {

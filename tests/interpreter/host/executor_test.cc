@@ -308,6 +308,34 @@ TEST(Executor, PreMulSumScalesEachRanksContributionOnce) {
   }
 }
 
+TEST(Executor, MultiRankOpsReduceEveryRanksOperandsAndRefuseInvalidPrograms) {
+  // Every type and operator, premul included (each source scaled by its own rank's scalar).
+  for (int n : {2, 3, 5}) {
+    const ef::Program p = ef::test_builders::mrc_allreduce(n);
+    for (bool inplace : {false, true})
+      for (const DataType t : {DataType::kFloat32, DataType::kInt8, DataType::kBFloat16})
+        for (const RedOp op : {RedOp::kSum, RedOp::kMax, RedOp::kAvg, RedOp::kPreMulSum}) {
+          ExecOptions o = options_for(p, t, op, inplace);
+          if (op == RedOp::kPreMulSum)
+            for (int r = 0; r < n; ++r) o.premul_scalars.push_back(r % 2 == 0 ? 2.0 : -3.0);
+          const VerifyResult v = run_and_verify(p, o, 17);
+          EXPECT_TRUE(v.pass) << n << " ranks " << ef::to_string(t) << " " << ef::to_string(op)
+                              << (inplace ? " inplace" : "") << ": " << v.message;
+        }
+  }
+  // Another op writing a chunk an mrc reads: the walk's order would decide the result.
+  ef::Program bad = ef::test_builders::mrc_allreduce(2);
+  bad.ranks[1].threadblocks.push_back(make_tb(-1, -1, {copy(in(1), out(0))}));
+  const ExecOptions o = options_for(bad, DataType::kFloat32, RedOp::kSum, false);
+  const auto buffers = make_buffers(bad, o);
+  ASSERT_FALSE(buffers.is_ok());
+  EXPECT_NE(buffers.status().message().find("[multi-rank-exclusive]"), std::string::npos)
+      << buffers.status().message();
+  const VerifyResult v = run_and_verify(bad, o, 1);
+  EXPECT_FALSE(v.pass);
+  EXPECT_NE(v.message.find("[multi-rank-exclusive]"), std::string::npos) << v.message;
+}
+
 TEST(Executor, IntegerAverageTruncatesTheSum) {
   // 3 ranks: [7, -7] + [1, 1] + [0, 0] = [8, -6]; / 3 -> [2, -2].
   const ef::Program p = ring_allreduce(3);

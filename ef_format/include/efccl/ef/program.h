@@ -44,6 +44,10 @@ enum class OpCode : uint8_t {
   kRecvReduceSend,      ///< rrs:  send (recv (op) src)
   kRecvReduceCopySend,  ///< rrcs: v = recv (op) src; dst = v; send v
   kNop,                 ///< nop:  only waits for its dependencies
+  /// mrc: targets[*] = sources[0] (op) sources[1] (op) ... — operands in any rank's buffers,
+  /// for ranks that share one launch (one process, one GPU); no connection (docs/ef-format.md
+  /// §4, "Multi-rank ops"). EF JSON only: MSCCL XML has no spelling for it.
+  kMultiReduceCopy,
 };
 
 /// A chunk-granular position in one of the rank's buffers.
@@ -52,6 +56,17 @@ struct BufferRef {
   int64_t offset = 0;  ///< in chunks from the start of the buffer
   bool operator==(const BufferRef&) const = default;
 };
+
+/// A chunk-granular position in rank `rank`'s buffer (the operands of multi-rank ops).
+struct RankBufferRef {
+  int32_t rank = 0;
+  BufferKind buffer = BufferKind::kInput;
+  int64_t offset = 0;  ///< in chunks from the start of the buffer
+  bool operator==(const RankBufferRef&) const = default;
+};
+
+/// Largest number of sources, and of targets, of one multi-rank op.
+inline constexpr int kMaxMultiOperands = 16;
 
 /// "Wait until op `op` of threadblock `tb` (same rank) has completed this iteration."
 struct Dependency {
@@ -69,6 +84,9 @@ struct Op {
   std::vector<Dependency> deps;
   /// MSCCL's hasdep as written in an imported file (nullopt in EF JSON, where it is derived).
   std::optional<bool> declared_hasdep;
+  /// mrc only: the chunks it reads (inputs) and writes (outputs), each `count` chunks long.
+  std::vector<RankBufferRef> sources;
+  std::vector<RankBufferRef> targets;
   bool operator==(const Op&) const = default;
 };
 
@@ -191,7 +209,10 @@ bool op_receives(OpCode op);  ///< r, rcs, rrc, rrs, rrcs
 bool op_sends(OpCode op);     ///< s, rcs, rrs, rrcs
 bool op_reads_src(OpCode op); ///< s, cpy, re, rrc, rrs, rrcs
 bool op_writes_dst(OpCode op);///< r, cpy, re, rcs, rrc, rrcs
-bool op_reduces(OpCode op);   ///< re, rrc, rrs, rrcs
+bool op_reduces(OpCode op);   ///< re, rrc, rrs, rrcs, mrc
+/// Whether some op of the program is an mrc (it then runs only where every rank shares one
+/// launch: ranks of one process on one GPU).
+bool uses_multi_rank_ops(const Program& p);
 
 // ---- Collective shapes (docs/ef-format.md, "Buffers and chunks") ----
 /// True for collectives whose result is a reduction (allreduce, reducescatter, reduce,

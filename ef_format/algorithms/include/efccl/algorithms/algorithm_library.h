@@ -45,6 +45,9 @@ struct AlgorithmInfo {
   int32_t max_ranks = 4096;
   int32_t max_channels = 32;  ///< 1: the algorithm has no channel parameter
   bool hierarchical = false;  ///< shaped by nodes x gpus_per_node (others ignore the split)
+  /// Its programs use mrc ops: they run only where every rank shares one launch (ranks of one
+  /// process on one GPU), and on the host executor.
+  bool shared_launch = false;
 };
 
 /// Every algorithm generate_algorithm() knows, sorted by name.
