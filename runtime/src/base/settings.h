@@ -26,7 +26,8 @@ bool group_fusion_enabled();
 bool resident_enabled();
 /// EFCCL_DIRECT: 1 (default) lets ranks that share a GPU in one process move data directly
 /// between their buffers where the program allows (docs/device-executor.md, "Direct
-/// transfers"); 0 keeps every transfer in the connections' slots.
+/// transfers") and run allreduce in one pass over every rank's buffers (shared_gpu_allreduce);
+/// 0 keeps every transfer in the connections' slots and the rings.
 bool direct_enabled();
 /// EFCCL_RESIDENT_CTAS (default 16, 1..128): CTAs of each GPU's resident grid; calls whose
 /// threadblocks on a GPU need more are launched.
