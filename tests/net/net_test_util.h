@@ -13,13 +13,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -192,8 +195,33 @@ inline bool closed_by_peer(int fd, Clock::duration limit) {
   return closed;
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
+/// A TCP port on 127.0.0.1 that was free a moment ago, chosen below the kernel's ephemeral
+/// range (/proc/sys/net/ipv4/ip_local_port_range), so that no socket bound to port 0 in the
+/// meantime (a bootstrap's own listener, another test's connection) can be given the same one:
+/// a port from that range once made a test that listens on it later fail with "Address already
+/// in use" (CI, 2026-11-28). Random within [low - 12000, low), checked free by binding.
 inline int free_port() {
+  int low = 32768, high = 60999;
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d %d", &low, &high) != 2) low = 32768;
+    std::fclose(f);
+  }
+  const int top = std::max(low, 2048);
+  const int bottom = std::max(1024, top - 12000);
+  static std::mt19937 rng(std::random_device{}());
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int port = bottom + static_cast<int>(rng() % static_cast<unsigned>(top - bottom));
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) break;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    close(fd);
+    if (free) return port;
+  }
+  // No free port found that way: the kernel's choice, as before.
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
