@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "program_builders.h"
+
 namespace efccl::device {
 namespace {
 
@@ -153,24 +155,7 @@ TEST(ProgramTables, DirectModesAndPeersOfRanksSharingTheLaunch) {
 
 TEST(ProgramTables, MultiRankOpsListTheirOperandsByLocalRank) {
   // Two ranks, each reducing its chunk of both inputs into both outputs (mrc).
-  ef::Program p;
-  p.collective = ef::Collective::kAllReduce;
-  p.nranks = 2;
-  p.nchunksperloop = 2;
-  for (int32_t r = 0; r < 2; ++r) {
-    ef::Rank rank;
-    rank.input_chunks = rank.output_chunks = 2;
-    ef::Op m;
-    m.code = ef::OpCode::kMultiReduceCopy;
-    for (int32_t q = 0; q < 2; ++q) {
-      m.sources.push_back({q, ef::BufferKind::kInput, r});
-      m.targets.push_back({q, ef::BufferKind::kOutput, r});
-    }
-    ef::Threadblock tb;
-    tb.ops = {m};
-    rank.threadblocks = {tb};
-    p.ranks.push_back(rank);
-  }
+  const ef::Program p = ef::test_builders::mrc_allreduce(2);
   auto tables = build_program_tables(p, {0, 1}, {}, {}, nullptr, nullptr);
   ASSERT_TRUE(tables) << tables.status().message();
   ASSERT_EQ(tables->ops.size(), 2u);
