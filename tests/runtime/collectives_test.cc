@@ -190,6 +190,10 @@ const CliqueShape kShapes[] = {
     {"one_gpu", 1, [](int) { return std::vector<int>{0}; }},
     {"all_gpus", 1, [](int g) { std::vector<int> d(g); std::iota(d.begin(), d.end(), 0); return d; }},
     {"four_ranks_per_gpu", 2, [](int) { return std::vector<int>{0, 0, 0, 0, 1, 1, 1, 1}; }},
+    // Ranks sharing one GPU in one process: the one-pass (mrc) programs where a collective
+    // has one, tails and the other collectives through the usual table.
+    {"two_ranks_on_gpu0", 1, [](int) { return std::vector<int>{0, 0}; }},
+    {"three_ranks_on_gpu0", 1, [](int) { return std::vector<int>{0, 0, 0}; }},
 };
 
 class RuntimeCollectives : public ::testing::TestWithParam<std::tuple<int, Coll>> {};
@@ -216,7 +220,7 @@ TEST_P(RuntimeCollectives, MatchHostReference) {
 
 INSTANTIATE_TEST_SUITE_P(
     AllShapes, RuntimeCollectives,
-    ::testing::Combine(::testing::Values(0, 1, 2),
+    ::testing::Combine(::testing::Values(0, 1, 2, 3, 4),
                        ::testing::Values(Coll::kAllReduce, Coll::kBroadcast, Coll::kReduce, Coll::kAllGather,
                                          Coll::kReduceScatter, Coll::kAllToAll, Coll::kGather, Coll::kScatter)),
     [](const auto& info) {
@@ -405,6 +409,62 @@ TEST(RuntimeApiErrors, MismatchAcrossRanksIsReported) {
   NCCL_OK(ncclGroupEnd());
   clique.sync();
   for (void* b : bufs) cudaFree(b);
+}
+
+TEST(RuntimeApiErrors, RanksSharingAGpuNeedTheirOwnBuffersAtTheCollectivesSizes) {
+  // Allgather's output holds n blocks, reduce-scatter's input n blocks: buffers that overlap
+  // only at those sizes are refused; a non-root's ignored buffer (broadcast's send, reduce's
+  // receive) may be anything.
+  EFCCL_REQUIRE_GPUS(1);
+  TestClique clique({0, 0});
+  constexpr size_t kCount = 1024;
+  constexpr size_t kBytes = kCount * sizeof(float);
+  cudaSetDevice(0);
+  char* base = nullptr;
+  CUDA_OK(cudaMalloc(&base, 8 * kBytes));
+  std::vector<float> ones(2 * kCount, 1.0f);
+  CUDA_OK(cudaMemcpy(base, ones.data(), 2 * kBytes, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(base + 2 * kBytes, ones.data(), 2 * kBytes, cudaMemcpyHostToDevice));
+  // Rank 1's output starts inside rank 0's two-block output.
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclAllGather(base, base + 4 * kBytes, kCount, ncclFloat, clique.comms[0], clique.streams[0]));
+  NCCL_OK(ncclAllGather(base + kBytes, base + 5 * kBytes, kCount, ncclFloat, clique.comms[1], clique.streams[1]));
+  EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("rank 0's recvbuff overlaps rank 1's recvbuff"),
+            std::string::npos)
+      << ncclGetLastError(nullptr);
+  // Rank 1's output right after rank 0's: accepted, and correct.
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclAllGather(base, base + 4 * kBytes, kCount, ncclFloat, clique.comms[0], clique.streams[0]));
+  NCCL_OK(ncclAllGather(base + kBytes, base + 6 * kBytes, kCount, ncclFloat, clique.comms[1], clique.streams[1]));
+  NCCL_OK(ncclGroupEnd());
+  clique.sync();
+  std::vector<float> got(4 * kCount);
+  CUDA_OK(cudaMemcpy(got.data(), base + 4 * kBytes, 4 * kBytes, cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], 1.0f) << i;
+  // Reduce-scatter: rank 0's two-block input meets rank 1's output.
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclReduceScatter(base, base + 4 * kBytes, kCount, ncclFloat, ncclSum, clique.comms[0], clique.streams[0]));
+  NCCL_OK(ncclReduceScatter(base + 2 * kBytes, base + kBytes, kCount, ncclFloat, ncclSum, clique.comms[1], clique.streams[1]));
+  EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("rank 0's sendbuff overlaps rank 1's recvbuff"),
+            std::string::npos)
+      << ncclGetLastError(nullptr);
+  // Broadcast from rank 0: rank 1's (ignored) send buffer is rank 0's output; reduce to rank 0:
+  // rank 1's (ignored) receive buffer is rank 0's input. Both run, and are correct.
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclBroadcast(base, base + 4 * kBytes, kCount, ncclFloat, 0, clique.comms[0], clique.streams[0]));
+  NCCL_OK(ncclBroadcast(base + 4 * kBytes, base + 5 * kBytes, kCount, ncclFloat, 0, clique.comms[1], clique.streams[1]));
+  NCCL_OK(ncclGroupEnd());
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclReduce(base, base + 6 * kBytes, kCount, ncclFloat, ncclSum, 0, clique.comms[0], clique.streams[0]));
+  NCCL_OK(ncclReduce(base + 2 * kBytes, base, kCount, ncclFloat, ncclSum, 0, clique.comms[1], clique.streams[1]));
+  NCCL_OK(ncclGroupEnd());
+  clique.sync();
+  CUDA_OK(cudaMemcpy(got.data(), base + 4 * kBytes, 4 * kBytes, cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < 2 * kCount; ++i) ASSERT_EQ(got[i], 1.0f) << "broadcast " << i;
+  for (size_t i = 2 * kCount; i < 3 * kCount; ++i) ASSERT_EQ(got[i], 2.0f) << "reduce " << i;
+  cudaFree(base);
 }
 
 // ---- Threads and ranks ----

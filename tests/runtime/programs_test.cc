@@ -192,29 +192,53 @@ TEST(RuntimePrograms, RanksSharingALaunchReduceInOnePass) {
             "ring_allreduce");
   EXPECT_EQ(choose_builtin(ef::Collective::kAllReduce, 17, 64 << 20, one_host, true).algorithm,
             "ring_allreduce");
-  EXPECT_EQ(choose_builtin(ef::Collective::kAllGather, 2, 64 << 20, one_host, true).algorithm,
-            "ring_allgather");
+  for (auto [collective, name] :
+       std::vector<std::pair<ef::Collective, std::string>>{
+           {ef::Collective::kAllGather, "shared_gpu_allgather"},
+           {ef::Collective::kReduceScatter, "shared_gpu_reducescatter"},
+           {ef::Collective::kBroadcast, "shared_gpu_broadcast"},
+           {ef::Collective::kReduce, "shared_gpu_reduce"}}) {
+    EXPECT_EQ(choose_builtin(collective, 4, 64 << 20, one_host, true).algorithm, name);
+    EXPECT_EQ(choose_builtin(collective, 4, 64 << 20, one_host, false).algorithm.rfind("ring_", 0),
+              0u)
+        << name;
+  }
+  // No mrc program for alltoall, gather, scatter: the usual table.
+  for (ef::Collective c :
+       {ef::Collective::kAllToAll, ef::Collective::kGather, ef::Collective::kScatter})
+    EXPECT_EQ(choose_builtin(c, 4, 64 << 20, one_host, true).algorithm,
+              choose_builtin(c, 4, 64 << 20, one_host, false).algorithm)
+        << ef::to_string(c);
 
-  // Through the registry: every count is covered (the tail through all-pairs) and verifies.
+  // Through the registry: every count is covered (a tail through the usual table) and
+  // verifies, for each collective with an mrc program.
   ProgramRegistry registry({}, ProtocolFilter{});
   registry.set_shared_launch(true);
-  for (uint64_t count : {uint64_t{1}, uint64_t{7}, uint64_t{4096 + 3}}) {
-    for (bool inplace : {false, true}) {
-      CallShape s;
-      s.collective = ef::Collective::kAllReduce;
-      s.nranks = 4;
-      s.count = count;
-      s.inplace = inplace;
-      auto plan = registry.select(s);
-      ASSERT_TRUE(plan) << plan.status().message();
-      uint64_t covered = 0;
-      for (const PlanPiece& p : plan->pieces) {
-        covered += p.count;
-        expect_verifies(*p.program, p.count, ef::DataType::kFloat32, ef::RedOp::kSum);
-      }
-      EXPECT_EQ(covered, count);
-      if (count > 7) {
-        EXPECT_EQ(plan->pieces.front().program->name, "shared_gpu_allreduce");
+  for (auto [collective, name] : std::vector<std::pair<ef::Collective, std::string>>{
+           {ef::Collective::kAllReduce, "shared_gpu_allreduce"},
+           {ef::Collective::kAllGather, "shared_gpu_allgather"},
+           {ef::Collective::kReduceScatter, "shared_gpu_reducescatter"},
+           {ef::Collective::kBroadcast, "shared_gpu_broadcast"},
+           {ef::Collective::kReduce, "shared_gpu_reduce"}}) {
+    for (uint64_t count : {uint64_t{1}, uint64_t{7}, uint64_t{4096 + 3}}) {
+      for (bool inplace : {false, true}) {
+        CallShape s;
+        s.collective = collective;
+        s.nranks = 4;
+        s.root = 3;
+        s.count = count;
+        s.inplace = inplace;
+        auto plan = registry.select(s);
+        ASSERT_TRUE(plan) << name << ": " << plan.status().message();
+        uint64_t covered = 0;
+        for (const PlanPiece& p : plan->pieces) {
+          covered += p.count;
+          expect_verifies(*p.program, p.count, ef::DataType::kFloat32, ef::RedOp::kSum);
+        }
+        EXPECT_EQ(covered, count) << name;
+        if (count > 7) {
+          EXPECT_EQ(plan->pieces.front().program->name, name);
+        }
       }
     }
   }

@@ -2,11 +2,13 @@
 // pay: single process, one communicator per GPU (ncclCommInitAll), float sum.
 //
 //   latency_bench [--gpus N | --devices 0,0,...] [--min-bytes 8] [--max-bytes 64K] [--factor 4]
-//                 [--iters 200] [--coll allreduce|sendrecv|allgather] [--repeats 3] [--group 1]
+//                 [--iters 200] [--coll allreduce|sendrecv|allgather|reducescatter|broadcast|reduce]
+//                 [--repeats 3] [--group 1]
 //                 [--no-graph] [--bw 64M] [--bw-iters 20] [--inplace]
 //
 // --devices gives each rank's CUDA device (one communicator per entry): "0,0" puts two ranks on
-// GPU 0, which efccl allows and NCCL refuses.
+// GPU 0, which efccl allows and NCCL refuses. Sizes are a rank's count x 4 bytes (allgather: its
+// input, reduce-scatter: its output); broadcast and reduce use root 0.
 //
 // Linked against NVIDIA's libnccl: run it as is for NCCL, with LD_PRELOAD=libefccl.so for
 // efccl (the way nccl-tests is run). Per size it prints, in microseconds per call (the best of
@@ -23,9 +25,10 @@
 // one graph (the others fork from the first rank's capture and join it again), since efccl
 // joins the streams of ranks on one GPU around each launch.
 // --bw BYTES: afterwards, --bw-iters eager calls of BYTES per rank (best of --repeats): the
-// time per call, algbw (bytes / time) and busbw (nccl-tests' factor: allreduce 2(n-1)/n,
-// allgather (n-1)/n, sendrecv 1), GB/s.
-// --inplace: allreduce and allgather in place (NCCL's aliasing), sendrecv as before.
+// time per call, algbw (nccl-tests' size / time: allgather's whole output, reduce-scatter's
+// whole input, BYTES otherwise) and busbw (nccl-tests' factor: allreduce 2(n-1)/n, allgather
+// and reduce-scatter (n-1)/n, sendrecv, broadcast and reduce 1), GB/s.
+// --inplace: the collectives in place (NCCL's aliasing), sendrecv as before.
 // Direct transfers between ranks sharing a GPU (docs/device-executor.md): EFCCL_DIRECT=0 / 1,
 // printed on the first line too.
 // Resident interpreter vs launches (docs/performance.md): run it twice under LD_PRELOAD, with
@@ -122,8 +125,9 @@ int main(int argc, char** argv) {
     else
       die("unknown argument " + std::string(a) + " (see the comment at the top of the source)");
   }
-  if (coll != "allreduce" && coll != "sendrecv" && coll != "allgather")
-    die("--coll must be allreduce, sendrecv or allgather");
+  if (coll != "allreduce" && coll != "sendrecv" && coll != "allgather" &&
+      coll != "reducescatter" && coll != "broadcast" && coll != "reduce")
+    die("--coll must be allreduce, sendrecv, allgather, reducescatter, broadcast or reduce");
   if (factor < 2 || iters < 1 || repeats < 1 || min_bytes < 4 || group < 1 || group > 256 ||
       bw_iters < 1 || (bw_bytes != 0 && bw_bytes < 4))
     die("bad --factor/--iters/--repeats/--min-bytes/--group/--bw/--bw-iters");
@@ -167,13 +171,22 @@ int main(int argc, char** argv) {
       for (int g = 0; g < gpus; ++g) {
         float* s = send[g] + at;
         float* r = recv[g] + at;
-        if (inplace && coll == "allreduce") s = r;
+        if (inplace && (coll == "allreduce" || coll == "broadcast" || coll == "reduce")) s = r;
         if (inplace && coll == "allgather") s = r + static_cast<size_t>(g) * count;
+        if (inplace && coll == "reducescatter") r = s + static_cast<size_t>(g) * count;
         if (coll == "allreduce") {
           check(ncclAllReduce(s, r, count, ncclFloat, ncclSum, comms[g], streams[g]),
                 "ncclAllReduce");
         } else if (coll == "allgather") {
           check(ncclAllGather(s, r, count, ncclFloat, comms[g], streams[g]), "ncclAllGather");
+        } else if (coll == "reducescatter") {
+          check(ncclReduceScatter(s, r, count, ncclFloat, ncclSum, comms[g], streams[g]),
+                "ncclReduceScatter");
+        } else if (coll == "broadcast") {
+          check(ncclBroadcast(s, r, count, ncclFloat, 0, comms[g], streams[g]), "ncclBroadcast");
+        } else if (coll == "reduce") {
+          check(ncclReduce(s, r, count, ncclFloat, ncclSum, 0, comms[g], streams[g]),
+                "ncclReduce");
         } else {
           check(ncclSend(s, count, ncclFloat, (g + 1) % gpus, comms[g], streams[g]), "ncclSend");
           check(ncclRecv(r, count, ncclFloat, (g + gpus - 1) % gpus, comms[g], streams[g]),
@@ -305,11 +318,11 @@ int main(int argc, char** argv) {
       sync_all();
       best = std::min(best, (now_us() - t0) / bw_iters / group);
     }
-    const double bytes = static_cast<double>(count * sizeof(float));
-    const double algbw = bytes / best / 1e3;  // bytes per us = MB/s; / 1e3 = GB/s
     const double n = gpus;
-    const double factor =
-        coll == "allreduce" ? 2 * (n - 1) / n : coll == "allgather" ? (n - 1) / n : 1.0;
+    const bool blocks = coll == "allgather" || coll == "reducescatter";
+    const double bytes = static_cast<double>(count * sizeof(float)) * (blocks ? n : 1.0);
+    const double algbw = bytes / best / 1e3;  // bytes per us = MB/s; / 1e3 = GB/s
+    const double factor = coll == "allreduce" ? 2 * (n - 1) / n : blocks ? (n - 1) / n : 1.0;
     std::printf("# bandwidth: %llu bytes per rank, %d calls, best of %d rounds\n",
                 static_cast<unsigned long long>(count * sizeof(float)), bw_iters, repeats);
     std::printf("# %10s %10s %10s %10s\n", "bytes", "us", "algbw", "busbw");

@@ -101,11 +101,35 @@ const std::vector<Entry>& entries() {
       flat("ring_reducescatter", ef::Collective::kReduceScatter,
            "each block is reduced along the ring and ends at its owner (rrs, then rrc)",
            std::nullopt, detail::ring_reducescatter),
+      shared_launch(flat("shared_gpu_allgather", ef::Collective::kAllGather,
+                         "ranks sharing one GPU in one process: one pass per chunk reads a "
+                         "rank's block once and writes it into every rank's output (mrc); runs "
+                         "only where all ranks share a launch",
+                         std::nullopt, detail::shared_gpu_allgather),
+                    ef::kMaxMultiOperands),
       shared_launch(flat("shared_gpu_allreduce", ef::Collective::kAllReduce,
                        "ranks sharing one GPU in one process: one pass per chunk reads every "
                        "rank's input and writes every rank's output (mrc); runs only where all "
                        "ranks share a launch",
                        std::nullopt, detail::shared_gpu_allreduce),
+                    ef::kMaxMultiOperands),
+      shared_launch(flat("shared_gpu_broadcast", ef::Collective::kBroadcast,
+                         "ranks sharing one GPU in one process: one pass per chunk reads the "
+                         "root's input once and writes every rank's output (mrc); runs only "
+                         "where all ranks share a launch",
+                         std::nullopt, detail::shared_gpu_broadcast),
+                    ef::kMaxMultiOperands),
+      shared_launch(flat("shared_gpu_reduce", ef::Collective::kReduce,
+                         "ranks sharing one GPU in one process: one pass per chunk reads every "
+                         "rank's input and writes the root's output (mrc); runs only where all "
+                         "ranks share a launch",
+                         std::nullopt, detail::shared_gpu_reduce),
+                    ef::kMaxMultiOperands),
+      shared_launch(flat("shared_gpu_reducescatter", ef::Collective::kReduceScatter,
+                         "ranks sharing one GPU in one process: one pass per chunk reads block "
+                         "r of every input and writes rank r's output (mrc); runs only where "
+                         "all ranks share a launch",
+                         std::nullopt, detail::shared_gpu_reducescatter),
                     ef::kMaxMultiOperands),
       two_ranks(flat("send_recv", ef::Collective::kCustom,
                      "custom, 2 ranks: rank 0's input arrives in rank 1's output, chunk c on "

@@ -22,9 +22,18 @@ StatusOr<ef::Program> allpairs_allgather(const AlgorithmParams& p,
 StatusOr<ef::Program> direct_gather(const AlgorithmParams& p, const compiler::CompileOptions& o);
 StatusOr<ef::Program> direct_scatter(const AlgorithmParams& p, const compiler::CompileOptions& o);
 StatusOr<ef::Program> send_recv(const AlgorithmParams& p, const compiler::CompileOptions& o);
-// Ranks sharing one GPU in one launch only (mrc ops read and write every rank's buffers).
+// Ranks sharing one GPU in one launch only (mrc ops read and write every rank's buffers;
+// shared_gpu.cc).
 StatusOr<ef::Program> shared_gpu_allreduce(const AlgorithmParams& p,
                                            const compiler::CompileOptions& o);
+StatusOr<ef::Program> shared_gpu_allgather(const AlgorithmParams& p,
+                                           const compiler::CompileOptions& o);
+StatusOr<ef::Program> shared_gpu_reducescatter(const AlgorithmParams& p,
+                                               const compiler::CompileOptions& o);
+StatusOr<ef::Program> shared_gpu_broadcast(const AlgorithmParams& p,
+                                           const compiler::CompileOptions& o);
+StatusOr<ef::Program> shared_gpu_reduce(const AlgorithmParams& p,
+                                        const compiler::CompileOptions& o);
 // Hierarchical: nodes x gpus_per_node, nodes divides ranks (checked).
 StatusOr<ef::Program> two_step_alltoall(const AlgorithmParams& p,
                                         const compiler::CompileOptions& o);

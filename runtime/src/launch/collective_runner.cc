@@ -99,10 +99,11 @@ ApiStatus run_balanced_alltoall(LaunchContext& ctx, const std::vector<Call>& set
   return run_send_recv(ctx, p2p, batch, bytes);
 }
 
-/// For element-wise calls (allreduce: count elements in and out per rank): where one rank's
-/// receive buffer meets another rank's buffer, or (out of place) its own send buffer. Empty
-/// when apart.
-std::string buffers_clash(const std::vector<Call>& set, bool inplace) {
+/// Where one rank's receive buffer meets another rank's buffer, or (out of place) its own send
+/// buffer, by the sizes the collective gives each (allgather's output and reduce-scatter's input
+/// hold `nranks` blocks; a non-root's send buffer of broadcast and receive buffer of reduce are
+/// ignored, as NCCL ignores them). Empty when apart.
+std::string buffers_clash(const std::vector<Call>& set, bool inplace, int32_t nranks) {
   struct Range {
     int32_t rank;
     const char* name;
@@ -112,10 +113,15 @@ std::string buffers_clash(const std::vector<Call>& set, bool inplace) {
   std::vector<Range> ranges;
   for (const Call& c : set) {
     const uintptr_t bytes = static_cast<uintptr_t>(c.count) * ef::size_of(c.dtype);
+    const auto blocks = static_cast<uintptr_t>(nranks);
+    const uintptr_t send_bytes = c.kind == CallKind::kReduceScatter ? bytes * blocks : bytes;
+    const uintptr_t recv_bytes = c.kind == CallKind::kAllGather ? bytes * blocks : bytes;
     const auto send = reinterpret_cast<uintptr_t>(c.sendbuff);
     const auto recv = reinterpret_cast<uintptr_t>(c.recvbuff);
-    ranges.push_back({c.rank, "sendbuff", send, send + bytes, false});
-    ranges.push_back({c.rank, "recvbuff", recv, recv + bytes, true});
+    if (c.kind != CallKind::kBroadcast || c.rank == c.root)
+      ranges.push_back({c.rank, "sendbuff", send, send + send_bytes, false});
+    if (c.kind != CallKind::kReduce || c.rank == c.root)
+      ranges.push_back({c.rank, "recvbuff", recv, recv + recv_bytes, true});
   }
   for (std::size_t i = 0; i < ranges.size(); ++i)
     for (std::size_t j = i + 1; j < ranges.size(); ++j) {
@@ -184,7 +190,7 @@ ApiStatus run_collective(LaunchContext& ctx, const std::vector<Call>& set, Launc
   // argument (ranks sharing a GPU each need their own buffers), before anything is launched.
   for (const PlanPiece& piece : plan->pieces)
     if (ef::uses_multi_rank_ops(*piece.program))
-      if (std::string clash = buffers_clash(set, inplace); !clash.empty())
+      if (std::string clash = buffers_clash(set, inplace, ctx.nranks()); !clash.empty())
         return ApiStatus::invalid_usage(std::string(api_name(ref.kind)) + ": " + clash +
                                         ", but program '" + piece.program->name +
                                         "' writes every rank's output in one pass; give each "

@@ -177,11 +177,12 @@ StatusOr<Plan> ProgramRegistry::select_uncached(const CallShape& call,
   const std::string algorithm(choice.algorithm);
   const ef::Protocol protocol = allowed_protocol(choice.protocol);
   // The choice's lanes and hierarchy go with its algorithm (the tail piece is a flat one).
+  int32_t channels = choice.channels;
   const auto get = [&](const std::string& name, int32_t instances) -> StatusOr<const ef::Program*> {
     BuiltinShape shape;
     shape.instances = instances;
     if (name == algorithm) {
-      shape.channels = choice.channels;
+      shape.channels = channels;
       shape.nodes = choice.nodes;
     }
     auto p = builtin(name, call, shape, false, protocol);
@@ -206,9 +207,15 @@ StatusOr<Plan> ProgramRegistry::select_uncached(const CallShape& call,
     // Element-wise collectives: the largest multiple of the granularity through the chosen
     // program, the remaining few elements through a program of granularity 1.
     const uint64_t body = call.count - call.count % granularity;
+    // A program of mrc ops gives every rank at least one chunk, so its tail is the usual
+    // table's program (allreduce: all-pairs).
     const std::string tail_algorithm =
         call.collective == ef::Collective::kAllReduce && call.nranks > 1 ? "allpairs_allreduce"
-                                                                         : algorithm;
+        : choice.shared_launch
+            ? std::string(choose_builtin(call.collective, call.nranks,
+                                         (call.count - body) * ef::size_of(call.dtype), hosts_)
+                              .algorithm)
+            : algorithm;
     auto tail = get(tail_algorithm, 1);
     if (!tail) return tail.status();
     if (ef::count_granularity(**tail) != 1)
@@ -223,6 +230,12 @@ StatusOr<Plan> ProgramRegistry::select_uncached(const CallShape& call,
     // (one instance takes every count).
     while (instances > 1 && call.count % ef::count_granularity(**program) != 0) {
       instances /= 2;
+      program = get(algorithm, instances);
+      if (!program) return program.status();
+    }
+    // Lanes of a program of mrc ops are instances x channels: one lane then takes every count.
+    if (choice.shared_launch && channels > 1 && call.count % ef::count_granularity(**program) != 0) {
+      channels = 1;
       program = get(algorithm, instances);
       if (!program) return program.status();
     }

@@ -182,21 +182,33 @@ BuiltinChoice choose_builtin(ef::Collective collective, int32_t nranks, uint64_t
 
 BuiltinChoice choose_builtin(ef::Collective collective, int32_t nranks, uint64_t bytes,
                              const HostLayout& hosts, bool shared_launch) {
-  // Ranks sharing one launch: allreduce in one pass per chunk over every rank's buffers (n
-  // reads and n writes, the memory bound; the ring needs 3n-4 and 2n-2). One mrc op moves a
-  // few GB/s per CTA, so the CTAs (ranks x lanes) grow with the size: 128 from 4 MiB, 64 from
-  // 256 KiB, 16 from 16 KiB, one lane per rank below (H100, 2 and 4 ranks:
-  // docs/performance.md, "Ranks sharing one GPU"). Lanes beyond 32 instances go to channels.
+  // Ranks sharing one launch: allreduce, allgather, reduce-scatter, broadcast and reduce in one
+  // pass per chunk over every rank's buffers (the memory bound; two-operand ops need up to 3n-4
+  // reads and 2n-2 writes per chunk). One mrc op moves a few GB/s per CTA, so the CTAs (ranks x
+  // lanes) grow with the size (the call's bytes as the tuning table counts them: allgather's
+  // output, reduce-scatter's input): 128 from 4 MiB, 64 from 256 KiB, 16 from 16 KiB, one lane
+  // per rank below (H100, 2 and 4 ranks: docs/performance.md, "Ranks sharing one GPU"). Lanes
+  // beyond 32 instances go to channels.
   constexpr int32_t kMaxSharedRanks = 16;  // ef::kMaxMultiOperands
-  if (shared_launch && collective == ef::Collective::kAllReduce && nranks >= 2 &&
-      nranks <= kMaxSharedRanks && hosts.hosts <= 1) {
+  const char* shared = nullptr;
+  switch (collective) {
+    case ef::Collective::kAllReduce: shared = "shared_gpu_allreduce"; break;
+    case ef::Collective::kAllGather: shared = "shared_gpu_allgather"; break;
+    case ef::Collective::kReduceScatter: shared = "shared_gpu_reducescatter"; break;
+    case ef::Collective::kBroadcast: shared = "shared_gpu_broadcast"; break;
+    case ef::Collective::kReduce: shared = "shared_gpu_reduce"; break;
+    default: break;
+  }
+  if (shared_launch && shared != nullptr && nranks >= 2 && nranks <= kMaxSharedRanks &&
+      hosts.hosts <= 1) {
     const int32_t ctas = bytes >= 4 * MiB     ? 128
                          : bytes >= 256 * KiB ? 64
                          : bytes >= 16 * KiB  ? 16
                                               : nranks;
     const int32_t lanes = std::max(1, ctas / nranks);
     BuiltinChoice c;
-    c.algorithm = "shared_gpu_allreduce";
+    c.algorithm = shared;
+    c.shared_launch = true;
     c.channels = (lanes + 31) / 32;
     c.instances = lanes / c.channels;
     c.why = "ranks sharing one launch (one process, one GPU): " + std::to_string(nranks) +

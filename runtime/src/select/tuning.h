@@ -24,6 +24,8 @@ struct BuiltinChoice {
   int32_t channels = 1;  ///< lanes inside one instance (multilane_allreduce)
   /// Hierarchical algorithms: ranks = nodes x gpus_per_node (AlgorithmParams); 1 otherwise.
   int32_t nodes = 1;
+  /// A program of mrc ops for ranks sharing one launch (lanes = instances x channels per rank).
+  bool shared_launch = false;
 };
 
 /// `bytes` is the whole call's data (NCCL count x nranks x element size for the collectives
@@ -36,8 +38,9 @@ BuiltinChoice choose_builtin(ef::Collective collective, int32_t nranks, uint64_t
 BuiltinChoice choose_builtin(ef::Collective collective, int32_t nranks, uint64_t bytes,
                              const HostLayout& hosts);
 /// The same where every rank shares one launch (one process, one GPU) when `shared_launch`:
-/// allreduce of 2..16 ranks then runs shared_gpu_allreduce (one pass over every rank's
-/// buffers per chunk), the rest as above.
+/// allreduce, allgather, reduce-scatter, broadcast and reduce of 2..16 ranks then run the
+/// library's shared_gpu_* programs (one pass over every rank's buffers per chunk), the rest
+/// (alltoall, gather, scatter) as above.
 BuiltinChoice choose_builtin(ef::Collective collective, int32_t nranks, uint64_t bytes,
                              const HostLayout& hosts, bool shared_launch);
 

@@ -34,8 +34,9 @@ TEST(Registry, ListsTheAlgorithmsSorted) {
                      "allpairs_allgather", "allpairs_allreduce", "alltonext", "direct_alltoall",
                      "direct_gather", "direct_scatter", "hierarchical_allreduce",
                      "multilane_allreduce", "ring_allgather", "ring_allreduce", "ring_broadcast",
-                     "ring_reduce", "ring_reducescatter", "send_recv", "shared_gpu_allreduce",
-                     "two_step_alltoall"}));
+                     "ring_reduce", "ring_reducescatter", "send_recv", "shared_gpu_allgather",
+                     "shared_gpu_allreduce", "shared_gpu_broadcast", "shared_gpu_reduce",
+                     "shared_gpu_reducescatter", "two_step_alltoall"}));
   for (const auto& info : list) {
     EXPECT_FALSE(info.description.empty()) << info.name;
     EXPECT_LE(info.min_ranks, info.max_ranks) << info.name;
@@ -46,8 +47,16 @@ TEST(Registry, ListsTheAlgorithmsSorted) {
   EXPECT_TRUE(info_of("multilane_allreduce").hierarchical);
   EXPECT_TRUE(info_of("alltonext").hierarchical);
   EXPECT_FALSE(info_of("ring_allreduce").hierarchical);
-  EXPECT_TRUE(info_of("shared_gpu_allreduce").shared_launch);
-  EXPECT_EQ(info_of("shared_gpu_allreduce").max_ranks, 16);
+  for (const char* name : {"shared_gpu_allreduce", "shared_gpu_allgather",
+                           "shared_gpu_reducescatter", "shared_gpu_broadcast",
+                           "shared_gpu_reduce"}) {
+    EXPECT_TRUE(info_of(name).shared_launch) << name;
+    EXPECT_EQ(info_of(name).max_ranks, 16) << name;
+  }
+  EXPECT_EQ(info_of("shared_gpu_allgather").collective, ef::Collective::kAllGather);
+  EXPECT_EQ(info_of("shared_gpu_reducescatter").collective, ef::Collective::kReduceScatter);
+  EXPECT_EQ(info_of("shared_gpu_broadcast").collective, ef::Collective::kBroadcast);
+  EXPECT_EQ(info_of("shared_gpu_reduce").collective, ef::Collective::kReduce);
   EXPECT_FALSE(info_of("ring_allreduce").shared_launch);
   EXPECT_EQ(info_of("send_recv").min_ranks, 2);
   EXPECT_EQ(info_of("send_recv").max_ranks, 2);
