@@ -360,6 +360,29 @@ int run_job(const LaunchOptions& o) {
 
   std::vector<pollfd> polled;
   std::vector<RendezvousServer::Event> events;
+  auto report_events = [&] {
+    for (const auto& e : events) {
+      if (e.kind == RendezvousServer::Event::Kind::kAbort)
+        stop("rank " + std::to_string(e.rank) + " called MPI_Abort with errorcode " +
+                 std::to_string(e.errorcode),
+             e.errorcode > 0 && e.errorcode < 256 ? e.errorcode : 1);
+      else
+        say(e.text);
+    }
+    events.clear();
+  };
+  // What the server's connections already hold, handled now: a rank that called MPI_Abort
+  // wrote its abort line before exiting, so when its exit is seen the line has arrived, and the
+  // job's failure is the abort, not the exit that followed it.
+  auto drain_server = [&] {
+    std::vector<pollfd> fds;
+    for (int fd : server->fds()) fds.push_back({fd, POLLIN, 0});
+    if (!fds.empty() && ::poll(fds.data(), fds.size(), 0) > 0)
+      for (const pollfd& p : fds)
+        if (p.revents != 0) server->handle(p.fd, &events);
+    server->tick(&events);
+    report_events();
+  };
   int handled_signals = 0;
   for (;;) {
     const bool any_running = !running_list(ranks).empty();
@@ -404,15 +427,7 @@ int run_job(const LaunchOptions& o) {
       }
     }
     server->tick(&events);
-    for (const auto& e : events) {
-      if (e.kind == RendezvousServer::Event::Kind::kAbort)
-        stop("rank " + std::to_string(e.rank) + " called MPI_Abort with errorcode " +
-                 std::to_string(e.errorcode),
-             e.errorcode > 0 && e.errorcode < 256 ? e.errorcode : 1);
-      else
-        say(e.text);
-    }
-    events.clear();
+    report_events();
 
     // Children that ended.
     for (;;) {
@@ -423,10 +438,12 @@ int run_job(const LaunchOptions& o) {
         if (r.pid != pid || !r.running) continue;
         r.running = false;
         r.status = status;
-        if (!succeeded(status) && !r.stopped_by_launcher)
+        if (!succeeded(status) && !r.stopped_by_launcher) {
+          drain_server();
           stop("rank " + std::to_string(r.index) + " (pid " + std::to_string(pid) + ") " +
                    describe_status(status),
                exit_code_of(status));
+        }
       }
     }
 
