@@ -54,8 +54,8 @@ Status check_indices(const ef::Program& p) {
                                  : ref->buffer == BufferKind::kOutput ? rank.output_chunks
                                                                       : rank.scratch_chunks;
           if (ref->offset < 0 || ref->offset > chunks || op.count > chunks - ref->offset)
-            return Status::error(at() + ": " + field + " chunks " + std::to_string(ref->offset) +
-                                 ".." + std::to_string(ref->offset + op.count - 1) +
+            return Status::error(at() + ": " + field + " of " + std::to_string(op.count) +
+                                 " chunks from chunk " + std::to_string(ref->offset) +
                                  " outside the " + std::string(ef::to_string(ref->buffer)) +
                                  " buffer of " + std::to_string(chunks) + " chunks");
           return Status::ok();

@@ -608,8 +608,21 @@ TEST(Executor, ProgramIndicesOutOfRangeAreErrorsNotCrashes) {
     ef::Program p = ring_allreduce(3);
     rank_of(p, 1).threadblocks[0].ops[0].src = in(7);
     const VerifyResult v = run_and_verify(p, o, 1);
-    EXPECT_NE(v.message.find("rank 1 tb 0 op 0 (send): src chunks 7..7 outside the input "
-                             "buffer of 3 chunks"),
+    EXPECT_NE(v.message.find("rank 1 tb 0 op 0 (send): src of 1 chunks from chunk 7 outside "
+                             "the input buffer of 3 chunks"),
+              std::string::npos)
+        << v.message;
+  }
+  {
+    // Offsets and counts at the ends of int64 (programs built through the API skip the JSON
+    // loader's caps): an error naming them, no overflow computing the message.
+    ef::Program p = ring_allreduce(3);
+    ef::Op& op = rank_of(p, 1).threadblocks[0].ops[0];
+    op.src = in(INT64_MAX);
+    op.count = INT64_MAX;
+    const VerifyResult v = run_and_verify(p, o, 1);
+    EXPECT_NE(v.message.find("src of 9223372036854775807 chunks from chunk 9223372036854775807 "
+                             "outside the input buffer of 3 chunks"),
               std::string::npos)
         << v.message;
   }
