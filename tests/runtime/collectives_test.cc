@@ -414,7 +414,7 @@ TEST(RuntimeApiErrors, MismatchAcrossRanksIsReported) {
 TEST(RuntimeApiErrors, RanksSharingAGpuNeedTheirOwnBuffersAtTheCollectivesSizes) {
   // Allgather's output holds n blocks, reduce-scatter's input n blocks: buffers that overlap
   // only at those sizes are refused; a non-root's ignored buffer (broadcast's send, reduce's
-  // receive) may be anything.
+  // receive) may be anything, and stays untouched.
   EFCCL_REQUIRE_GPUS(1);
   TestClique clique({0, 0});
   constexpr size_t kCount = 1024;
@@ -422,48 +422,56 @@ TEST(RuntimeApiErrors, RanksSharingAGpuNeedTheirOwnBuffersAtTheCollectivesSizes)
   cudaSetDevice(0);
   char* base = nullptr;
   CUDA_OK(cudaMalloc(&base, 8 * kBytes));
-  std::vector<float> ones(2 * kCount, 1.0f);
-  CUDA_OK(cudaMemcpy(base, ones.data(), 2 * kBytes, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(base + 2 * kBytes, ones.data(), 2 * kBytes, cudaMemcpyHostToDevice));
+  // Blocks of kCount floats: 0 holds 1s, 1 holds 2s, 2 holds 3s, 3 holds 4s, 4..7 zeros.
+  std::vector<float> host(8 * kCount, 0.0f);
+  for (size_t b = 0; b < 4; ++b)
+    std::fill(host.begin() + b * kCount, host.begin() + (b + 1) * kCount, 1.0f + b);
+  CUDA_OK(cudaMemcpy(base, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+  const auto block = [&](size_t b) { return base + b * kBytes; };
+  const auto expect_blocks = [&](size_t first, std::vector<float> want, const char* what) {
+    std::vector<float> got(want.size() * kCount);
+    ASSERT_EQ(cudaMemcpy(got.data(), block(first), got.size() * sizeof(float), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_EQ(got[i], want[i / kCount]) << what << ": block " << first + i / kCount << " element " << i % kCount;
+  };
   // Rank 1's output starts inside rank 0's two-block output.
   NCCL_OK(ncclGroupStart());
-  NCCL_OK(ncclAllGather(base, base + 4 * kBytes, kCount, ncclFloat, clique.comms[0], clique.streams[0]));
-  NCCL_OK(ncclAllGather(base + kBytes, base + 5 * kBytes, kCount, ncclFloat, clique.comms[1], clique.streams[1]));
+  NCCL_OK(ncclAllGather(block(0), block(4), kCount, ncclFloat, clique.comms[0], clique.streams[0]));
+  NCCL_OK(ncclAllGather(block(1), block(5), kCount, ncclFloat, clique.comms[1], clique.streams[1]));
   EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
   EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("rank 0's recvbuff overlaps rank 1's recvbuff"),
             std::string::npos)
       << ncclGetLastError(nullptr);
-  // Rank 1's output right after rank 0's: accepted, and correct.
+  // Rank 1's output right after rank 0's: accepted, and each rank's block in its place.
   NCCL_OK(ncclGroupStart());
-  NCCL_OK(ncclAllGather(base, base + 4 * kBytes, kCount, ncclFloat, clique.comms[0], clique.streams[0]));
-  NCCL_OK(ncclAllGather(base + kBytes, base + 6 * kBytes, kCount, ncclFloat, clique.comms[1], clique.streams[1]));
+  NCCL_OK(ncclAllGather(block(0), block(4), kCount, ncclFloat, clique.comms[0], clique.streams[0]));
+  NCCL_OK(ncclAllGather(block(1), block(6), kCount, ncclFloat, clique.comms[1], clique.streams[1]));
   NCCL_OK(ncclGroupEnd());
   clique.sync();
-  std::vector<float> got(4 * kCount);
-  CUDA_OK(cudaMemcpy(got.data(), base + 4 * kBytes, 4 * kBytes, cudaMemcpyDeviceToHost));
-  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], 1.0f) << i;
+  expect_blocks(4, {1, 2, 1, 2}, "allgather");
   // Reduce-scatter: rank 0's two-block input meets rank 1's output.
   NCCL_OK(ncclGroupStart());
-  NCCL_OK(ncclReduceScatter(base, base + 4 * kBytes, kCount, ncclFloat, ncclSum, clique.comms[0], clique.streams[0]));
-  NCCL_OK(ncclReduceScatter(base + 2 * kBytes, base + kBytes, kCount, ncclFloat, ncclSum, clique.comms[1], clique.streams[1]));
+  NCCL_OK(ncclReduceScatter(block(0), block(4), kCount, ncclFloat, ncclSum, clique.comms[0], clique.streams[0]));
+  NCCL_OK(ncclReduceScatter(block(2), block(1), kCount, ncclFloat, ncclSum, clique.comms[1], clique.streams[1]));
   EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
   EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("rank 0's sendbuff overlaps rank 1's recvbuff"),
             std::string::npos)
       << ncclGetLastError(nullptr);
-  // Broadcast from rank 0: rank 1's (ignored) send buffer is rank 0's output; reduce to rank 0:
+  // Broadcast from rank 0: rank 1's (ignored) send buffer is rank 0's output. Reduce to rank 0:
   // rank 1's (ignored) receive buffer is rank 0's input. Both run, and are correct.
+  CUDA_OK(cudaMemset(block(4), 0, 4 * kBytes));
   NCCL_OK(ncclGroupStart());
-  NCCL_OK(ncclBroadcast(base, base + 4 * kBytes, kCount, ncclFloat, 0, clique.comms[0], clique.streams[0]));
-  NCCL_OK(ncclBroadcast(base + 4 * kBytes, base + 5 * kBytes, kCount, ncclFloat, 0, clique.comms[1], clique.streams[1]));
+  NCCL_OK(ncclBroadcast(block(0), block(4), kCount, ncclFloat, 0, clique.comms[0], clique.streams[0]));
+  NCCL_OK(ncclBroadcast(block(4), block(5), kCount, ncclFloat, 0, clique.comms[1], clique.streams[1]));
   NCCL_OK(ncclGroupEnd());
   NCCL_OK(ncclGroupStart());
-  NCCL_OK(ncclReduce(base, base + 6 * kBytes, kCount, ncclFloat, ncclSum, 0, clique.comms[0], clique.streams[0]));
-  NCCL_OK(ncclReduce(base + 2 * kBytes, base, kCount, ncclFloat, ncclSum, 0, clique.comms[1], clique.streams[1]));
+  NCCL_OK(ncclReduce(block(1), block(6), kCount, ncclFloat, ncclSum, 0, clique.comms[0], clique.streams[0]));
+  NCCL_OK(ncclReduce(block(2), block(0), kCount, ncclFloat, ncclSum, 0, clique.comms[1], clique.streams[1]));
   NCCL_OK(ncclGroupEnd());
   clique.sync();
-  CUDA_OK(cudaMemcpy(got.data(), base + 4 * kBytes, 4 * kBytes, cudaMemcpyDeviceToHost));
-  for (size_t i = 0; i < 2 * kCount; ++i) ASSERT_EQ(got[i], 1.0f) << "broadcast " << i;
-  for (size_t i = 2 * kCount; i < 3 * kCount; ++i) ASSERT_EQ(got[i], 2.0f) << "reduce " << i;
+  expect_blocks(4, {1, 1, 5, 0}, "broadcast, then reduce of 2s and 3s");
+  expect_blocks(0, {1, 2, 3, 4}, "the inputs and the ignored buffers");
   cudaFree(base);
 }
 

@@ -242,6 +242,26 @@ TEST(RuntimePrograms, RanksSharingALaunchReduceInOnePass) {
       }
     }
   }
+  // Allgather and reduce-scatter of 2 ranks from 4 MiB: 2 channels x 32 instances per rank;
+  // an odd count drops to one lane per rank (instances, then channels), which takes it whole.
+  for (ef::Collective c : {ef::Collective::kAllGather, ef::Collective::kReduceScatter}) {
+    CallShape s;
+    s.collective = c;
+    s.nranks = 2;
+    s.count = (uint64_t{1} << 20) + 1;
+    auto plan = registry.select(s);
+    ASSERT_TRUE(plan) << plan.status().message();
+    ASSERT_EQ(plan->pieces.size(), 1u);
+    const ef::Program& p = *plan->pieces.front().program;
+    EXPECT_EQ(p.name.rfind("shared_gpu_", 0), 0u) << p.name;
+    EXPECT_EQ(p.nchunksperloop, 2) << "one lane per rank";
+    EXPECT_NE(plan->reason.find("1 lane(s) per rank"), std::string::npos) << plan->reason;
+    expect_verifies(p, s.count, ef::DataType::kFloat32, ef::RedOp::kSum);
+    s.count = uint64_t{1} << 20;  // even: the table's lanes
+    plan = registry.select(s);
+    ASSERT_TRUE(plan) << plan.status().message();
+    EXPECT_EQ(plan->pieces.front().program->nchunksperloop, 2 * 64);
+  }
 }
 
 CallShape shape(ef::Collective c, int n, uint64_t count, bool inplace = false,

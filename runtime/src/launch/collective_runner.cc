@@ -1,7 +1,9 @@
 #include "launch/collective_runner.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <string>
 
 #include "efccl/common/log.h"
@@ -100,10 +102,10 @@ ApiStatus run_balanced_alltoall(LaunchContext& ctx, const std::vector<Call>& set
 }
 
 /// Where one rank's receive buffer meets another rank's buffer, or (out of place) its own send
-/// buffer, by the sizes the collective gives each (allgather's output and reduce-scatter's input
-/// hold `nranks` blocks; a non-root's send buffer of broadcast and receive buffer of reduce are
-/// ignored, as NCCL ignores them). Empty when apart.
-std::string buffers_clash(const std::vector<Call>& set, bool inplace, int32_t nranks) {
+/// buffer, at the sizes the NCCL API gives each for `program`'s collective (ef::api_input_elements
+/// / api_output_elements: allgather's output and reduce-scatter's input hold n blocks, a
+/// non-root's ignored buffers have none). Sizes saturate instead of wrapping. Empty when apart.
+std::string buffers_clash(const std::vector<Call>& set, bool inplace, const ef::Program& program) {
   struct Range {
     int32_t rank;
     const char* name;
@@ -111,17 +113,22 @@ std::string buffers_clash(const std::vector<Call>& set, bool inplace, int32_t nr
     bool written;
   };
   std::vector<Range> ranges;
+  const auto end_of = [](uintptr_t begin, uint64_t elements, std::size_t element_size) {
+    uint64_t bytes = 0;
+    uintptr_t end = 0;
+    if (__builtin_mul_overflow(elements, static_cast<uint64_t>(element_size), &bytes) ||
+        __builtin_add_overflow(begin, bytes, &end))
+      return std::numeric_limits<uintptr_t>::max();
+    return end;
+  };
   for (const Call& c : set) {
-    const uintptr_t bytes = static_cast<uintptr_t>(c.count) * ef::size_of(c.dtype);
-    const auto blocks = static_cast<uintptr_t>(nranks);
-    const uintptr_t send_bytes = c.kind == CallKind::kReduceScatter ? bytes * blocks : bytes;
-    const uintptr_t recv_bytes = c.kind == CallKind::kAllGather ? bytes * blocks : bytes;
+    const std::size_t es = ef::size_of(c.dtype);
     const auto send = reinterpret_cast<uintptr_t>(c.sendbuff);
     const auto recv = reinterpret_cast<uintptr_t>(c.recvbuff);
-    if (c.kind != CallKind::kBroadcast || c.rank == c.root)
-      ranges.push_back({c.rank, "sendbuff", send, send + send_bytes, false});
-    if (c.kind != CallKind::kReduce || c.rank == c.root)
-      ranges.push_back({c.rank, "recvbuff", recv, recv + recv_bytes, true});
+    if (const uint64_t in = ef::api_input_elements(program, c.rank, c.count); in > 0)
+      ranges.push_back({c.rank, "sendbuff", send, end_of(send, in, es), false});
+    if (const uint64_t out = ef::api_output_elements(program, c.rank, c.count); out > 0)
+      ranges.push_back({c.rank, "recvbuff", recv, end_of(recv, out, es), true});
   }
   for (std::size_t i = 0; i < ranges.size(); ++i)
     for (std::size_t j = i + 1; j < ranges.size(); ++j) {
@@ -190,7 +197,7 @@ ApiStatus run_collective(LaunchContext& ctx, const std::vector<Call>& set, Launc
   // argument (ranks sharing a GPU each need their own buffers), before anything is launched.
   for (const PlanPiece& piece : plan->pieces)
     if (ef::uses_multi_rank_ops(*piece.program))
-      if (std::string clash = buffers_clash(set, inplace, ctx.nranks()); !clash.empty())
+      if (std::string clash = buffers_clash(set, inplace, *piece.program); !clash.empty())
         return ApiStatus::invalid_usage(std::string(api_name(ref.kind)) + ": " + clash +
                                         ", but program '" + piece.program->name +
                                         "' writes every rank's output in one pass; give each "

@@ -242,9 +242,12 @@ StatusOr<Plan> ProgramRegistry::select_uncached(const CallShape& call,
     if (call.count % ef::count_granularity(**program) != 0)
       return Status::error(algorithm + " cannot take count " + std::to_string(call.count));
     plan.pieces.push_back({*program, 0, call.count});
-    if (instances != choice.instances)
-      plan.reason += "; " + std::to_string(instances) + " instance(s) so that count " +
-                     std::to_string(call.count) + " divides";
+    if (instances != choice.instances || channels != choice.channels)
+      plan.reason += "; " + std::to_string(instances) + " instance(s)" +
+                     (channels != choice.channels
+                          ? " x " + std::to_string(channels) + " lane(s) per rank"
+                          : std::string()) +
+                     " so that count " + std::to_string(call.count) + " divides";
   }
   SelectionRecord record{collective, (*program)->name, "builtin",  plan.reason,
                          false,      call.count,       call.nranks};
