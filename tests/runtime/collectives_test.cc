@@ -363,6 +363,93 @@ TEST(RuntimeApiErrors, ArgumentsOfALiveCommunicator) {
   cudaFree(buf);
 }
 
+TEST(RuntimeOneRank, CollectivesAreOneCopyOrNothingUnlessTheyScale) {
+  // A communicator of one rank runs a built-in collective as a device-to-device copy (out of
+  // place) or not at all (in place); a premulsum with a scalar other than 1 still runs its
+  // program. Seen in what a capture records.
+  EFCCL_REQUIRE_GPUS(1);
+  TestClique clique({0});
+  constexpr size_t kCount = 4096;
+  float* send = nullptr;
+  float* recv = nullptr;
+  CUDA_OK(cudaMalloc(&send, kCount * sizeof(float)));
+  CUDA_OK(cudaMalloc(&recv, kCount * sizeof(float)));
+  std::vector<float> host(kCount);
+  for (size_t i = 0; i < kCount; ++i) host[i] = static_cast<float>(i % 97);
+  CUDA_OK(cudaMemcpy(send, host.data(), kCount * sizeof(float), cudaMemcpyHostToDevice));
+  cudaStream_t s = clique.streams[0];
+  // The kinds of the nodes a captured call leaves in its graph.
+  const auto captured = [&](const std::function<ncclResult_t()>& call, std::vector<cudaGraphNodeType>* kinds) {
+    cudaGraph_t graph = nullptr;
+    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    const ncclResult_t r = call();
+    ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+    ASSERT_EQ(r, ncclSuccess) << ncclGetLastError(nullptr);
+    size_t n = 0;
+    ASSERT_EQ(cudaGraphGetNodes(graph, nullptr, &n), cudaSuccess);
+    std::vector<cudaGraphNode_t> nodes(n);
+    if (n > 0) ASSERT_EQ(cudaGraphGetNodes(graph, nodes.data(), &n), cudaSuccess);
+    kinds->clear();
+    for (cudaGraphNode_t node : nodes) {
+      cudaGraphNodeType t{};
+      ASSERT_EQ(cudaGraphNodeGetType(node, &t), cudaSuccess);
+      kinds->push_back(t);
+    }
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  };
+  std::vector<cudaGraphNodeType> kinds;
+  const auto expect_recv = [&](float factor, const char* what) {
+    std::vector<float> got(kCount);
+    ASSERT_EQ(cudaMemcpy(got.data(), recv, kCount * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(got[i], factor * host[i]) << what << " element " << i;
+  };
+  captured([&] { return ncclAllReduce(send, recv, kCount, ncclFloat, ncclSum, clique.comms[0], s); }, &kinds);
+  EXPECT_EQ(kinds, std::vector<cudaGraphNodeType>{cudaGraphNodeTypeMemcpy});
+  expect_recv(1.0f, "allreduce");
+  CUDA_OK(cudaMemset(recv, 0, kCount * sizeof(float)));
+  captured([&] { return ncclAllGather(send, recv, kCount, ncclFloat, clique.comms[0], s); }, &kinds);
+  EXPECT_EQ(kinds, std::vector<cudaGraphNodeType>{cudaGraphNodeTypeMemcpy});
+  expect_recv(1.0f, "allgather");
+  captured([&] { return ncclAllReduce(recv, recv, kCount, ncclFloat, ncclAvg, clique.comms[0], s); }, &kinds);
+  EXPECT_TRUE(kinds.empty()) << kinds.size() << " node(s) for an in-place call of one rank";
+  expect_recv(1.0f, "in-place avg");
+  // Premulsum by 2: the program runs (a kernel) and scales.
+  ncclRedOp_t twice;
+  float two = 2.0f;
+  NCCL_OK(ncclRedOpCreatePreMulSum(&twice, &two, ncclFloat, ncclScalarHostImmediate, clique.comms[0]));
+  captured([&] { return ncclAllReduce(send, recv, kCount, ncclFloat, twice, clique.comms[0], s); }, &kinds);
+  EXPECT_NE(std::find(kinds.begin(), kinds.end(), cudaGraphNodeTypeKernel), kinds.end());
+  expect_recv(2.0f, "premulsum by 2");
+  // Calls of one group stay in the group's launch (kernels, no copies): a premulsum and a sum.
+  float* copy = nullptr;
+  CUDA_OK(cudaMalloc(&copy, kCount * sizeof(float)));
+  CUDA_OK(cudaMemset(recv, 0, kCount * sizeof(float)));
+  CUDA_OK(cudaMemset(copy, 0, kCount * sizeof(float)));
+  captured(
+      [&] {
+        ncclGroupStart();
+        ncclAllReduce(send, recv, kCount, ncclFloat, twice, clique.comms[0], s);
+        ncclAllReduce(send, copy, kCount, ncclFloat, ncclSum, clique.comms[0], s);
+        return ncclGroupEnd();
+      },
+      &kinds);
+  EXPECT_EQ(std::count(kinds.begin(), kinds.end(), cudaGraphNodeTypeMemcpy), 0);
+  EXPECT_NE(std::find(kinds.begin(), kinds.end(), cudaGraphNodeTypeKernel), kinds.end());
+  expect_recv(2.0f, "premulsum in a group");
+  std::vector<float> got(kCount);
+  CUDA_OK(cudaMemcpy(got.data(), copy, kCount * sizeof(float), cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(got[i], host[i]) << "sum in a group, element " << i;
+  NCCL_OK(ncclRedOpDestroy(twice, clique.comms[0]));
+  cudaFree(copy);
+  cudaFree(send);
+  cudaFree(recv);
+}
+
 TEST(RuntimeApiErrors, UseAfterDestroyIsDetected) {
   EFCCL_REQUIRE_GPUS(1);
   ncclComm_t comm = nullptr;

@@ -592,7 +592,11 @@ TEST(RuntimeGraph, ACapturedExecutorSurvivesEvictionUntilItsGraphIsDestroyed) {
   std::unique_ptr<TestClique> owner;
   {
     ScopedEnv cache("EFCCL_EXECUTOR_CACHE", "1");  // every new program evicts another
-    owner = std::make_unique<TestClique>(one_rank_per_gpu());
+    // At least two ranks (two on GPU 0 with one GPU): a communicator of one rank runs its
+    // collectives as copies, without executors.
+    std::vector<int> devices = one_rank_per_gpu();
+    if (devices.size() == 1) devices = {0, 0};
+    owner = std::make_unique<TestClique>(devices);
   }
   TestClique& c = *owner;
   Clique& clique = *c.comms[0]->clique;
@@ -627,21 +631,12 @@ TEST(RuntimeGraph, ACapturedExecutorSurvivesEvictionUntilItsGraphIsDestroyed) {
   grouped(all_reduce);  // warm-up: the allreduce's executor
   c.sync();
   fill_ones();
-  std::vector<cudaGraph_t> graphs(n);
-  std::vector<cudaGraphExec_t> execs(n);
-  for (int r = 0; r < n; ++r) {
-    cudaSetDevice(c.devices[r]);
-    CUDA_OK(cudaStreamBeginCapture(c.streams[r], cudaStreamCaptureModeThreadLocal));
-  }
-  grouped(all_reduce);
-  for (int r = 0; r < n; ++r) {
-    cudaSetDevice(c.devices[r]);
-    CUDA_OK(cudaStreamEndCapture(c.streams[r], &graphs[r]));
-  }
-  for (int r = 0; r < n; ++r) {
-    cudaSetDevice(c.devices[r]);
-    CUDA_OK(cudaGraphInstantiate(&execs[r], graphs[r], 0));
-  }
+  // One capture forked from rank 0's stream to the others (ranks sharing a GPU have their
+  // streams joined around each launch, which separate captures could not hold).
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec =
+      capture_all(c, cudaStreamCaptureModeThreadLocal, [&] { grouped(all_reduce); }, &graph);
+  ASSERT_NE(exec, nullptr);
   const std::size_t pinned = clique.executor_cache_stats().pinned;
   EXPECT_GE(pinned, 1u);
 
@@ -652,11 +647,8 @@ TEST(RuntimeGraph, ACapturedExecutorSurvivesEvictionUntilItsGraphIsDestroyed) {
   EXPECT_EQ(clique.executor_cache_stats().pinned, pinned) << "a pinned executor was evicted";
   EXPECT_EQ(clique.executor_cache_stats().size, pinned + 1) << "over capacity by the pinned ones";
 
-  for (int replay = 0; replay < 2; ++replay)
-    for (int r = 0; r < n; ++r) {
-      cudaSetDevice(c.devices[r]);
-      CUDA_OK(cudaGraphLaunch(execs[r], c.streams[r]));
-    }
+  cudaSetDevice(c.devices[0]);
+  for (int replay = 0; replay < 2; ++replay) CUDA_OK(cudaGraphLaunch(exec, c.streams[0]));
   c.sync();
   const float want = static_cast<float>(n) * n;  // in-place sum of ones, twice
   for (int r = 0; r < n; ++r) {
@@ -667,12 +659,10 @@ TEST(RuntimeGraph, ACapturedExecutorSurvivesEvictionUntilItsGraphIsDestroyed) {
     EXPECT_EQ(h[count - 1], want) << "rank " << r;
   }
 
-  // Destroying the graphs (and their executables) releases the pins, on a CUDA thread.
-  for (int r = 0; r < n; ++r) {
-    cudaSetDevice(c.devices[r]);
-    CUDA_OK(cudaGraphExecDestroy(execs[r]));
-    CUDA_OK(cudaGraphDestroy(graphs[r]));
-  }
+  // Destroying the graph (and its executable) releases the pins, on a CUDA thread.
+  cudaSetDevice(c.devices[0]);
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (clique.executor_cache_stats().pinned > 0 && std::chrono::steady_clock::now() < deadline) {
     for (int r = 0; r < n; ++r) {

@@ -172,8 +172,9 @@ ApiStatus Clique::submit(std::vector<Call> calls, bool whole_clique,
   std::vector<ApiStatus> ran;
   if (!collectives.empty()) {
     admission.emplace(queue_->admit(std::move(collectives), whole_clique));
+    const bool alone = admission->ready().size() == 1 && p2p.empty();
     for (const std::vector<Call>& set : admission->ready())
-      ran.push_back(run_collective(launch_, set, batch));
+      ran.push_back(run_collective(launch_, set, batch, alone));
   }
   const ApiStatus p2p_status = p2p.empty() ? ApiStatus::ok() : run_send_recv(launch_, p2p, batch);
   const ApiStatus flushed = batch.flush();

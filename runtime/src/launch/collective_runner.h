@@ -13,7 +13,10 @@
 namespace efccl::runtime {
 
 /// `set`: the calls of this process's ranks (ascending), already known to agree on the
-/// collective, count, datatype, operator and root (enqueue/call_queue.h checks that).
-ApiStatus run_collective(LaunchContext& ctx, const std::vector<Call>& set, LaunchBatch& batch);
+/// collective, count, datatype, operator and root (enqueue/call_queue.h checks that). `alone`:
+/// the submission holds no other call (a communicator of one rank then copies instead of
+/// launching; in a group its calls stay in the group's fused launch).
+ApiStatus run_collective(LaunchContext& ctx, const std::vector<Call>& set, LaunchBatch& batch,
+                         bool alone);
 
 }  // namespace efccl::runtime

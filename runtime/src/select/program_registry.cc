@@ -192,6 +192,7 @@ StatusOr<Plan> ProgramRegistry::select_uncached(const CallShape& call,
   };
 
   Plan plan;
+  plan.builtin = true;
   int32_t instances = choice.instances;
   auto program = get(algorithm, instances);
   if (!program) return program.status();

@@ -45,6 +45,7 @@ struct PlanPiece {
 struct Plan {
   std::vector<PlanPiece> pieces;
   std::string reason;
+  bool builtin = false;  ///< the built-in library's programs (not a user program)
 };
 
 class ProgramRegistry {
