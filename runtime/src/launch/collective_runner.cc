@@ -166,7 +166,7 @@ ApiStatus run_one_rank(LaunchContext& ctx, const Call& c, bool inplace, LaunchBa
                              std::to_string(ctx.device(c.rank)) + "): " + cudaGetErrorString(e));
   }
   if (const cudaError_t e = cudaMemcpyAsync(c.recvbuff, c.sendbuff, bytes,
-                                            cudaMemcpyDeviceToDevice, c.stream);
+                                            cudaMemcpyDefault, c.stream);
       e != cudaSuccess)
     return ApiStatus::cuda(std::string(api_name(c.kind)) + ": cudaMemcpyAsync of " +
                            std::to_string(bytes) + " bytes (one rank): " + cudaGetErrorString(e));
