@@ -389,10 +389,12 @@ int cmd_list_algorithms(const std::vector<std::string>& argv) {
   Args args(argv, {}, {});
   if (!args.positional().empty()) throw UsageError{"list-algorithms takes no arguments"};
   const auto algorithms = efccl::algorithms::list_algorithms();
+  std::size_t name_width = 0;  // the longest name and a space
+  for (const auto& a : algorithms) name_width = std::max(name_width, a.name.size() + 1);
   for (const auto& a : algorithms) {
     std::string range = std::to_string(a.default_min_bytes) + ".." +
                         (a.default_max_bytes ? std::to_string(*a.default_max_bytes) : "");
-    std::cout << pad(a.name, 24) << pad(std::string(ef::to_string(a.collective)), 14)
+    std::cout << pad(a.name, name_width) << pad(std::string(ef::to_string(a.collective)), 14)
               << pad(range, 16) << a.description << '\n';
   }
   return kExitOk;

@@ -49,9 +49,16 @@ Entry two_ranks(Entry e) {
   return e;
 }
 
-/// An entry whose programs use mrc (AlgorithmInfo::shared_launch), for up to `max_ranks`.
-Entry shared_launch(Entry e, int32_t max_ranks) {
-  e.info.max_ranks = max_ranks;
+/// An entry for ranks sharing one GPU in one process: its programs use mrc
+/// (AlgorithmInfo::shared_launch), up to the operands an mrc takes. `pass` says what one pass
+/// per chunk reads and writes.
+Entry shared_gpu(std::string name, ef::Collective collective, const std::string& pass,
+                 Generator generate) {
+  Entry e = flat(std::move(name), collective,
+                 "ranks sharing one GPU in one process: one pass per chunk " + pass +
+                     " (mrc); runs only where all ranks share a launch",
+                 std::nullopt, generate);
+  e.info.max_ranks = ef::kMaxMultiOperands;
   e.info.shared_launch = true;
   return e;
 }
@@ -101,36 +108,21 @@ const std::vector<Entry>& entries() {
       flat("ring_reducescatter", ef::Collective::kReduceScatter,
            "each block is reduced along the ring and ends at its owner (rrs, then rrc)",
            std::nullopt, detail::ring_reducescatter),
-      shared_launch(flat("shared_gpu_allgather", ef::Collective::kAllGather,
-                         "ranks sharing one GPU in one process: one pass per chunk reads a "
-                         "rank's block once and writes it into every rank's output (mrc); runs "
-                         "only where all ranks share a launch",
-                         std::nullopt, detail::shared_gpu_allgather),
-                    ef::kMaxMultiOperands),
-      shared_launch(flat("shared_gpu_allreduce", ef::Collective::kAllReduce,
-                       "ranks sharing one GPU in one process: one pass per chunk reads every "
-                       "rank's input and writes every rank's output (mrc); runs only where all "
-                       "ranks share a launch",
-                       std::nullopt, detail::shared_gpu_allreduce),
-                    ef::kMaxMultiOperands),
-      shared_launch(flat("shared_gpu_broadcast", ef::Collective::kBroadcast,
-                         "ranks sharing one GPU in one process: one pass per chunk reads the "
-                         "root's input once and writes every rank's output (mrc); runs only "
-                         "where all ranks share a launch",
-                         std::nullopt, detail::shared_gpu_broadcast),
-                    ef::kMaxMultiOperands),
-      shared_launch(flat("shared_gpu_reduce", ef::Collective::kReduce,
-                         "ranks sharing one GPU in one process: one pass per chunk reads every "
-                         "rank's input and writes the root's output (mrc); runs only where all "
-                         "ranks share a launch",
-                         std::nullopt, detail::shared_gpu_reduce),
-                    ef::kMaxMultiOperands),
-      shared_launch(flat("shared_gpu_reducescatter", ef::Collective::kReduceScatter,
-                         "ranks sharing one GPU in one process: one pass per chunk reads block "
-                         "r of every input and writes rank r's output (mrc); runs only where "
-                         "all ranks share a launch",
-                         std::nullopt, detail::shared_gpu_reducescatter),
-                    ef::kMaxMultiOperands),
+      shared_gpu("shared_gpu_allgather", ef::Collective::kAllGather,
+                 "reads a rank's block once and writes it into every rank's output",
+                 detail::shared_gpu_allgather),
+      shared_gpu("shared_gpu_allreduce", ef::Collective::kAllReduce,
+                 "reads every rank's input and writes every rank's output",
+                 detail::shared_gpu_allreduce),
+      shared_gpu("shared_gpu_broadcast", ef::Collective::kBroadcast,
+                 "reads the root's input once and writes every rank's output",
+                 detail::shared_gpu_broadcast),
+      shared_gpu("shared_gpu_reduce", ef::Collective::kReduce,
+                 "reads every rank's input and writes the root's output",
+                 detail::shared_gpu_reduce),
+      shared_gpu("shared_gpu_reducescatter", ef::Collective::kReduceScatter,
+                 "reads block r of every input and writes rank r's output",
+                 detail::shared_gpu_reducescatter),
       two_ranks(flat("send_recv", ef::Collective::kCustom,
                      "custom, 2 ranks: rank 0's input arrives in rank 1's output, chunk c on "
                      "channel c",

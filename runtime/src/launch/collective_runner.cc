@@ -6,7 +6,6 @@
 #include <limits>
 #include <string>
 
-#include "base/device_guard.h"
 #include "efccl/common/log.h"
 #include "launch/p2p_runner.h"
 
@@ -146,10 +145,9 @@ std::string buffers_clash(const std::vector<Call>& set, bool inplace, const ef::
 
 /// A communicator of one rank: every collective leaves the rank's data as it is (NCCL copies the
 /// buffer too), so a built-in plan runs as one device-to-device copy on the rank's stream, or
-/// nothing in place, instead of an interpreter launch. (Called for a submission of one call; the
-/// flush keeps the stream's order should that ever change.)
-ApiStatus run_one_rank(LaunchContext& ctx, const Call& c, bool inplace, LaunchBatch& batch,
-                       uint64_t op_count) {
+/// nothing in place, instead of an interpreter launch. Only for a submission of this one call:
+/// no launch of the batch is pending to go first. (Clique::submit restores the device.)
+ApiStatus run_one_rank(LaunchContext& ctx, const Call& c, bool inplace, uint64_t op_count) {
   const uint64_t bytes = call_bytes(c);  // one rank: its block is the whole buffer
   EFCCL_INFO(kLogColl, ctx.device(c.rank),
              std::string(api_name(c.kind)) + ": opCount " + std::to_string(op_count) + " count " +
@@ -157,8 +155,6 @@ ApiStatus run_one_rank(LaunchContext& ctx, const Call& c, bool inplace, LaunchBa
                  " op " + std::string(ef::to_string(c.op)) + " nranks 1 -> " +
                  (inplace ? "nothing to move (in place)" : "a device-to-device copy"));
   if (inplace) return ApiStatus::ok();
-  if (batch.pending() > 0) (void)batch.flush();  // a failure there stays the batch's
-  DeviceGuard guard;
   int current = -1;
   if (cudaGetDevice(&current) != cudaSuccess || current != ctx.device(c.rank)) {
     if (const cudaError_t e = cudaSetDevice(ctx.device(c.rank)); e != cudaSuccess)
@@ -227,7 +223,7 @@ ApiStatus run_collective(LaunchContext& ctx, const std::vector<Call>& set, Launc
   // fused launch, less GPU time than a copy each): a copy. User programs run as written.
   if (alone && ctx.nranks() == 1 && set.size() == 1 && plan->builtin &&
       !(ref.op == ef::RedOp::kPreMulSum && ref.premul_scalar != 1.0))
-    return run_one_rank(ctx, ref, inplace, batch, op_count);
+    return run_one_rank(ctx, ref, inplace, op_count);
 
   // Programs of mrc ops (ranks sharing one launch) write every rank's output in one op: ranks
   // passing overlapping buffers would race inside it, so such a call is refused as an invalid
