@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernel_params.h"
 #include "reduction.cuh"
@@ -70,41 +71,49 @@ __device__ __forceinline__ void reduce_copy_as(const UnitOperands& u, uint64_t n
     // types reduce 8 or 16 lanes per pack, so they unroll less to stay in registers.
     constexpr int kUnroll = K == UnitKind::kCopy ? 8 : sizeof(S) == 1 ? 2 : sizeof(S) == 2 ? 4 : 8;
     const uint64_t stride = blockDim.x;
-    uint64_t i = threadIdx.x;
-    for (; i + (kUnroll - 1) * stride < npacks; i += kUnroll * stride) {
-      Pack v[kUnroll];
+    // Packs i, i + stride, ... i + (N - 1) * stride: N loads in flight, then N stores.
+    const auto pass = [&](auto width, uint64_t i) {
+      constexpr int N = decltype(width)::value;
+      Pack v[N];
 #pragma unroll
-      for (int k = 0; k < kUnroll; ++k) v[k].raw = __ldcg(left + i + k * stride);
+      for (int k = 0; k < N; ++k) v[k].raw = __ldcg(left + i + k * stride);
       if constexpr (K != UnitKind::kCopy) {
-        Pack w[kUnroll];
+        Pack w[N];
 #pragma unroll
-        for (int k = 0; k < kUnroll; ++k)
+        for (int k = 0; k < N; ++k)
           w[k].raw = right != nullptr ? __ldcg(right + i + k * stride) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-        for (int k = 0; k < kUnroll; ++k)
+        for (int k = 0; k < N; ++k)
 #pragma unroll
           for (int e = 0; e < kPack; ++e)
             v[k].element[e] = combine<E, R, K>(u, scalar, v[k].element[e], w[k].element[e]);
       }
 #pragma unroll
-      for (int k = 0; k < kUnroll; ++k) {
+      for (int k = 0; k < N; ++k) {
         if (dst != nullptr) __stcg(dst + i + k * stride, v[k].raw);
         if (slot != nullptr) __stcg(slot + i + k * stride, v[k].raw);
       }
-    }
-    for (; i < npacks; i += stride) {  // fewer than kUnroll packs left for this thread
-      Pack v;
-      v.raw = __ldcg(left + i);
-      if constexpr (K != UnitKind::kCopy) {
-        Pack w;
-        w.raw = right != nullptr ? __ldcg(right + i) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-        for (int e = 0; e < kPack; ++e)
-          v.element[e] = combine<E, R, K>(u, scalar, v.element[e], w.element[e]);
+    };
+    uint64_t i = threadIdx.x;
+    for (; i + (kUnroll - 1) * stride < npacks; i += kUnroll * stride)
+      pass(std::integral_constant<int, kUnroll>{}, i);
+    // Fewer than kUnroll packs left for this thread (every pack of a unit under 32 KiB): in
+    // passes of 4, 2 and 1, not one load-store round trip per pack (a store may alias the next
+    // load, so the compiler cannot overlap them): a 16 KiB unit took 4 trips and ran slower
+    // than a 32 KiB one (docs/performance.md, "Units under 32 KiB").
+    if constexpr (kUnroll > 4) {
+      if (i + 3 * stride < npacks) {
+        pass(std::integral_constant<int, 4>{}, i);
+        i += 4 * stride;
       }
-      if (dst != nullptr) __stcg(dst + i, v.raw);
-      if (slot != nullptr) __stcg(slot + i, v.raw);
     }
+    if constexpr (kUnroll > 2) {
+      if (i + stride < npacks) {
+        pass(std::integral_constant<int, 2>{}, i);
+        i += 2 * stride;
+      }
+    }
+    if (i < npacks) pass(std::integral_constant<int, 1>{}, i);
     scalar_begin = npacks * kPack;
   }
   // Unaligned operands (e.g. a user buffer offset by one element) and the vector tail.
@@ -163,21 +172,21 @@ __device__ __forceinline__ void multi_reduce_copy(char* const* ptrs, int nsrc, i
     const uint64_t npacks = n / kPack;
     constexpr int kUnroll = sizeof(S) == 1 ? 2 : sizeof(S) == 2 ? 4 : 8;
     const uint64_t stride = blockDim.x;
-    uint64_t i = threadIdx.x;
-    for (; i + (kUnroll - 1) * stride < npacks; i += kUnroll * stride) {
-      Pack acc[kUnroll];
+    const auto pass = [&](auto width, uint64_t i) {  // as in reduce_copy_as
+      constexpr int N = decltype(width)::value;
+      Pack acc[N];
       const auto* first = reinterpret_cast<const uint4*>(ptrs[0]);
 #pragma unroll
-      for (int k = 0; k < kUnroll; ++k) acc[k].raw = __ldcg(first + i + k * stride);
+      for (int k = 0; k < N; ++k) acc[k].raw = __ldcg(first + i + k * stride);
 #pragma unroll
-      for (int k = 0; k < kUnroll; ++k) acc[k] = load_scaled(0, acc[k]);
+      for (int k = 0; k < N; ++k) acc[k] = load_scaled(0, acc[k]);
       for (int s = 1; s < nsrc; ++s) {
         const auto* src = reinterpret_cast<const uint4*>(ptrs[s]);
-        Pack w[kUnroll];
+        Pack w[N];
 #pragma unroll
-        for (int k = 0; k < kUnroll; ++k) w[k].raw = __ldcg(src + i + k * stride);
+        for (int k = 0; k < N; ++k) w[k].raw = __ldcg(src + i + k * stride);
 #pragma unroll
-        for (int k = 0; k < kUnroll; ++k) {
+        for (int k = 0; k < N; ++k) {
           w[k] = load_scaled(s, w[k]);
 #pragma unroll
           for (int e = 0; e < kPack; ++e)
@@ -187,23 +196,25 @@ __device__ __forceinline__ void multi_reduce_copy(char* const* ptrs, int nsrc, i
       for (int d = 0; d < ndst; ++d) {
         auto* dst = reinterpret_cast<uint4*>(ptrs[nsrc + d]);
 #pragma unroll
-        for (int k = 0; k < kUnroll; ++k) __stcg(dst + i + k * stride, acc[k].raw);
+        for (int k = 0; k < N; ++k) __stcg(dst + i + k * stride, acc[k].raw);
+      }
+    };
+    uint64_t i = threadIdx.x;
+    for (; i + (kUnroll - 1) * stride < npacks; i += kUnroll * stride)
+      pass(std::integral_constant<int, kUnroll>{}, i);
+    if constexpr (kUnroll > 4) {  // the packs left for this thread, as in reduce_copy_as
+      if (i + 3 * stride < npacks) {
+        pass(std::integral_constant<int, 4>{}, i);
+        i += 4 * stride;
       }
     }
-    for (; i < npacks; i += stride) {  // fewer than kUnroll packs left for this thread
-      Pack acc;
-      acc.raw = __ldcg(reinterpret_cast<const uint4*>(ptrs[0]) + i);
-      acc = load_scaled(0, acc);
-      for (int s = 1; s < nsrc; ++s) {
-        Pack w;
-        w.raw = __ldcg(reinterpret_cast<const uint4*>(ptrs[s]) + i);
-        w = load_scaled(s, w);
-#pragma unroll
-        for (int e = 0; e < kPack; ++e)
-          acc.element[e] = reduce_element<E, R>(acc.element[e], w.element[e]);
+    if constexpr (kUnroll > 2) {
+      if (i + stride < npacks) {
+        pass(std::integral_constant<int, 2>{}, i);
+        i += 2 * stride;
       }
-      for (int d = 0; d < ndst; ++d) __stcg(reinterpret_cast<uint4*>(ptrs[nsrc + d]) + i, acc.raw);
     }
+    if (i < npacks) pass(std::integral_constant<int, 1>{}, i);
     scalar_begin = npacks * kPack;
   }
   for (uint64_t i = scalar_begin + threadIdx.x; i < n; i += blockDim.x) {

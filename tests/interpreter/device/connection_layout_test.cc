@@ -329,7 +329,9 @@ TEST(ConnectionLayout, ConnectionsBetweenHostsAreNetworkConnections) {
   for (const ConnectionPlan& k : c) {
     const bool crosses = (k.sender == 1 && k.receiver == 2) || (k.sender == 3 && k.receiver == 0);
     EXPECT_EQ(k.network, crosses) << k.sender << "->" << k.receiver << " ch " << k.channel;
-    if (crosses) EXPECT_FALSE(k.placed());
+    if (crosses) {
+      EXPECT_FALSE(k.placed()) << k.sender << "->" << k.receiver << " ch " << k.channel;
+    }
   }
   // 0->1 ch1 stays placed on its slot device (it does not cross).
   EXPECT_EQ(c[1].sender, 0);

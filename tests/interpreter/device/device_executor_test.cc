@@ -516,6 +516,54 @@ TEST(DeviceExecutor, LargeTilesWithDefaultSlots) {
   }
 }
 
+TEST(DeviceExecutor, UnitsOfEveryLengthUpToTwoUnrolledPasses) {
+  // A Simple unit moves 16-byte packs, kUnroll per thread at a time (reduce_copy.cuh), then the
+  // packs left for each thread (fewer than kUnroll) in one predicated batch, then single
+  // elements. Default slots, so a chunk is one unit: chunk lengths from one pack per thread to
+  // just past two unrolled passes (256 threads x 8 packs), with and without an element tail,
+  // for ring ops (copy, reduce, send/recv through slots and direct) and for mrc ops (4 ranks on
+  // GPU 0); every datatype width, and premulsum for the scaling path.
+  SKIP_WITHOUT_GPU();
+  std::vector<std::unique_ptr<ef::Program>> programs;
+  for (const char* name : {"ring_allreduce", "shared_gpu_allreduce", "shared_gpu_reducescatter"}) {
+    algorithms::AlgorithmParams params;
+    params.ranks = 4;
+    params.protocol = ef::Protocol::kSimple;
+    auto generated = algorithms::generate_algorithm(name, params);
+    ASSERT_TRUE(generated.is_ok()) << name << ": " << generated.status().message();
+    programs.push_back(std::make_unique<ef::Program>(std::move(*generated)));
+  }
+  uint64_t seed = 7100;
+  for (const auto& program : programs) {
+    const ef::Program& p = *program;
+    const auto devices = map_ranks(p.nranks, false);
+    auto executor = device::DeviceExecutor::create(p, devices);
+    ASSERT_TRUE(executor.is_ok()) << p.name << ": " << executor.status().message();
+    Streams streams((*executor)->devices());
+    const uint64_t g = ef::count_granularity(p);
+    for (const auto& m : {MatrixEntry{DataType::kFloat32, RedOp::kSum},
+                          MatrixEntry{DataType::kFloat64, RedOp::kMax},
+                          MatrixEntry{DataType::kBFloat16, RedOp::kPreMulSum},
+                          MatrixEntry{DataType::kInt8, RedOp::kSum}}) {
+      const uint64_t pack = 16 / ef::size_of(m.dtype);
+      for (uint64_t packs : {uint64_t{1}, uint64_t{255}, uint64_t{257}, uint64_t{1000},
+                             uint64_t{1792}, uint64_t{1793}, uint64_t{2047}, uint64_t{2049},
+                             uint64_t{3900}, uint64_t{4095}}) {
+        for (uint64_t extra : {uint64_t{0}, pack - 1}) {
+          const uint64_t count = g * (packs * pack + extra);
+          for (bool inplace : modes(p)) {
+            const std::string failure =
+                run_and_compare(**executor, p, devices, streams, count, m.dtype, m.op, inplace,
+                                false, ++seed, (*executor)->slot_bytes());
+            ASSERT_TRUE(failure.empty()) << p.name << " " << describe(m.dtype, m.op, inplace, count)
+                                         << ": " << failure;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(DeviceExecutor, RepeatedCallsReuseEpochsAndFifoPositions) {
   SKIP_WITHOUT_GPU();
   // The MSCCL file runs where the corpus is configured (docs: README, "The MSCCL corpus").
