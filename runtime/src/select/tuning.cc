@@ -188,8 +188,9 @@ BuiltinChoice choose_builtin(ef::Collective collective, int32_t nranks, uint64_t
   // lanes) grow with the size (the call's bytes as the tuning table counts them: allgather's
   // output, reduce-scatter's input): 128 from 4 MiB, 64 from 256 KiB, 16 from 16 KiB, one lane
   // per rank below (measured for allreduce, H100, 2 and 4 ranks: docs/performance.md, "Ranks
-  // sharing one GPU"; the other collectives were timed with these counts at 8 B .. 32 KiB and 8
-  // and 64 MiB only). Lanes beyond 32 instances go to channels.
+  // sharing one GPU"; checked for the other four on an H200 from 4 KiB to 16 MiB: within 1.12x
+  // of the best count, docs/performance.md, "Units under 32 KiB"). Lanes beyond 32 instances
+  // go to channels.
   constexpr int32_t kMaxSharedRanks = 16;  // ef::kMaxMultiOperands
   const char* shared = nullptr;
   switch (collective) {
