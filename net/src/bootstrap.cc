@@ -133,6 +133,19 @@ StatusOr<std::string> Bootstrap::recv(int peer, uint64_t tag, Deadline deadline,
   return transport_->recv(world(peer), peer, space_, tag, deadline, abort);
 }
 
+StatusOr<std::pair<std::size_t, std::string>> Bootstrap::recv_any(const std::vector<int>& peers,
+                                                                  uint64_t tag, Deadline deadline,
+                                                                  const std::atomic<bool>* abort) {
+  if (closed_.load()) return Status::error("the bootstrap was closed");
+  std::vector<int> world_peers;
+  world_peers.reserve(peers.size());
+  for (int peer : peers) {
+    if (Status s = check_peer(peer); !s) return s;
+    world_peers.push_back(world(peer));
+  }
+  return transport_->recv_any(world_peers, space_, tag, deadline, abort);
+}
+
 StatusOr<std::vector<std::string>> Bootstrap::allgather(uint64_t tag, std::string mine,
                                                         Deadline deadline,
                                                         const std::atomic<bool>* abort) {

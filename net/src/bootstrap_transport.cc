@@ -252,6 +252,32 @@ StatusOr<std::string> BootstrapTransport::recv(int peer, int shown, uint64_t spa
   }
 }
 
+StatusOr<std::pair<std::size_t, std::string>> BootstrapTransport::recv_any(
+    const std::vector<int>& peers, uint64_t space, uint64_t tag, Deadline deadline,
+    const std::atomic<bool>* abort) {
+  const Clock::time_point begin = Clock::now();
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    for (std::size_t i = 0; i < peers.size(); ++i) {
+      auto it = mail_.find(MailKey{space, peers[i], tag});
+      if (it == mail_.end() || it->second.empty()) continue;
+      std::string m = std::move(it->second.front());
+      it->second.pop_front();
+      if (it->second.empty()) mail_.erase(it);
+      return std::make_pair(i, std::move(m));
+    }
+    const std::string what = "a message with tag " + hex(tag) + " from any of " +
+                             std::to_string(peers.size()) + " ranks";
+    if (!broken_.empty()) return Status::error("waiting for " + what + ": " + broken_);
+    if (stopping_) return Status::error("the bootstrap was closed while waiting for " + what);
+    if (aborted(abort)) return Status::error("aborted while waiting for " + what);
+    if (deadline.expired())
+      return Status::error("timed out after " + std::to_string(ms_between(begin, deadline.when())) +
+                           " ms waiting for " + what);
+    cv_.wait_until(lock, slice_end(deadline));
+  }
+}
+
 uint64_t BootstrapTransport::add_handler(std::vector<int> members, const Handler& fn, uint64_t id) {
   std::vector<std::pair<int, std::string>> already;
   {

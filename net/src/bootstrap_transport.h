@@ -19,6 +19,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "efccl/common/status.h"
@@ -82,6 +83,11 @@ class BootstrapTransport : public std::enable_shared_from_this<BootstrapTranspor
   Status connect(int peer, int shown, Deadline deadline, const std::atomic<bool>* abort);
   StatusOr<std::string> recv(int peer, int shown, uint64_t space, uint64_t tag, Deadline deadline,
                              const std::atomic<bool>* abort);
+  /// Bootstrap::recv_any, `peers` in the transport's numbering.
+  StatusOr<std::pair<std::size_t, std::string>> recv_any(const std::vector<int>& peers,
+                                                         uint64_t space, uint64_t tag,
+                                                         Deadline deadline,
+                                                         const std::atomic<bool>* abort);
 
   /// Registers (or, with an empty `fn`, removes) a failure handler for `members` (the
   /// handler's rank i is the transport's rank members[i]); id 0: a new one. Returns its id.

@@ -283,6 +283,54 @@ TEST(Bootstrap, TagsAreIndependentAndOrderedPerTag) {
   EXPECT_TRUE(contains(too_big.message(), "exceeds")) << too_big.message();
 }
 
+TEST(Bootstrap, RecvAnyTakesEachPeersMessagesInOrderAndNamesTheSender) {
+  const UniqueId id = new_id();
+  auto boots = start_group(id, 3);
+  ASSERT_EQ(boots.size(), 3u);
+  const auto deadline = in(seconds(20));
+  // Ranks 1 and 2 each send three messages to rank 0 under tag 11; rank 1 also under tag 12.
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(boots[1]->send(0, 11, "from1-" + std::to_string(i), deadline));
+    ASSERT_TRUE(boots[2]->send(0, 11, "from2-" + std::to_string(i), deadline));
+  }
+  ASSERT_TRUE(boots[1]->send(0, 12, "other tag", deadline));
+  std::vector<std::string> got[2];
+  for (int k = 0; k < 6; ++k) {
+    auto m = boots[0]->recv_any({1, 2}, 11, deadline);
+    ASSERT_TRUE(m) << m.status().message();
+    ASSERT_LT(m->first, 2u);
+    got[m->first].push_back(m->second);
+  }
+  for (int p = 0; p < 2; ++p) {
+    ASSERT_EQ(got[p].size(), 3u);
+    for (int i = 0; i < 3; ++i)
+      EXPECT_EQ(got[p][static_cast<std::size_t>(i)],
+                "from" + std::to_string(p + 1) + "-" + std::to_string(i));
+  }
+  // Only the peers named are looked at; the other tag stays in its mailbox.
+  ASSERT_TRUE(boots[2]->send(0, 11, "late", deadline));
+  auto none = boots[0]->recv_any({1}, 11, in(milliseconds(200)));
+  ASSERT_FALSE(none);
+  EXPECT_TRUE(contains(none.status().message(), "timed out")) << none.status().message();
+  auto late = boots[0]->recv_any({2, 1}, 11, deadline);
+  ASSERT_TRUE(late) << late.status().message();
+  EXPECT_EQ(late->first, 0u);
+  EXPECT_EQ(late->second, "late");
+  auto other = boots[0]->recv(1, 12, deadline);
+  ASSERT_TRUE(other) << other.status().message();
+  EXPECT_EQ(*other, "other tag");
+  // An abort ends the wait within a poll slice; a peer out of range is refused.
+  std::atomic<bool> abort{true};
+  const auto t0 = Clock::now();
+  auto aborted = boots[0]->recv_any({1, 2}, 11, in(seconds(20)), &abort);
+  ASSERT_FALSE(aborted);
+  EXPECT_TRUE(contains(aborted.status().message(), "aborted")) << aborted.status().message();
+  EXPECT_LT(seconds_since(t0), 2.0);
+  auto bad = boots[0]->recv_any({1, 3}, 11, deadline);
+  ASSERT_FALSE(bad);
+  EXPECT_TRUE(contains(bad.status().message(), "out of range")) << bad.status().message();
+}
+
 TEST(Bootstrap, AllgatherBarrierAndSubsets) {
   const UniqueId id = new_id();
   constexpr int kRanks = 5;

@@ -187,7 +187,7 @@ ApiStatus release_comm(ncclComm_t comm, bool abort) {
     if (CollectiveFallback* f = comm->clique->fallback(); f != nullptr)
       real = f->release(comm->rank, abort);
   }
-  release_buffer_registrations(comm);
+  release_buffer_registrations(comm, abort);
   EFCCL_INFO(kLogInit, comm->device,
              "comm " + pointer_text(comm) + " rank " + std::to_string(comm->rank) +
                  (abort ? " - Abort COMPLETE" : " - Destroy COMPLETE"));

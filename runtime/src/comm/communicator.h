@@ -43,6 +43,7 @@ enum class CommInit : uint8_t {
 };
 
 class Rendezvous;
+class SharedRegistrations;
 
 }  // namespace efccl::runtime
 
@@ -70,6 +71,10 @@ struct ncclComm {
   /// Multi-process communicators: this rank's bootstrap (ncclCommSplit/Shrink meet through it);
   /// set before the communicator becomes ready, then immutable.
   std::shared_ptr<efccl::net::Bootstrap> bootstrap;
+  /// Multi-process communicators whose GPU other processes' ranks share: this rank's registered
+  /// buffers mapped into their processes, and its service mapping theirs
+  /// (comm/shared_registrations.h); set before the communicator becomes ready, then immutable.
+  std::shared_ptr<efccl::runtime::SharedRegistrations> shared_registrations;
   /// ncclCommSplit/Shrink calls so far per set of participating ranks (under ops_mu): each
   /// participant counts the same calls, so the count names the call in their tags.
   std::map<std::vector<int>, uint64_t> regroups;

@@ -23,6 +23,7 @@
 #include "comm/communicator.h"
 #include "comm/machine_graph.h"
 #include "comm/shared_gpu_check.h"
+#include "comm/shared_registrations.h"
 #include "efccl/common/log.h"
 #include "efccl/net/bootstrap.h"
 #include "efccl/net/host_hash.h"
@@ -217,6 +218,35 @@ FallbackPlan fallback_plan_locked(const Rendezvous& r, const std::vector<int>& a
 }
 
 /// Builds the clique of a complete rendezvous (`lock` holds `r.mu`; released while CUDA works).
+/// The shared registrations of each member whose GPU ranks of other processes share (called
+/// while building, without `r.mu`: the members' bootstraps and devices do not change then).
+std::map<int, std::shared_ptr<SharedRegistrations>> start_sharing(
+    const Rendezvous& r, const std::vector<RankLocation>& table,
+    const std::vector<std::string>& where) {
+  std::map<int, std::shared_ptr<SharedRegistrations>> out;
+  for (const auto& [rank, m] : r.members) {
+    std::vector<int> partner_ranks, clients;
+    ranks_sharing_gpu(table, rank, &partner_ranks, &clients);
+    if (clients.empty()) continue;
+    std::vector<GpuPartner> partners;
+    for (int p : partner_ranks)
+      partners.push_back({p, static_cast<std::size_t>(p) < where.size()
+                                 ? where[static_cast<std::size_t>(p)]
+                                 : std::string()});
+    auto started = SharedRegistrations::start(m.boot, rank, m.device, std::move(partners),
+                                              std::move(clients), init_timeout());
+    if (!started) {
+      EFCCL_WARN(m.device, "rank " + std::to_string(rank) +
+                               ": buffers registered on this communicator will not be shared "
+                               "with the other processes on its GPU: " +
+                               started.status().message());
+      continue;
+    }
+    out[rank] = std::shared_ptr<SharedRegistrations>(std::move(*started));
+  }
+  return out;
+}
+
 void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
   r.state = Rendezvous::State::kBuilding;
   std::vector<int> devices, member_ranks;  // this process's ranks, ascending, and their GPUs
@@ -269,6 +299,7 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
     all_devices = devices;
   }
   std::shared_ptr<Clique> clique;
+  std::map<int, std::shared_ptr<SharedRegistrations>> sharing;  // by member rank
   if (status) {
     const FallbackPlan fallback_plan = fallback_plan_locked(r, all_devices, processes.get(), boots);
     lock.unlock();
@@ -299,6 +330,7 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
                                  topo::normal_bus_id(info.bus_id)});
           }
           check_shared_gpus(locations, member_ranks, devices);
+          sharing = start_sharing(r, locations, processes->where);
           const std::set<int> leaders(processes->leader.begin(), processes->leader.end());
           status = exchanged_machine_graph(
               placements, *boots.front(), std::vector<int>(leaders.begin(), leaders.end()),
@@ -354,6 +386,8 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
     const std::size_t nodes = std::max<std::size_t>(1, hosts.size());
     for (const auto& [rank, m] : r.members) {
       if (m.comm == nullptr) continue;
+      if (auto it = sharing.find(rank); it != sharing.end())
+        m.comm->shared_registrations = std::move(it->second);
       attach_clique(m.comm, clique);
       EFCCL_INFO(kLogInit, m.device,
                  "comm " + pointer_text(m.comm) + " rank " + std::to_string(rank) + " nRanks " +

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <mutex>
+#include <set>
 
 #include "efccl/common/log.h"
 
@@ -45,6 +46,23 @@ int check_shared_gpus(const std::vector<RankLocation>& table, const std::vector<
     });
   }
   return shared;
+}
+
+void ranks_sharing_gpu(const std::vector<RankLocation>& table, int rank, std::vector<int>* partners,
+                       std::vector<int>* clients) {
+  partners->clear();
+  clients->clear();
+  if (rank < 0 || static_cast<std::size_t>(rank) >= table.size()) return;
+  const RankLocation& mine = table[static_cast<std::size_t>(rank)];
+  if (mine.bus_id.empty()) return;
+  std::set<uint64_t> processes;
+  for (std::size_t k = 0; k < table.size(); ++k) {
+    const RankLocation& other = table[k];
+    if (other.host != mine.host || other.process == mine.process || other.bus_id != mine.bus_id)
+      continue;
+    clients->push_back(static_cast<int>(k));
+    if (processes.insert(other.process).second) partners->push_back(static_cast<int>(k));
+  }
 }
 
 }  // namespace efccl::runtime

@@ -25,4 +25,10 @@ struct RankLocation {
 int check_shared_gpus(const std::vector<RankLocation>& table, const std::vector<int>& local_ranks,
                       const std::vector<int>& devices);
 
+/// The ranks of other processes on `rank`'s GPU (same host and bus id, another process): all of
+/// them, ascending (`clients`), and the lowest of each such process (`partners`). Both empty
+/// when the table does not know the rank's GPU.
+void ranks_sharing_gpu(const std::vector<RankLocation>& table, int rank, std::vector<int>* partners,
+                       std::vector<int>* clients);
+
 }  // namespace efccl::runtime

@@ -27,6 +27,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "efccl/common/status.h"
@@ -81,6 +82,14 @@ class Bootstrap {
   /// died are still delivered; after that, waiting for more fails at once.
   StatusOr<std::string> recv(int peer, uint64_t tag, Deadline deadline,
                              const std::atomic<bool>* abort = nullptr);
+  /// The next message with `tag` from any of `peers` (this bootstrap's numbering, each in
+  /// range), with the index in `peers` of its sender: for a thread that serves requests from
+  /// several peers. Messages of peers that failed or left are still delivered; those peers are
+  /// then simply silent. Fails when `deadline` passes (Status message "timed out ..."), `*abort`
+  /// is set, or the bootstrap closes or breaks.
+  StatusOr<std::pair<std::size_t, std::string>> recv_any(const std::vector<int>& peers,
+                                                         uint64_t tag, Deadline deadline,
+                                                         const std::atomic<bool>* abort = nullptr);
   /// Opens (or finds) the connection to `peer` now instead of at the first send. Only peers
   /// with an open connection are watched for failure (set_peer_failure_handler): those this
   /// rank exchanged messages with (a ring allgather: its two neighbours) and those it connected.

@@ -1,0 +1,217 @@
+// Registered buffers mapped into the other processes on one GPU (comm/shared_registrations.h):
+// two forked processes with one rank each on GPU 0 register buffers; each process reads and
+// writes the other's through the address its service reported, deregistration unmaps before it
+// returns, memory without a legacy IPC handle stays local, and destroying a communicator with
+// registrations left unmaps them in the other process, also when both destroy at once.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/shared_registrations.h"
+#include "forked_job.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+/// One float allreduce, waited for: both processes are past the calls before it.
+void barrier(ncclComm_t comm, cudaStream_t stream, float* word) {
+  CHILD_NCCL(ncclAllReduce(word, word, 1, ncclFloat, ncclSum, comm, stream));
+  CHILD_CUDA(cudaStreamSynchronize(stream));
+}
+
+/// Every process's `mine`, by process (an allgather through the communicator).
+std::vector<uint64_t> exchange(ncclComm_t comm, cudaStream_t stream, uint64_t mine) {
+  uint64_t* d = nullptr;
+  CHILD_CUDA(cudaMalloc(&d, 2 * sizeof(uint64_t)));
+  CHILD_CUDA(cudaMemcpy(d + g_rank, &mine, sizeof(mine), cudaMemcpyHostToDevice));
+  CHILD_NCCL(ncclAllGather(d + g_rank, d, 1, ncclUint64, comm, stream));
+  CHILD_CUDA(cudaStreamSynchronize(stream));
+  std::vector<uint64_t> all(2);
+  CHILD_CUDA(cudaMemcpy(all.data(), d, 2 * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+  CHILD_CUDA(cudaFree(d));
+  return all;
+}
+
+unsigned char pattern(int proc, std::size_t i) {
+  return static_cast<unsigned char>((i * 31 + static_cast<std::size_t>(proc) * 101 + 7) & 0xff);
+}
+
+struct Rank {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  float* word = nullptr;
+};
+
+/// Process `proc`'s rank of `id` on GPU 0, or kSkip in `*skip` without a GPU.
+Rank join(int proc, const ncclUniqueId& id) {
+  Rank r;
+  CHILD_CUDA(cudaSetDevice(0));
+  CHILD_NCCL(ncclCommInitRank(&r.comm, 2, id, proc));
+  CHILD_CUDA(cudaStreamCreate(&r.stream));
+  CHILD_CUDA(cudaMalloc(&r.word, sizeof(float)));
+  CHILD_CUDA(cudaMemset(r.word, 0, sizeof(float)));
+  CHILD_CHECK(r.comm->shared_registrations != nullptr,
+              "a communicator whose GPU another process shares has no shared registrations");
+  CHILD_CHECK(r.comm->shared_registrations->partner_count() == 1, "partners: %zu",
+              r.comm->shared_registrations->partner_count());
+  return r;
+}
+
+TEST(SharedRegistrations, RegisteredBuffersAreMappedInTheOtherProcessUntilDeregistered) {
+  Job job;
+  job.body = [](int proc, const ncclUniqueId& id) {
+    if (gpus_in_child() < 1) return kSkip;
+    Rank r = join(proc, id);
+    efccl::runtime::SharedRegistrations& shared = *r.comm->shared_registrations;
+    constexpr std::size_t kBytes = 1 << 20, kLead = 256, kAt = 4096, kLen = 4096;
+    char* alloc = nullptr;
+    CHILD_CUDA(cudaMalloc(&alloc, kLead + kBytes));
+    char* buff = alloc + kLead;  // inside its allocation: the offset must be carried over
+    std::vector<unsigned char> mine(kBytes);
+    for (std::size_t i = 0; i < kBytes; ++i) mine[i] = pattern(proc, i);
+    CHILD_CUDA(cudaMemcpy(buff, mine.data(), kBytes, cudaMemcpyHostToDevice));
+    CHILD_CHECK(!shared.partner_address(buff, 16, 0).has_value(), "shared before registering");
+    void* handle = nullptr;
+    CHILD_NCCL(ncclCommRegister(r.comm, buff, kBytes, &handle));
+    const auto there = shared.partner_address(buff + kAt, kLen, 0);
+    CHILD_CHECK(there.has_value(), "the registered buffer has no address in the other process");
+    CHILD_CHECK(!shared.partner_address(buff, kBytes + 1, 0).has_value(), "past the end");
+    CHILD_CHECK(!shared.partner_address(alloc, 16, 0).has_value(), "before the start");
+    CHILD_CHECK(!shared.partner_address(buff, 16, 1).has_value(), "a partner that is not");
+    // Each process learns where it reaches the other's buffer + kAt.
+    const std::vector<uint64_t> at = exchange(r.comm, r.stream, *there);
+    CHILD_CHECK(shared.imported() == 1, "this process maps %zu registrations of the other",
+                shared.imported());
+    const int other = 1 - proc;
+    char* peer = reinterpret_cast<char*>(at[static_cast<std::size_t>(other)]);
+    std::vector<unsigned char> seen(kLen);
+    CHILD_CUDA(cudaMemcpy(seen.data(), peer, kLen, cudaMemcpyDeviceToHost));
+    for (std::size_t i = 0; i < kLen; ++i)
+      CHILD_CHECK(seen[i] == pattern(other, kAt + i), "byte %zu of the other's buffer: %d", i,
+                  static_cast<int>(seen[i]));
+    // Writes land in the other process's buffer: each writes 64 bytes of 0xA0 + proc there.
+    CHILD_CUDA(cudaMemset(peer, 0xA0 + proc, 64));
+    CHILD_CUDA(cudaDeviceSynchronize());
+    barrier(r.comm, r.stream, r.word);
+    std::vector<unsigned char> own(64);
+    CHILD_CUDA(cudaMemcpy(own.data(), buff + kAt, 64, cudaMemcpyDeviceToHost));
+    for (std::size_t i = 0; i < 64; ++i)
+      CHILD_CHECK(own[i] == 0xA0 + other, "byte %zu written by the other process: %d", i,
+                  static_cast<int>(own[i]));
+    // Deregistering returns once the other process retired its mapping, also while that
+    // process waits in a collective for this one (unmapping there waits for its kernels, so it
+    // happens in the background): process 1 enters the barrier first.
+    if (proc == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      const auto t0 = Clock::now();
+      CHILD_NCCL(ncclCommDeregister(r.comm, handle));
+      CHILD_CHECK(Clock::now() - t0 < std::chrono::seconds(5), "deregister took %.1f s",
+                  std::chrono::duration<double>(Clock::now() - t0).count());
+      CHILD_CHECK(!shared.partner_address(buff + kAt, kLen, 0).has_value(), "still shared");
+    }
+    barrier(r.comm, r.stream, r.word);
+    if (proc == 1) CHILD_NCCL(ncclCommDeregister(r.comm, handle));
+    barrier(r.comm, r.stream, r.word);
+    CHILD_CHECK(shared.imported() == 0, "still mapping %zu registrations", shared.imported());
+    CHILD_CHECK(ncclCommDeregister(r.comm, handle) == ncclInvalidArgument, "a second deregister");
+    CHILD_NCCL(ncclCommDestroy(r.comm));
+    CHILD_CUDA(cudaFree(alloc));
+    return 0;
+  };
+  EXPECT_JOB_PASSED(run_job(job));
+}
+
+TEST(SharedRegistrations, MemoryWithoutALegacyIpcHandleStaysLocal) {
+  Job job;
+  job.body = [](int proc, const ncclUniqueId& id) {
+    if (gpus_in_child() < 1) return kSkip;
+    Rank r = join(proc, id);
+    efccl::runtime::SharedRegistrations& shared = *r.comm->shared_registrations;
+    // Memory of a stream-ordered pool and pinned host memory: registered, not shared.
+    void* pooled = nullptr;
+    CHILD_CUDA(cudaMallocAsync(&pooled, 1 << 20, r.stream));
+    CHILD_CUDA(cudaStreamSynchronize(r.stream));
+    void* pinned = nullptr;
+    CHILD_CUDA(cudaMallocHost(&pinned, 1 << 16));
+    void* h1 = nullptr;
+    void* h2 = nullptr;
+    CHILD_NCCL(ncclCommRegister(r.comm, pooled, 1 << 20, &h1));
+    CHILD_NCCL(ncclCommRegister(r.comm, pinned, 1 << 16, &h2));
+    CHILD_CHECK(!shared.partner_address(pooled, 16, 0).has_value(), "pool memory was shared");
+    CHILD_CHECK(!shared.partner_address(pinned, 16, 0).has_value(), "host memory was shared");
+    barrier(r.comm, r.stream, r.word);
+    CHILD_CHECK(shared.imported() == 0, "maps %zu registrations", shared.imported());
+    CHILD_NCCL(ncclCommDeregister(r.comm, h1));
+    CHILD_NCCL(ncclCommDeregister(r.comm, h2));
+    CHILD_NCCL(ncclCommDestroy(r.comm));
+    CHILD_CUDA(cudaFreeAsync(pooled, r.stream));
+    CHILD_CUDA(cudaStreamSynchronize(r.stream));
+    CHILD_CUDA(cudaFreeHost(pinned));
+    return 0;
+  };
+  EXPECT_JOB_PASSED(run_job(job));
+}
+
+TEST(SharedRegistrations, DestroyUnmapsWhatIsStillRegisteredInTheOtherProcess) {
+  Job job;
+  job.body = [](int proc, const ncclUniqueId& id) {
+    if (gpus_in_child() < 1) return kSkip;
+    Rank a = join(proc, id);
+    // A second communicator keeps the two processes in step once `a` is gone.
+    Rank b = a;
+    CHILD_NCCL(ncclCommSplit(a.comm, 0, proc, &b.comm, nullptr));
+    char* buff = nullptr;
+    CHILD_CUDA(cudaMalloc(&buff, 1 << 20));
+    void* ha = nullptr;
+    void* hb = nullptr;
+    CHILD_NCCL(ncclCommRegister(a.comm, buff, 1 << 20, &ha));
+    CHILD_NCCL(ncclCommRegister(b.comm, buff, 1 << 20, &hb));
+    CHILD_CHECK(a.comm->shared_registrations->partner_address(buff, 16, 0).has_value(),
+                "the registration on a was not shared");
+    CHILD_CHECK(b.comm->shared_registrations->partner_address(buff, 16, 0).has_value(),
+                "the registration on b was not shared");
+    barrier(b.comm, b.stream, b.word);
+    CHILD_CHECK(a.comm->shared_registrations->imported() == 1, "a maps %zu",
+                a.comm->shared_registrations->imported());
+    CHILD_CHECK(b.comm->shared_registrations->imported() == 1, "b maps %zu",
+                b.comm->shared_registrations->imported());
+    barrier(b.comm, b.stream, b.word);  // both looked before anything is destroyed
+    // Process 0 destroys `a` without deregistering: process 1's mapping of it goes first.
+    auto keep = a.comm->shared_registrations;  // to look at process 1's service afterwards
+    if (proc == 0) {
+      const auto t0 = Clock::now();
+      CHILD_NCCL(ncclCommDestroy(a.comm));
+      CHILD_CHECK(Clock::now() - t0 < std::chrono::seconds(10), "destroy took %.1f s",
+                  std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    barrier(b.comm, b.stream, b.word);
+    if (proc == 1) {
+      CHILD_CHECK(keep->imported() == 0, "process 1 still maps %zu of process 0's",
+                  keep->imported());
+      // Its own registration on `a`: the other side is gone, so destroy does not wait for it.
+      const auto t0 = Clock::now();
+      CHILD_NCCL(ncclCommDestroy(a.comm));
+      CHILD_CHECK(Clock::now() - t0 < std::chrono::seconds(10), "destroy took %.1f s",
+                  std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    keep.reset();
+    // Both destroy `b` at once, each with a registration the other maps.
+    barrier(b.comm, b.stream, b.word);
+    const auto t0 = Clock::now();
+    CHILD_NCCL(ncclCommDestroy(b.comm));
+    CHILD_CHECK(Clock::now() - t0 < std::chrono::seconds(10), "destroy of b took %.1f s",
+                std::chrono::duration<double>(Clock::now() - t0).count());
+    CHILD_CUDA(cudaFree(buff));
+    return 0;
+  };
+  EXPECT_JOB_PASSED(run_job(job));
+}
+
+}  // namespace
