@@ -388,7 +388,9 @@ TEST(RuntimeOneRank, CollectivesAreOneCopyOrNothingUnlessTheyScale) {
     size_t n = 0;
     ASSERT_EQ(cudaGraphGetNodes(graph, nullptr, &n), cudaSuccess);
     std::vector<cudaGraphNode_t> nodes(n);
-    if (n > 0) ASSERT_EQ(cudaGraphGetNodes(graph, nodes.data(), &n), cudaSuccess);
+    if (n > 0) {
+      ASSERT_EQ(cudaGraphGetNodes(graph, nodes.data(), &n), cudaSuccess);
+    }
     kinds->clear();
     for (cudaGraphNode_t node : nodes) {
       cudaGraphNodeType t{};

@@ -2,14 +2,21 @@
 // two forked processes with one rank each on GPU 0 register buffers; each process reads and
 // writes the other's through the address its service reported, deregistration unmaps before it
 // returns, memory without a legacy IPC handle stays local, and destroying a communicator with
-// registrations left unmaps them in the other process, also when both destroy at once.
+// registrations left unmaps them in the other process, also when both destroy at once. Then
+// every data-moving collective of two and three processes on GPU 0, in and out of place, with
+// EFCCL_DIRECT_PROCESSES=1 and registered buffers (their launches meet and move data directly:
+// device-executor.md), without registration (they meet, and keep the slots) and by default:
+// exact every way. Without MPS the processes' kernels take turns on the GPU,
+// which makes the calls slow but not wrong.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <nccl.h>
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -210,6 +217,118 @@ TEST(SharedRegistrations, DestroyUnmapsWhatIsStillRegisteredInTheOtherProcess) {
                 std::chrono::duration<double>(Clock::now() - t0).count());
     CHILD_CUDA(cudaFree(buff));
     return 0;
+  };
+  EXPECT_JOB_PASSED(run_job(job));
+}
+
+/// The value rank `r` sends at element i (small integers: sums are exact in float).
+float value(int r, std::size_t i) { return static_cast<float>((r + 1) * static_cast<int>(i % 7 + 1)); }
+
+/// Every collective that moves data between the ranks, in and out of place, with buffers of at
+/// least kXprocMinBytes per rank (so that the processes' launches meet), registered or not:
+/// the results must be exact either way (registered: direct transfers between the processes;
+/// not: the connections' slots).
+int collectives_between_processes(int proc, int nprocs, const ncclUniqueId& id, bool registered) {
+  if (gpus_in_child() < 1) return kSkip;
+  CHILD_CUDA(cudaSetDevice(0));
+  ncclComm_t comm = nullptr;
+  CHILD_NCCL(ncclCommInitRank(&comm, nprocs, id, proc));
+  cudaStream_t stream = nullptr;
+  CHILD_CUDA(cudaStreamCreate(&stream));
+  constexpr std::size_t kCount = std::size_t{1} << 18;  // 1 MiB of floats per rank buffer
+  const std::size_t big = kCount * static_cast<std::size_t>(nprocs);
+  float* send = nullptr;
+  float* recv = nullptr;
+  CHILD_CUDA(cudaMalloc(&send, big * sizeof(float)));
+  CHILD_CUDA(cudaMalloc(&recv, big * sizeof(float)));
+  void* hs = nullptr;
+  void* hr = nullptr;
+  if (registered) {
+    CHILD_NCCL(ncclCommRegister(comm, send, big * sizeof(float), &hs));
+    CHILD_NCCL(ncclCommRegister(comm, recv, big * sizeof(float), &hr));
+  }
+  std::vector<float> host(big);
+  const auto fill = [&](float* d, std::size_t n, int r) {
+    for (std::size_t i = 0; i < n; ++i) host[i] = value(r, i);
+    CHILD_CUDA(cudaMemcpy(d, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  };
+  const auto expect = [&](const float* d, std::size_t n, const std::function<float(std::size_t)>& want,
+                          const char* what) {
+    std::vector<float> got(n);
+    CHILD_CUDA(cudaMemcpy(got.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    for (std::size_t i = 0; i < n; ++i)
+      CHILD_CHECK(got[i] == want(i), "%s (%s): element %zu is %g, expected %g", what,
+                  registered ? "registered" : "not registered", i, got[i], want(i));
+  };
+  const float total = static_cast<float>(nprocs * (nprocs + 1) / 2);
+  const auto sum = [&](std::size_t i) { return total * static_cast<float>(i % 7 + 1); };
+  for (const bool inplace : {false, true}) {
+    // allreduce
+    fill(inplace ? recv : send, kCount, proc);
+    CHILD_NCCL(ncclAllReduce(inplace ? recv : send, recv, kCount, ncclFloat, ncclSum, comm, stream));
+    CHILD_CUDA(cudaStreamSynchronize(stream));
+    expect(recv, kCount, sum, inplace ? "allreduce in place" : "allreduce");
+    // allgather: rank r's block r
+    float* mine = inplace ? recv + proc * kCount : send;
+    fill(mine, kCount, proc);
+    CHILD_NCCL(ncclAllGather(mine, recv, kCount, ncclFloat, comm, stream));
+    CHILD_CUDA(cudaStreamSynchronize(stream));
+    expect(recv, big, [&](std::size_t i) { return value(static_cast<int>(i / kCount), i % kCount); },
+           inplace ? "allgather in place" : "allgather");
+    // reduce-scatter: block `proc` of the sum (element index within the whole input)
+    fill(inplace ? recv : send, big, proc);
+    CHILD_NCCL(ncclReduceScatter(inplace ? recv : send, inplace ? recv + proc * kCount : recv,
+                                 kCount, ncclFloat, ncclSum, comm, stream));
+    CHILD_CUDA(cudaStreamSynchronize(stream));
+    expect(inplace ? recv + proc * kCount : recv, kCount,
+           [&](std::size_t i) { return sum(proc * kCount + i); },
+           inplace ? "reduce-scatter in place" : "reduce-scatter");
+    // broadcast from rank 0
+    fill(inplace ? recv : send, kCount, proc);
+    CHILD_NCCL(ncclBroadcast(inplace ? recv : send, recv, kCount, ncclFloat, 0, comm, stream));
+    CHILD_CUDA(cudaStreamSynchronize(stream));
+    expect(recv, kCount, [&](std::size_t i) { return value(0, i); },
+           inplace ? "broadcast in place" : "broadcast");
+    // reduce to the last rank
+    const int root = nprocs - 1;
+    fill(inplace ? recv : send, kCount, proc);
+    CHILD_NCCL(ncclReduce(inplace ? recv : send, recv, kCount, ncclFloat, ncclSum, root, comm,
+                          stream));
+    CHILD_CUDA(cudaStreamSynchronize(stream));
+    if (proc == root) expect(recv, kCount, sum, inplace ? "reduce in place" : "reduce");
+  }
+  if (registered) {
+    CHILD_NCCL(ncclCommDeregister(comm, hs));
+    CHILD_NCCL(ncclCommDeregister(comm, hr));
+  }
+  CHILD_NCCL(ncclCommDestroy(comm));
+  CHILD_CUDA(cudaFree(send));
+  CHILD_CUDA(cudaFree(recv));
+  return 0;
+}
+
+TEST(SharedRegistrations, CollectivesOfTwoProcessesOnOneGpuAreExactWithRegisteredBuffers) {
+  // Direct transfers between the processes (EFCCL_DIRECT_PROCESSES=1), with registered buffers
+  // and without (the launches meet, and keep the slots); and the default (no meeting).
+  for (const auto& [registered, direct] : {std::pair{true, true}, std::pair{false, true},
+                                           std::pair{true, false}}) {
+    SCOPED_TRACE(std::string(registered ? "registered" : "not registered") +
+                 (direct ? ", EFCCL_DIRECT_PROCESSES=1" : ", default"));
+    Job job;
+    if (direct) job.env = {"EFCCL_DIRECT_PROCESSES=1"};
+    job.body = [registered = registered](int proc, const ncclUniqueId& id) {
+      return collectives_between_processes(proc, 2, id, registered);
+    };
+    EXPECT_JOB_PASSED(run_job(job));
+  }
+}
+
+TEST(SharedRegistrations, CollectivesOfThreeProcessesOnOneGpuAreExactWithRegisteredBuffers) {
+  Job job;
+  job.nprocs = 3;
+  job.env = {"EFCCL_DIRECT_PROCESSES=1"};
+  job.body = [](int proc, const ncclUniqueId& id) {
+    return collectives_between_processes(proc, 3, id, true);
   };
   EXPECT_JOB_PASSED(run_job(job));
 }

@@ -298,12 +298,40 @@ Status DeviceExecutor::run_batch(const std::vector<BatchCall>& calls, BatchRepor
     return s;
   };
   Status failure = Status::ok();
+  // Everything pending, in call order (a later call's launch must not take the GPU before an
+  // earlier call's: a fused grid may fill it).
+  const auto flush_all = [&]() -> Status {
+    std::vector<PendingLaunch*> left;
+    for (auto& [key, l] : pending)
+      if (!l.parts.empty()) left.push_back(&l);
+    std::sort(left.begin(), left.end(), [](const PendingLaunch* a, const PendingLaunch* b) {
+      return a->first_call < b->first_call;
+    });
+    for (PendingLaunch* l : left)
+      if (Status s = flush(*l); !s) return s;
+    return Status::ok();
+  };
   for (std::size_t ci = 0; ci < prepared.size() && failure; ++ci) {
     PreparedCall& call = prepared[ci];
     for (PreparedPart& part : call.parts) {
       Impl& m = *call.executor->impl_;
       const int device = m.locals[part.device_index].device;
       const std::pair<int, cudaStream_t> key{device, part.stream};
+      if (part.xproc.active != 0) {
+        // It meets other processes' launches (XprocParams): a launch of its own, after every
+        // earlier call's.
+        if (failure = flush_all(); !failure) break;
+        PendingLaunch& l = pending[key];
+        l.first_call = ci;
+        l.device = device;
+        l.stream = part.stream;
+        l.dtype = call.dtype;
+        l.reduction = call.reduction;
+        l.parts.emplace_back(&call, &part);
+        waiting_in[{&m, part.device_index}] = key;
+        if (failure = flush(l); !failure) break;
+        continue;
+      }
       // The executor's previous use on this device waits on another stream: launch it first
       // (launches of one executor on different streams are ordered by events).
       if (auto it = waiting_in.find({&m, part.device_index});
@@ -324,18 +352,7 @@ Status DeviceExecutor::run_batch(const std::vector<BatchCall>& calls, BatchRepor
       waiting_in[{&m, part.device_index}] = key;
     }
   }
-  if (failure) {
-    // What is left, in call order: a later call's launch must not take the GPU before an
-    // earlier call's (a fused grid may fill it).
-    std::vector<PendingLaunch*> left;
-    for (auto& [key, l] : pending)
-      if (!l.parts.empty()) left.push_back(&l);
-    std::sort(left.begin(), left.end(), [](const PendingLaunch* a, const PendingLaunch* b) {
-      return a->first_call < b->first_call;
-    });
-    for (PendingLaunch* l : left)
-      if (failure = flush(*l); !failure) break;
-  }
+  if (failure) failure = flush_all();  // what is left
   if (failure) return Status::ok();
 
   // A failed launch: nothing more is launched. A call with some parts launched and others not

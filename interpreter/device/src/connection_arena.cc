@@ -60,7 +60,11 @@ Status ConnectionArena::allocate(const ConnectionLayout& layout, const std::vect
     l.device = devices[i];
     l.location = locations[i];
     if (Status s = l.fifo.allocate(l.device, layout.fifo_bytes.at(l.location)); !s) return s;
-    if (Status s = l.counters.allocate(l.device, layout.counter_bytes.at(l.location)); !s) return s;
+    // The counter arena ends with the location's board (direct transfers between processes).
+    if (Status s = l.counters.allocate(
+            l.device, xproc_board_offset(layout.counter_bytes.at(l.location)) + sizeof(XprocBoard));
+        !s)
+      return s;
   }
   own_.clear();
   for (const Local& l : locals_) own_[l.location] = &l;
@@ -135,6 +139,13 @@ char* ConnectionArena::counter_base(int64_t location, int device) const {
   if (auto it = own_.find(location); it != own_.end()) return it->second->counters.get();
   auto it = remote_.find({location, device});
   return it == remote_.end() ? nullptr : it->second.second;
+}
+
+XprocBoard* ConnectionArena::board(int64_t location, int device) const {
+  char* base = counter_base(location, device);
+  auto bytes = layout_.counter_bytes.find(location);
+  if (base == nullptr || bytes == layout_.counter_bytes.end()) return nullptr;
+  return reinterpret_cast<XprocBoard*>(base + xproc_board_offset(bytes->second));
 }
 
 char* ConnectionArena::placed_base(const PlacedArenaKey& key, int device) const {

@@ -17,6 +17,7 @@
 #include "cuda_raii.h"
 #include "efccl/common/status.h"
 #include "efccl/device/device_executor.h"
+#include "kernel_params.h"
 #include "shared_host_segment.h"
 
 namespace efccl::device {
@@ -92,6 +93,9 @@ class ConnectionArena {
   Status write_first_positions(uint64_t first, const std::vector<ConnectionPlan>& connections,
                                const std::vector<int64_t>& location,
                                const std::vector<bool>& local);
+  /// The board of `location` (XprocBoard, at the end of its counter arena) as local `device`
+  /// reaches it; null when that arena is not mapped there.
+  XprocBoard* board(int64_t location, int device) const;
   /// Zeroes this process's arenas (slots and counters, placed arenas too), waiting for it.
   Status zero();
 

@@ -119,6 +119,12 @@ struct ConnectionLayout {
   std::map<PlacedArenaKey, std::size_t> placed_bytes;  ///< per placed arena that has entries
 };
 
+/// Where a location's XprocBoard (kernel_params.h) lies in its counter arena, after the
+/// `counter_bytes` of its connection ends; the arena is allocated that much larger.
+inline std::size_t xproc_board_offset(std::size_t counter_bytes) {
+  return (counter_bytes + 127) / 128 * 128;
+}
+
 /// Lays out `connections` (fills their offsets, in their order) over the locations of their
 /// ranks (`location[rank]`) and their placed arenas; every location of a rank gets an entry,
 /// possibly 0 bytes; placed arenas only where a connection is placed; network connections get

@@ -16,6 +16,7 @@
 
 #include "arena_sharing.h"
 #include "cuda_status.h"
+#include "efccl/common/log.h"
 #include "device_executor_impl.h"
 #include "efccl/ef/premul_analysis.h"
 #include "peer_access.h"
@@ -121,6 +122,9 @@ StatusOr<std::unique_ptr<DeviceExecutor>> DeviceExecutor::create(const ef::Progr
     impl->exchange = peers->exchange;
     impl->hosts = peers->hosts;
     impl->connect_network = peers->connect_network;
+    if (peers->gpus.size() == n) impl->gpus = peers->gpus;
+    impl->direct_between_processes = peers->direct;
+    impl->translate = peers->translate;
     for (std::size_t r = 0; r < n; ++r)
       if (!impl->local_rank[r]) impl->rank_devices[r] = -1;
     // Two local ranks share a location exactly when they share a device.
@@ -258,6 +262,7 @@ Status DeviceExecutor::Impl::build() {
     sharing.exchange = exchange;
     if (Status s = share_arenas(arena, sharing); !s) return s;
     if (Status s = connect_network_ends(); !s) return s;
+    if (Status s = plan_meetings(); !s) return s;
   }
 
   // Host-mapped stop signals and error records.
@@ -375,6 +380,29 @@ Status DeviceExecutor::Impl::enable_peer_access_between_connected_devices() {
   return Status::ok();
 }
 
+Status DeviceExecutor::Impl::plan_meetings() {
+  if (!direct_between_processes || gpus.empty()) return Status::ok();
+  for (LocalDevice& local : locals) {
+    std::string why;
+    XprocPlan plan = plan_xproc(program, local.ranks, location, gpus, connections, &why);
+    if (!why.empty())
+      EFCCL_INFO(kLogColl, local.device,
+                 "program '" + program.name + "': ranks of other processes share GPU " +
+                     std::to_string(local.device) + ", but they move data through the " +
+                     "connections' slots: " + why);
+    if (!plan.enabled) continue;
+    const int64_t mine = location[static_cast<std::size_t>(local.ranks.front())];
+    plan.mine = arena.board(mine, local.device);
+    for (int64_t loc : plan.locations) plan.remote.push_back(arena.board(loc, local.device));
+    if (plan.mine == nullptr ||
+        std::find(plan.remote.begin(), plan.remote.end(), nullptr) != plan.remote.end())
+      return Status::error("internal: a board of the processes sharing GPU " +
+                           std::to_string(local.device) + " is not mapped");
+    local.xproc = std::move(plan);
+  }
+  return Status::ok();
+}
+
 Status DeviceExecutor::Impl::build_device(LocalDevice& local, const ef::PremulMap* outofplace,
                                           const ef::PremulMap* inplace) {
   const int index = static_cast<int>(&local - locals.data());
@@ -396,7 +424,8 @@ Status DeviceExecutor::Impl::build_device(LocalDevice& local, const ef::PremulMa
       recvs.push_back(*handle);
     }
   }
-  auto tables = build_program_tables(program, local.ranks, send_of, recv_of, outofplace, inplace);
+  auto tables = build_program_tables(program, local.ranks, send_of, recv_of, outofplace, inplace,
+                                     local.xproc.remote_ranks);
   if (!tables)
     return Status::error("device " + std::to_string(local.device) + ": " +
                          tables.status().message());
@@ -454,6 +483,14 @@ std::string DeviceExecutor::Impl::describe(std::size_t device_index, const Error
       break;
     case kWaitDependency:
       o << "dependency tb " << e.peer << " op " << e.channel;
+      break;
+    case kWaitProcessStart:
+      o << "the launch of another process on its GPU (slot " << e.peer
+        << ") to start this call (direct transfers between processes meet there; without MPS "
+           "the processes' kernels take turns on the GPU)";
+      break;
+    case kWaitProcessEnd:
+      o << "the launch of another process on its GPU (slot " << e.peer << ") to end this call";
       break;
     default:
       o << "nothing";

@@ -9,12 +9,14 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "connection_arena.h"
 #include "connection_layout.h"
+#include "cross_process.h"
 #include "cuda_raii.h"
 #include "efccl/device/device_executor.h"
 #include "efccl/ef/premul_analysis.h"
@@ -35,6 +37,9 @@ struct LocalDevice {
   int64_t largest_divide_chunks = 0;
   std::size_t direct_ops[2] = {};  ///< ops with direct transfers: out of place, in place
   bool multi_ops = false;  ///< the program has mrc ops (they write other ranks' buffers)
+  /// Direct transfers between processes: the launches of other processes on this GPU that
+  /// this one meets (cross_process.h).
+  XprocPlan xproc;
   /// Chosen CTA size per (dtype, reduction): 0 = not yet chosen, -1 = cannot be co-resident.
   int threads[ef::kNumDataTypes][4] = {};
   int max_blocks_seen[ef::kNumDataTypes][4] = {};
@@ -72,6 +77,8 @@ struct PreparedPart {
   /// direct transfers: a fused launch turns direct transfers off in any two calls whose buffers
   /// overlap (its CTAs may run one call while the other's still read or write them).
   std::vector<ByteRange> buffer_ranges;
+  /// Calls that meet other processes' launches (active): always a launch of their own.
+  XprocParams xproc{};
 };
 
 /// A call checked and turned into per-device kernel parameters, ready to launch.
@@ -97,6 +104,10 @@ struct DeviceExecutor::Impl {
   /// process's ends alive, released after the executor's last launch.
   std::vector<uint64_t> hosts;
   std::function<StatusOr<NetworkEnds>(const std::vector<NetworkEndRequest>&)> connect_network;
+  /// Direct transfers between processes on one GPU (PeerProcesses::gpus, direct, translate).
+  std::vector<std::string> gpus;
+  bool direct_between_processes = false;
+  std::function<std::optional<uint64_t>(int, const void*, std::size_t, int)> translate;
   std::shared_ptr<void> network;
   std::size_t network_ends = 0;
   std::vector<int> devices;
@@ -125,6 +136,8 @@ struct DeviceExecutor::Impl {
   Status connect_network_ends();
   Status build_device(LocalDevice& local, const ef::PremulMap* outofplace,
                       const ef::PremulMap* inplace);
+  /// Each local device's meeting with other processes' launches (after the arenas are mapped).
+  Status plan_meetings();
 
   // Executor-owned memory (owned_memory.cc).
   /// Grows every local rank's executor-owned memory to what calls of `count` (`chunk_elements`

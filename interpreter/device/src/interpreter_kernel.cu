@@ -14,7 +14,8 @@ template <typename E, Reduction R, typename Protocol>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock, 1)
     interpreter_kernel(const __grid_constant__ KernelParams p) {
   __shared__ Staging staging;
-  run_threadblock<E, R, Protocol>(p, p.ranks, blockIdx.x, staging);
+  run_threadblock<E, R, Protocol>(p, p.ranks, blockIdx.x, staging,
+                                  p.xproc.active != 0 ? &p.xproc : nullptr);
 }
 
 template <typename E>

@@ -112,7 +112,8 @@ struct ThreadblockDesc {
   uint32_t dep_begin;  ///< this threadblock's dependencies: deps[dep_begin, dep_begin + dep_count)
   uint32_t dep_count;  ///< (its ops' DepDesc ranges lie inside, in op order)
   /// Direct transfers: the local index (into the call's RankCallArgs) of the rank this
-  /// threadblock receives from / sends to when that rank is in the same launch, else -1.
+  /// threadblock receives from / sends to when that rank is in the same launch; -2 - j when it
+  /// is remote rank j of a launch that meets other processes on its GPU (XprocParams); else -1.
   int32_t recv_local;
   int32_t send_local;
 };
@@ -154,10 +155,54 @@ struct CallParams {
   int32_t reserved;
 };
 
-/// The kernel's one parameter for one call (passed as __grid_constant__; about 3.2 KiB): CTA i
+/// Direct transfers between processes on one GPU (docs/device-executor.md, "Direct transfers
+/// between processes"): the launches of the ranks of every process on the GPU that a launch
+/// has connections with meet on each location's board, in its counter arena: each publishes
+/// where the others reach its ranks' buffers, waits until they all started, and its CTA 0 waits
+/// at the end until all their CTAs ended, so that the launches behave as one.
+inline constexpr int kMaxXprocLocations = 4;   ///< other processes' locations a launch meets
+inline constexpr int kMaxXprocLocalRanks = 4;  ///< ranks of one location on the GPU
+inline constexpr int kMaxXprocRemoteRanks = kMaxXprocLocations * kMaxXprocLocalRanks;
+inline constexpr int kMaxXprocSlots = kMaxXprocLocations + 1;  ///< locations on one GPU
+
+/// What one location publishes for one reader: its ranks' buffers in the reader's process.
+struct XprocPublication {
+  uint32_t valid;  ///< 1: every buffer of this call is mapped in the reader's process
+  int32_t direct_shift;  ///< the publisher's CallParams::direct_shift
+  char* buffers[kMaxXprocLocalRanks][kNumBuffers];
+};
+
+/// One location's board (zeroed with its counter arena, never reset between calls). Only
+/// launches that meet (XprocParams::active) touch it; `started` and `ended` hold the launch
+/// count (CallParams::epochs) + 1 of the latest such launch, compared modulo 2^64.
+struct XprocBoard {
+  uint64_t started;  ///< its CTA 0 has published
+  uint64_t pad0[15];
+  uint64_t ended;  ///< every CTA has ended (set by the last one)
+  uint64_t count;  ///< CTAs of meeting launches that have ended, over all of them
+  uint64_t pad1[14];
+  XprocPublication pub[kMaxXprocSlots];  ///< by the reader's slot on the GPU
+};
+
+/// A launch's side of the meeting (KernelParams::xproc; active == 0: it meets nobody).
+struct XprocParams {
+  uint32_t active;
+  uint32_t nlocations;  ///< remote locations met
+  uint32_t my_slot;     ///< this location's slot on the GPU
+  uint32_t my_ctas;     ///< CTAs of this launch
+  XprocBoard* mine;
+  XprocBoard* remote[kMaxXprocLocations];
+  uint32_t remote_slot[kMaxXprocLocations];
+  uint32_t remote_rank_begin[kMaxXprocLocations];  ///< its ranks' first remote index
+  uint32_t remote_rank_count[kMaxXprocLocations];
+  XprocPublication published[kMaxXprocLocations];  ///< what this launch publishes to each
+};
+
+/// The kernel's one parameter for one call (passed as __grid_constant__; about 3.7 KiB): CTA i
 /// runs threadblock i.
 struct KernelParams : CallParams {
   RankCallArgs ranks[kMaxLocalRanks];
+  XprocParams xproc;
 };
 
 /// Fused launches (several calls of one group in one launch per device and stream).

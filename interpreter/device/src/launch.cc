@@ -95,7 +95,8 @@ std::vector<BufferRange> buffer_ranges(const ef::Program& p, const std::vector<i
 }
 
 /// Whether the direct transfers of ranks sharing a launch may run (kernel_params.h,
-/// DirectBits): no two ranks' program buffers overlap, nor one rank's buffers out of
+/// DirectBits; `nranks`: the ranks that address each other, those of other processes' launches
+/// met included): no two ranks' program buffers overlap, nor one rank's buffers out of
 /// place (the analysis assumed NCCL's buffers; a call that shares memory between ranks keeps
 /// the slots). Premultiplying calls keep them too: a pulled send would skip the sender's scale.
 bool direct_buffers_apart(const std::vector<BufferRange>& ranges, std::size_t nranks,
@@ -250,10 +251,22 @@ Status DeviceExecutor::Impl::prepare(DeviceExecutor* self, const RunArgs& args,
                              "one op (mrc), but " + clash + "; give each rank its own buffers");
     part.buffer_ranges.clear();
     for (const BufferRange& r : ranges) part.buffer_ranges.emplace_back(r.begin, r.end);
+    // Between ranks of one launch: two or more ranks. With other processes' launches on the
+    // GPU (XprocPlan), one rank suffices; their meeting decides (XprocPublication).
+    const bool meets = local.xproc.enabled && args.count >= kXprocMinBytes / size;
+    const std::size_t addressing = local.ranks.size() + (meets ? 1 : 0);
     params.direct_shift =
-        args.direct && !premul && direct_buffers_apart(ranges, local.ranks.size(), args.inplace)
+        args.direct && !premul && direct_buffers_apart(ranges, addressing, args.inplace)
             ? (args.inplace ? kDirectShiftInPlace : kDirectShiftOutOfPlace)
             : kDirectOff;
+    part.xproc = XprocParams{};
+    if (meets) {
+      std::vector<std::vector<XprocBuffer>> reach(local.ranks.size());
+      for (const BufferRange& r : ranges)
+        reach[r.rank].push_back({r.kind, reinterpret_cast<char*>(r.begin), r.end - r.begin});
+      publish_xproc(local.xproc, local.ranks, local.nblocks, reach, params.direct_shift,
+                    translate, &part.xproc);
+    }
   }
   return Status::ok();
 }
@@ -314,11 +327,13 @@ Status DeviceExecutor::Impl::launch_part(PreparedPart& part, int dtype, int redu
   KernelParams params{};
   static_cast<CallParams&>(params) = part.call;
   std::copy(part.ranks.begin(), part.ranks.end(), params.ranks);
+  params.xproc = part.xproc;
   DeviceScope scope(local.device);
   if (Status s = order_after_last_launch(part); !s) return s;
-  // Eagerly, to the device's resident grid when there is one (resident.h); else a launch.
+  // Eagerly, to the device's resident grid when there is one (resident.h); else a launch. A
+  // call that meets other processes' launches is always launched (the grid does not meet).
   bool posted = false;
-  if (part.eager) {
+  if (part.eager && part.xproc.active == 0) {
     FusedCall call{};
     static_cast<CallParams&>(call) = part.call;
     call.nthreadblocks = local.nblocks;

@@ -80,7 +80,77 @@ struct Staging {
   RecvConnectionDeviceHandle recv;
   char* multi[2 * kMaxMultiOperands];          ///< an mrc unit's sources, then targets
   int32_t multi_local[2 * kMaxMultiOperands];  ///< their ranks' local indexes
+  /// Direct transfers between processes (XprocParams): the remote ranks' buffers, and whether
+  /// this call's pairs with them are direct.
+  char* xbuffers[kMaxXprocRemoteRanks][kNumBuffers];
+  int xdirect;
 };
+
+/// Thread 0: waits until every met location's board shows `target` or later in its `ended`
+/// (XprocBoard), or gives up (posted: false).
+__device__ __forceinline__ bool xproc_wait_ended(const CallParams& p, const XprocParams& x,
+                                                 WaitSite site, uint64_t target) {
+  site.wait = kWaitProcessEnd;
+  site.channel = -1;
+  for (uint32_t m = 0; m < x.nlocations; ++m) {
+    uint64_t* ended = &x.remote[m]->ended;
+    site.peer = static_cast<int32_t>(x.remote_slot[m]);
+    if (!p.bound.spin_until(site, [&] { return flag_reached(load_acquire_device(ended), target); }))
+      return false;
+  }
+  return true;
+}
+
+/// Thread 0 of CTA 0, and of every CTA with a peer in another process, of a launch that meets
+/// other processes' launches on its GPU: CTA 0 publishes (once the met launches of the previous
+/// meeting have ended: when that call was not direct nobody waited for them at its end, and one
+/// of their CTAs may still be reading this board), then each waits until every met location's
+/// launch of this call has started and copies that location's buffers into `staging`. Returns
+/// false when a wait gave up (posted); `*direct` says whether the call's pairs with other
+/// processes run direct: only when every location, this one included, published valid buffers
+/// for the same mode.
+__device__ __forceinline__ bool xproc_start(const CallParams& p, const XprocParams& x,
+                                            uint32_t index, uint64_t epoch, WaitSite site,
+                                            Staging& staging, bool* direct) {
+  if (index == 0) {
+    // This location's previous meeting ended before this launch started (stream order).
+    if (!xproc_wait_ended(p, x, site, load_acquire_device(&x.mine->ended))) return false;
+    for (uint32_t m = 0; m < x.nlocations; ++m) x.mine->pub[x.remote_slot[m]] = x.published[m];
+    store_release_device(&x.mine->started, epoch + 1);
+  }
+  bool ok = x.nlocations > 0;
+  for (uint32_t m = 0; m < x.nlocations; ++m) {
+    ok = ok && x.published[m].valid != 0 && x.published[m].direct_shift == p.direct_shift;
+    uint64_t* started = &x.remote[m]->started;
+    site.wait = kWaitProcessStart;
+    site.peer = static_cast<int32_t>(x.remote_slot[m]);
+    site.channel = -1;
+    if (!p.bound.spin_until(site, [&] { return flag_reached(load_acquire_device(started),
+                                                            epoch + 1); }))
+      return false;
+    const XprocPublication& pub = x.remote[m]->pub[x.my_slot];
+    ok = ok && pub.valid != 0 && pub.direct_shift == p.direct_shift;
+    for (uint32_t k = 0; k < x.remote_rank_count[m]; ++k)
+      for (int b = 0; b < kNumBuffers; ++b)
+        staging.xbuffers[x.remote_rank_begin[m] + k][b] = pub.buffers[k][b];
+  }
+  *direct = ok && p.direct_shift != kDirectOff;
+  return true;
+}
+
+/// Thread 0 of every CTA at the end of such a launch: counts this CTA as ended (the last one
+/// marks the launch ended); when the call ran direct, CTA 0 then waits (unless the CTA stopped:
+/// the call fails anyway) until the met locations' launches of this call have ended (the
+/// launch, and so the others' use of this location's buffers, ends only after that).
+__device__ __forceinline__ bool xproc_end(const CallParams& p, const XprocParams& x,
+                                          uint32_t index, uint64_t epoch, WaitSite site,
+                                          bool stopped, bool direct) {
+  const uint64_t before = cuda::atomic_ref<uint64_t, cuda::thread_scope_device>(x.mine->count)
+                              .fetch_add(1, cuda::memory_order_acq_rel);
+  if ((before + 1) % x.my_ctas == 0) store_release_device(&x.mine->ended, epoch + 1);
+  if (index != 0 || stopped || !direct) return true;
+  return xproc_wait_ended(p, x, site, epoch + 1);
+}
 
 /// Runs threadblock `index` of the call `p` on this CTA (every thread) and returns false when
 /// it stopped (timeout, abort or another CTA's failure; posted). `ranks`: the call's
@@ -99,7 +169,8 @@ struct Staging {
 /// count is per CTA (no atomic and no fence at the end).
 template <typename E, Reduction R, typename Protocol>
 __device__ __forceinline__ bool run_threadblock(const CallParams& p, const RankCallArgs* ranks,
-                                                uint32_t index, Staging& staging) {
+                                                uint32_t index, Staging& staging,
+                                                const XprocParams* xproc = nullptr) {
   using S = typename E::Storage;
   // Direct transfers (kernel_params.h, DirectBits): Simple only.
   constexpr bool kDirectCode = std::is_same_v<Protocol, ProtoSimple>;
@@ -130,6 +201,20 @@ __device__ __forceinline__ bool run_threadblock(const CallParams& p, const RankC
   Primitives<E, R, Protocol> prims(p.bound, ends, scalar);
 
   bool stopped = false;
+  // Pairs with ranks of other processes run direct only when the meeting says so (every op's
+  // remote pairs otherwise keep the slots, on both sides alike).
+  bool xdirect = false;
+  if (kDirectCode && xproc != nullptr && (index == 0 || tb.recv_local < -1 || tb.send_local < -1)) {
+    if (leader) {
+      bool direct = false;
+      const WaitSite site{tb.rank, tb.tb, -1, 0, kWaitNone, -1, -1};
+      stopped = !xproc_start(p, *xproc, index, epoch, site, staging, &direct);
+      staging.xdirect = stopped ? -1 : (direct ? 1 : 0);
+    }
+    __syncthreads();
+    stopped = staging.xdirect < 0;
+    xdirect = staging.xdirect > 0;
+  }
   // 32-bit loop counters: the host refuses 2^32 - 1 tiles per chunk or more (launch.cc), and a
   // valid op's count lies inside a buffer of at most ef::kMaxChunks chunks.
   const uint32_t iterations = static_cast<uint32_t>(p.iterations);
@@ -148,6 +233,10 @@ __device__ __forceinline__ bool run_threadblock(const CallParams& p, const RankC
         const uint32_t direct = (static_cast<uint32_t>(op.direct) >> p.direct_shift) & 15u;
         t.pop_mode = static_cast<uint8_t>(direct & kDirectPopMask);
         t.push_mode = static_cast<uint8_t>(direct >> kDirectPushShift);
+        if (!xdirect) {
+          if (tb.recv_local < -1) t.pop_mode = 0;
+          if (tb.send_local < -1) t.push_mode = 0;
+        }
       }
       uint64_t* const flag = p.flags + tb.flag_begin + i;
       bool published = false;
@@ -214,7 +303,9 @@ __device__ __forceinline__ bool run_threadblock(const CallParams& p, const RankC
           if constexpr (kDirectCode) {
             // The peer's tile of a direct transfer (its rank shares this launch).
             const auto peer_at = [&](int32_t local, uint8_t buffer, int32_t chunk) {
-              return ranks[local].buffers[buffer] +
+              char* base = local >= 0 ? ranks[local].buffers[buffer]
+                                      : staging.xbuffers[-2 - local][buffer];
+              return base +
                      (static_cast<uint64_t>(chunk + u) * p.chunk_elements + tile_begin) * sizeof(S);
             };
             if (t.pop_mode == kDirectPull)
@@ -240,6 +331,13 @@ __device__ __forceinline__ bool run_threadblock(const CallParams& p, const RankC
     }
   }
 
+  if (kDirectCode && xproc != nullptr) {
+    __syncthreads();  // every thread's last unit is done
+    if (leader) {
+      const WaitSite site{tb.rank, tb.tb, -1, iterations, kWaitNone, -1, -1};
+      if (!xproc_end(p, *xproc, index, epoch, site, stopped, xdirect)) stopped = true;
+    }
+  }
   if (leader) {
     prims.save_positions();
     p.epochs[index] = epoch + 1;

@@ -77,7 +77,8 @@ StatusOr<ProgramTables> build_program_tables(const ef::Program& p, const std::ve
                                              const ConnectionIndex& sends,
                                              const ConnectionIndex& recvs,
                                              const ef::PremulMap* outofplace,
-                                             const ef::PremulMap* inplace) {
+                                             const ef::PremulMap* inplace,
+                                             const std::vector<int>& remote_ranks) {
   ProgramTables t;
   // Counted before anything is built, so that no index below is truncated.
   uint64_t nthreadblocks = 0, nops = 0, ndeps = 0, noperands = 0;
@@ -99,15 +100,24 @@ StatusOr<ProgramTables> build_program_tables(const ef::Program& p, const std::ve
   if (nthreadblocks > static_cast<uint64_t>(std::numeric_limits<int>::max()))
     return Status::error("too many threadblocks for one launch");
 
-  // Direct transfers between this launch's ranks (ranks sharing the device), per call mode.
+  // Direct transfers between the ranks sharing the device (this launch's, and those of other
+  // processes whose launches it meets), per call mode.
   std::vector<bool> in_launch(p.ranks.size(), false);
   std::vector<int32_t> local_of(p.ranks.size(), -1);
   for (std::size_t li = 0; li < ranks.size(); ++li) {
     in_launch[static_cast<std::size_t>(ranks[li])] = true;
     local_of[static_cast<std::size_t>(ranks[li])] = static_cast<int32_t>(li);
   }
+  for (std::size_t j = 0; j < remote_ranks.size(); ++j) {
+    const auto r = static_cast<std::size_t>(remote_ranks[j]);
+    if (r >= p.ranks.size() || in_launch[r])
+      return Status::error("remote rank " + std::to_string(remote_ranks[j]) +
+                           " is out of range or runs in this launch");
+    in_launch[r] = true;
+    local_of[r] = -2 - static_cast<int32_t>(j);
+  }
   std::optional<ef::DirectMap> direct[2];  // out of place, in place
-  if (ranks.size() > 1) {
+  if (ranks.size() + remote_ranks.size() > 1) {
     if (p.outofplace) direct[0] = ef::analyze_direct(p, false, in_launch);
     if (p.inplace) direct[1] = ef::analyze_direct(p, true, in_launch);
   }
@@ -193,7 +203,7 @@ StatusOr<ProgramTables> build_program_tables(const ef::Program& p, const std::ve
               const int32_t local =
                   ref.rank >= 0 && static_cast<std::size_t>(ref.rank) < local_of.size()
                       ? local_of[static_cast<std::size_t>(ref.rank)]
-                      : -1;
+                      : -1;  // (a remote rank, < -1, is refused too)
               if (local < 0)
                 return Status::error(
                     "rank " + std::to_string(r) + " tb " + std::to_string(tbi) + " op " +

@@ -32,10 +32,14 @@ using ConnectionIndex = std::map<std::pair<int, int>, int>;
 /// The tables of the launch that serves `ranks` (global ranks, ascending; their local index is
 /// their position here). `sends`/`recvs`: where each threadblock's connection ends are;
 /// `outofplace`/`inplace`: the premul analysis of the modes the program allows (null for the
-/// others). Fails when a table index would not fit the kernel's 32-bit fields, and when an mrc
-/// names a rank that is not in `ranks` (mrc runs only on ranks that share the launch).
+/// others); `remote_ranks`: ranks of other processes on the launch's GPU whose launches it
+/// meets (XprocPlan), which direct transfers may address too (remote rank j is -2 - j in
+/// ThreadblockDesc::recv_local/send_local). Fails when a table index would not fit the
+/// kernel's 32-bit fields, and when an mrc names a rank that is not in `ranks` (mrc runs only
+/// on ranks that share the launch).
 StatusOr<ProgramTables> build_program_tables(
     const ef::Program& program, const std::vector<int>& ranks, const ConnectionIndex& sends,
-    const ConnectionIndex& recvs, const ef::PremulMap* outofplace, const ef::PremulMap* inplace);
+    const ConnectionIndex& recvs, const ef::PremulMap* outofplace, const ef::PremulMap* inplace,
+    const std::vector<int>& remote_ranks = {});
 
 }  // namespace efccl::device

@@ -34,6 +34,8 @@ enum WaitKind : uint32_t {
   kWaitData = 1,        ///< a filled slot (peer = sender)
   kWaitSlot = 2,        ///< a free slot (peer = receiver)
   kWaitDependency = 3,  ///< another op's flag (tb, op)
+  kWaitProcessStart = 4,  ///< another process's launch on the GPU to start (peer = its slot)
+  kWaitProcessEnd = 5,    ///< another process's launch on the GPU to end (peer = its slot)
 };
 
 /// Why a CTA stopped.

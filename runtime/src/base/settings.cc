@@ -60,6 +60,10 @@ bool resident_enabled() { return switch_setting("EFCCL_RESIDENT", false); }
 
 bool direct_enabled() { return switch_setting("EFCCL_DIRECT", true); }
 
+bool direct_between_processes_enabled() {
+  return direct_enabled() && switch_setting("EFCCL_DIRECT_PROCESSES", false);
+}
+
 uint32_t resident_ctas() {
   constexpr uint64_t kDefault = 16;
   return static_cast<uint32_t>(positive_integer("EFCCL_RESIDENT_CTAS", kDefault, 128, "CTAs"));

@@ -29,6 +29,13 @@ bool resident_enabled();
 /// transfers") and run allreduce in one pass over every rank's buffers (shared_gpu_allreduce);
 /// 0 keeps every transfer in the connections' slots and the rings.
 bool direct_enabled();
+/// EFCCL_DIRECT_PROCESSES: 1 lets ranks of different processes on one GPU move data directly
+/// between their registered buffers (ncclCommRegister) in calls of at least 2 MiB per rank
+/// buffer (docs/device-executor.md, "Direct transfers between processes on one GPU"); 0
+/// (default) keeps the slots between them. Off by default because the launches then meet at
+/// every such call, which made calls on unregistered buffers 4-21% slower (docs/performance.md).
+/// Every process of a job must set it alike (with EFCCL_DIRECT=1).
+bool direct_between_processes_enabled();
 /// EFCCL_RESIDENT_CTAS (default 16, 1..128): CTAs of each GPU's resident grid; calls whose
 /// threadblocks on a GPU need more are launched.
 uint32_t resident_ctas();

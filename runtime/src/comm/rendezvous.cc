@@ -233,8 +233,15 @@ std::map<int, std::shared_ptr<SharedRegistrations>> start_sharing(
       partners.push_back({p, static_cast<std::size_t>(p) < where.size()
                                  ? where[static_cast<std::size_t>(p)]
                                  : std::string()});
+    std::vector<std::size_t> client_partner;  // the partner in each client's process
+    for (int c : clients)
+      for (std::size_t i = 0; i < partner_ranks.size(); ++i)
+        if (table[static_cast<std::size_t>(partner_ranks[i])].process ==
+            table[static_cast<std::size_t>(c)].process)
+          client_partner.push_back(i);
     auto started = SharedRegistrations::start(m.boot, rank, m.device, std::move(partners),
-                                              std::move(clients), init_timeout());
+                                              std::move(clients), init_timeout(),
+                                              std::move(client_partner));
     if (!started) {
       EFCCL_WARN(m.device, "rank " + std::to_string(rank) +
                                ": buffers registered on this communicator will not be shared "
@@ -276,6 +283,7 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
     processes->leader.assign(n, 0);
     processes->where.assign(n, "");
     processes->host.assign(n, 0);
+    processes->gpu.assign(n, "");
     for (std::size_t rank = 0; rank < n; ++rank) {
       PeerInfo info;
       decode_info(r.table[rank], &info);  // checked by learn_table_locked
@@ -331,6 +339,15 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
           }
           check_shared_gpus(locations, member_ranks, devices);
           sharing = start_sharing(r, locations, processes->where);
+          for (std::size_t k = 0; k < locations.size(); ++k) processes->gpu[k] = gpu_key(locations[k]);
+          // Where another process reaches a local rank's registered buffer (direct transfers
+          // between processes on one GPU).
+          processes->translate = [sharing](int rank, const void* p, std::size_t bytes,
+                                           int reader) -> std::optional<uint64_t> {
+            auto it = sharing.find(rank);
+            if (it == sharing.end()) return std::nullopt;
+            return it->second->reader_address(p, bytes, reader);
+          };
           const std::set<int> leaders(processes->leader.begin(), processes->leader.end());
           status = exchanged_machine_graph(
               placements, *boots.front(), std::vector<int>(leaders.begin(), leaders.end()),

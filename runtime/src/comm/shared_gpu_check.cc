@@ -65,4 +65,9 @@ void ranks_sharing_gpu(const std::vector<RankLocation>& table, int rank, std::ve
   }
 }
 
+std::string gpu_key(const RankLocation& where) {
+  if (where.bus_id.empty()) return "";
+  return std::to_string(where.host) + "/" + where.bus_id;
+}
+
 }  // namespace efccl::runtime

@@ -30,5 +30,7 @@ int check_shared_gpus(const std::vector<RankLocation>& table, const std::vector<
 /// when the table does not know the rank's GPU.
 void ranks_sharing_gpu(const std::vector<RankLocation>& table, int rank, std::vector<int>* partners,
                        std::vector<int>* clients);
+/// A GPU's name for PeerProcesses::gpus: its host and bus id ("" when the bus id is unknown).
+std::string gpu_key(const RankLocation& where);
 
 }  // namespace efccl::runtime

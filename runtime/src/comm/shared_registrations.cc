@@ -188,10 +188,14 @@ class IpcImports {
 
 StatusOr<std::unique_ptr<SharedRegistrations>> SharedRegistrations::start(
     std::shared_ptr<net::Bootstrap> boot, int rank, int device, std::vector<GpuPartner> partners,
-    std::vector<int> clients, std::chrono::milliseconds timeout) {
+    std::vector<int> clients, std::chrono::milliseconds timeout,
+    std::vector<std::size_t> client_partner) {
   if (boot == nullptr) return Status::error("shared registrations need the rank's bootstrap");
-  std::unique_ptr<SharedRegistrations> s(new SharedRegistrations(
-      std::move(boot), rank, device, std::move(partners), std::move(clients), timeout));
+  if (!client_partner.empty() && client_partner.size() != clients.size())
+    return Status::error("shared registrations: one partner per client, or none");
+  std::unique_ptr<SharedRegistrations> s(
+      new SharedRegistrations(std::move(boot), rank, device, std::move(partners),
+                              std::move(clients), timeout, std::move(client_partner)));
   if (!s->clients_.empty()) {
     try {
       s->service_ = std::thread([p = s.get()] { p->serve(); });
@@ -204,12 +208,14 @@ StatusOr<std::unique_ptr<SharedRegistrations>> SharedRegistrations::start(
 
 SharedRegistrations::SharedRegistrations(std::shared_ptr<net::Bootstrap> boot, int rank,
                                          int device, std::vector<GpuPartner> partners,
-                                         std::vector<int> clients, Millis timeout)
+                                         std::vector<int> clients, Millis timeout,
+                                         std::vector<std::size_t> client_partner)
     : boot_(std::move(boot)),
       rank_(rank),
       device_(device),
       partners_(std::move(partners)),
       clients_(std::move(clients)),
+      client_partner_(std::move(client_partner)),
       timeout_(timeout),
       partner_stopped_(partners_.size(), false) {}
 
@@ -454,6 +460,13 @@ std::optional<uint64_t> SharedRegistrations::partner_address(const void* p, std:
     if (partner >= reg.partner_base.size()) return std::nullopt;
     return reg.partner_base[partner] + static_cast<uint64_t>(c - reg.begin);
   }
+  return std::nullopt;
+}
+
+std::optional<uint64_t> SharedRegistrations::reader_address(const void* p, std::size_t bytes,
+                                                            int reader) const {
+  for (std::size_t i = 0; i < clients_.size() && i < client_partner_.size(); ++i)
+    if (clients_[i] == reader) return partner_address(p, bytes, client_partner_[i]);
   return std::nullopt;
 }
 

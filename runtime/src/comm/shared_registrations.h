@@ -52,10 +52,12 @@ class SharedRegistrations {
  public:
   /// Starts the service of `rank` (on CUDA device `device`) over `boot`. `partners`: one rank
   /// of each other process on the GPU, whom this rank asks; `clients`: every rank of other
-  /// processes on the GPU, whose requests the service answers. `timeout` bounds each exchange.
+  /// processes on the GPU, whose requests the service answers, with (`client_partner`, empty
+  /// or one per client) the index of its process's partner. `timeout` bounds each exchange.
   static StatusOr<std::unique_ptr<SharedRegistrations>> start(
       std::shared_ptr<net::Bootstrap> boot, int rank, int device, std::vector<GpuPartner> partners,
-      std::vector<int> clients, std::chrono::milliseconds timeout);
+      std::vector<int> clients, std::chrono::milliseconds timeout,
+      std::vector<std::size_t> client_partner = {});
   ~SharedRegistrations();
   SharedRegistrations(const SharedRegistrations&) = delete;
   SharedRegistrations& operator=(const SharedRegistrations&) = delete;
@@ -72,6 +74,8 @@ class SharedRegistrations {
   std::optional<uint64_t> partner_address(const void* p, std::size_t bytes,
                                           std::size_t partner) const;
   std::size_t partner_count() const { return partners_.size(); }
+  /// partner_address for the process of rank `reader` (one of the clients given to start()).
+  std::optional<uint64_t> reader_address(const void* p, std::size_t bytes, int reader) const;
   /// Mappings the service holds for other processes' registrations (tests).
   std::size_t imported() const;
   /// Unshares every registration (abort: without waiting for answers), stops the service and
@@ -89,7 +93,7 @@ class SharedRegistrations {
   };
   SharedRegistrations(std::shared_ptr<net::Bootstrap> boot, int rank, int device,
                       std::vector<GpuPartner> partners, std::vector<int> clients,
-                      std::chrono::milliseconds timeout);
+                      std::chrono::milliseconds timeout, std::vector<std::size_t> client_partner);
   void serve();
   std::string answer(int from, const std::string& bytes);
   /// Waits for partner `i`'s answer to (kind, id); a kStopped notice from it counts as a close.
@@ -100,6 +104,7 @@ class SharedRegistrations {
   const int rank_, device_;
   const std::vector<GpuPartner> partners_;
   const std::vector<int> clients_;
+  const std::vector<std::size_t> client_partner_;
   const std::chrono::milliseconds timeout_;
   std::atomic<bool> stopping_{false};
   std::thread service_;

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <set>
 
+#include "base/settings.h"
 #include "efccl/common/hash.h"
 #include "efccl/common/log.h"
 #include "efccl/ef/json_io.h"
@@ -160,7 +161,20 @@ std::unique_ptr<device::PeerProcesses> ExecutorStore::peers_for(const std::vecto
     peers->local.push_back(pm.local[static_cast<std::size_t>(r)]);
     peers->location.push_back(pm.location[static_cast<std::size_t>(r)]);
   }
-  peers->fingerprint = key;
+  // Direct transfers between processes on one GPU: every process must decide alike, so the
+  // setting is part of what their fingerprints compare.
+  peers->direct = direct_between_processes_enabled();
+  if (pm.gpu.size() == pm.local.size())
+    for (int32_t r : ranks) peers->gpus.push_back(pm.gpu[static_cast<std::size_t>(r)]);
+  if (pm.translate)  // program ranks -> communicator ranks
+    peers->translate = [t = pm.translate, ranks](int rank, const void* p, std::size_t bytes,
+                                                 int reader) -> std::optional<uint64_t> {
+      const auto n = static_cast<int>(ranks.size());
+      if (rank < 0 || rank >= n || reader < 0 || reader >= n) return std::nullopt;
+      return t(ranks[static_cast<std::size_t>(rank)], p, bytes,
+               ranks[static_cast<std::size_t>(reader)]);
+    };
+  peers->fingerprint = key + (peers->direct ? " direct-between-processes" : "");
   std::shared_ptr<net::Bootstrap> boot = pm.bootstraps.front();
   const std::vector<int> subset(leaders.begin(), leaders.end());
   std::vector<int32_t> rank_leader;

@@ -2,8 +2,11 @@
 // the clique of one process sees them (built from the bootstrap's table in comm/rendezvous.cc).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -22,6 +25,12 @@ struct ProcessMap {
   /// different hosts are joined by network connections (launch/network_links.h).
   std::vector<uint64_t> host;
   std::vector<std::string> where;  ///< per rank: "host pid N GPU d bus" for messages
+  /// Per rank: its GPU (host and bus id; "" unknown): PeerProcesses::gpus.
+  std::vector<std::string> gpu;
+  /// Where the process of rank `reader` reaches [p, p + bytes) of local rank `rank`'s memory
+  /// (a registered buffer it mapped: comm/shared_registrations.h), or nothing.
+  std::function<std::optional<uint64_t>(int rank, const void* p, std::size_t bytes, int reader)>
+      translate;
   /// The bootstraps of this process's ranks; the first is the leader's (exchanges go there).
   std::vector<std::shared_ptr<net::Bootstrap>> bootstraps;
 

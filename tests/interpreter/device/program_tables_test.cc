@@ -153,6 +153,27 @@ TEST(ProgramTables, DirectModesAndPeersOfRanksSharingTheLaunch) {
   EXPECT_EQ(alone->threadblocks[0].recv_local, -1);
 }
 
+TEST(ProgramTables, DirectModesWithARankOfAnotherProcessOnTheGpu) {
+  // Rank 0 alone in this launch, rank 1 in another process's launch on the same GPU (remote
+  // rank 0 of the meeting): the same modes as one launch, and the peer as -2 - j.
+  ef::Program p = exchange_program();
+  p.outofplace = true;
+  p.inplace = false;
+  auto met = build_program_tables(p, {0}, {{{0, 0}, 0}}, {{{0, 0}, 0}}, nullptr, nullptr, {1});
+  ASSERT_TRUE(met.is_ok()) << met.status().message();
+  EXPECT_EQ(met->ops[0].direct, kDirectPush << kDirectPushShift << kDirectShiftOutOfPlace);
+  EXPECT_EQ(met->threadblocks[0].send_local, -2);
+  EXPECT_EQ(met->threadblocks[0].recv_local, -2);
+  EXPECT_EQ(met->threadblocks[1].send_local, -1);
+  // The other side, in its process: its recv finds the value pushed into its output.
+  auto other = build_program_tables(p, {1}, {{{1, 0}, 0}}, {{{1, 0}, 0}}, nullptr, nullptr, {0});
+  ASSERT_TRUE(other.is_ok()) << other.status().message();
+  EXPECT_EQ(other->ops[1].direct, kDirectPushed << kDirectShiftOutOfPlace);
+  // A remote rank that runs in the launch, or out of range, is refused.
+  EXPECT_FALSE(build_program_tables(p, {0}, {{{0, 0}, 0}}, {{{0, 0}, 0}}, nullptr, nullptr, {0}));
+  EXPECT_FALSE(build_program_tables(p, {0}, {{{0, 0}, 0}}, {{{0, 0}, 0}}, nullptr, nullptr, {2}));
+}
+
 TEST(ProgramTables, MultiRankOpsListTheirOperandsByLocalRank) {
   // Two ranks, each reducing its chunk of both inputs into both outputs (mrc).
   const ef::Program p = ef::test_builders::mrc_allreduce(2);

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -136,7 +137,25 @@ struct PeerProcesses {
   /// and returns their memory. Called once, inside create(), after `exchange`, by every process
   /// that runs such an end (each with its own ends); required when `hosts` makes any.
   std::function<StatusOr<NetworkEnds>(const std::vector<NetworkEndRequest>& ends)> connect_network;
+  /// Direct transfers between processes on one GPU (docs/device-executor.md): per rank, its GPU
+  /// (equal non-empty strings: the same GPU; empty: unknown); `direct` lets ranks of different
+  /// processes on one GPU move data directly where the program allows, when every buffer of a
+  /// call can be reached from the other processes (`translate`). Every process must pass the
+  /// same vector and flag (the fingerprint should say the flag).
+  std::vector<std::string> gpus;
+  bool direct = false;
+  /// Where the process of rank `reader` reaches [p, p + bytes) of local rank `rank`'s memory
+  /// (a registered buffer that process mapped), or nothing. Called at calls of at least
+  /// kXprocMinBytes per rank buffer.
+  std::function<std::optional<uint64_t>(int rank, const void* p, std::size_t bytes, int reader)>
+      translate;
 };
+
+/// Calls whose `count` elements per rank buffer take fewer bytes keep the slots between ranks
+/// of different processes on one GPU (their launches then need not meet). Two processes on an
+/// H200 under MPS (docs/performance.md): direct was slower than the slots up to 1 MiB and
+/// faster from 4 MiB.
+inline constexpr std::size_t kXprocMinBytes = std::size_t{2} << 20;
 
 /// One call, as the NCCL API describes it.
 struct RunArgs {
