@@ -73,6 +73,7 @@ Rank join(int proc, const ncclUniqueId& id) {
 
 TEST(SharedRegistrations, RegisteredBuffersAreMappedInTheOtherProcessUntilDeregistered) {
   Job job;
+  job.env = {"EFCCL_DIRECT_PROCESSES=1"};  // the mappings' only user
   job.body = [](int proc, const ncclUniqueId& id) {
     if (gpus_in_child() < 1) return kSkip;
     Rank r = join(proc, id);
@@ -137,6 +138,7 @@ TEST(SharedRegistrations, RegisteredBuffersAreMappedInTheOtherProcessUntilDeregi
 
 TEST(SharedRegistrations, MemoryWithoutALegacyIpcHandleStaysLocal) {
   Job job;
+  job.env = {"EFCCL_DIRECT_PROCESSES=1"};  // the mappings' only user
   job.body = [](int proc, const ncclUniqueId& id) {
     if (gpus_in_child() < 1) return kSkip;
     Rank r = join(proc, id);
@@ -168,6 +170,7 @@ TEST(SharedRegistrations, MemoryWithoutALegacyIpcHandleStaysLocal) {
 
 TEST(SharedRegistrations, DestroyUnmapsWhatIsStillRegisteredInTheOtherProcess) {
   Job job;
+  job.env = {"EFCCL_DIRECT_PROCESSES=1"};  // the mappings' only user
   job.body = [](int proc, const ncclUniqueId& id) {
     if (gpus_in_child() < 1) return kSkip;
     Rank a = join(proc, id);
@@ -228,11 +231,15 @@ float value(int r, std::size_t i) { return static_cast<float>((r + 1) * static_c
 /// least kXprocMinBytes per rank (so that the processes' launches meet), registered or not:
 /// the results must be exact either way (registered: direct transfers between the processes;
 /// not: the connections' slots).
-int collectives_between_processes(int proc, int nprocs, const ncclUniqueId& id, bool registered) {
+int collectives_between_processes(int proc, int nprocs, const ncclUniqueId& id, bool registered,
+                                  bool direct) {
   if (gpus_in_child() < 1) return kSkip;
   CHILD_CUDA(cudaSetDevice(0));
   ncclComm_t comm = nullptr;
   CHILD_NCCL(ncclCommInitRank(&comm, nprocs, id, proc));
+  // Registrations are mapped into the other processes only for direct transfers between them.
+  CHILD_CHECK((comm->shared_registrations != nullptr) == direct, "shared registrations: %s",
+              comm->shared_registrations != nullptr ? "started" : "none");
   cudaStream_t stream = nullptr;
   CHILD_CUDA(cudaStreamCreate(&stream));
   constexpr std::size_t kCount = std::size_t{1} << 18;  // 1 MiB of floats per rank buffer
@@ -316,8 +323,8 @@ TEST(SharedRegistrations, CollectivesOfTwoProcessesOnOneGpuAreExactWithRegistere
                  (direct ? ", EFCCL_DIRECT_PROCESSES=1" : ", default"));
     Job job;
     if (direct) job.env = {"EFCCL_DIRECT_PROCESSES=1"};
-    job.body = [registered = registered](int proc, const ncclUniqueId& id) {
-      return collectives_between_processes(proc, 2, id, registered);
+    job.body = [registered = registered, direct = direct](int proc, const ncclUniqueId& id) {
+      return collectives_between_processes(proc, 2, id, registered, direct);
     };
     EXPECT_JOB_PASSED(run_job(job));
   }
@@ -328,7 +335,7 @@ TEST(SharedRegistrations, CollectivesOfThreeProcessesOnOneGpuAreExactWithRegiste
   job.nprocs = 3;
   job.env = {"EFCCL_DIRECT_PROCESSES=1"};
   job.body = [](int proc, const ncclUniqueId& id) {
-    return collectives_between_processes(proc, 3, id, true);
+    return collectives_between_processes(proc, 3, id, true, true);
   };
   EXPECT_JOB_PASSED(run_job(job));
 }

@@ -224,6 +224,8 @@ std::map<int, std::shared_ptr<SharedRegistrations>> start_sharing(
     const Rendezvous& r, const std::vector<RankLocation>& table,
     const std::vector<std::string>& where) {
   std::map<int, std::shared_ptr<SharedRegistrations>> out;
+  // Only direct transfers between processes use the mappings (EFCCL_DIRECT_PROCESSES=1).
+  if (!direct_between_processes_enabled()) return out;
   for (const auto& [rank, m] : r.members) {
     std::vector<int> partner_ranks, clients;
     ranks_sharing_gpu(table, rank, &partner_ranks, &clients);

@@ -8,7 +8,8 @@
 // unmapping itself then happens on a thread of that process, because cudaIpcCloseMemHandle
 // waits for every kernel running in the process, which may be waiting for this one.)
 //
-// Per rank with such partners, a SharedRegistrations:
+// Per rank with such partners, when direct transfers between processes are on
+// (EFCCL_DIRECT_PROCESSES=1, the only user of the mappings), a SharedRegistrations:
 //  * shares its registrations: it exports the IPC handle of the allocation holding the buffer
 //    and asks one rank of every other process on the GPU (its partner there) to map it; each
 //    answers where the allocation lies in its address space, which this rank keeps (the buffer
