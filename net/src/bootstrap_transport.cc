@@ -220,6 +220,18 @@ Status BootstrapTransport::connect(int peer, int shown, Deadline deadline,
   return conn ? Status::ok() : conn.status();
 }
 
+Status BootstrapTransport::mail_wait_ended(const std::string& what, Clock::time_point begin,
+                                           const Deadline& deadline,
+                                           const std::atomic<bool>* abort) const {
+  if (!broken_.empty()) return Status::error("waiting for " + what + ": " + broken_);
+  if (stopping_) return Status::error("the bootstrap was closed while waiting for " + what);
+  if (aborted(abort)) return Status::error("aborted while waiting for " + what);
+  if (deadline.expired())
+    return Status::error("timed out after " + std::to_string(ms_between(begin, deadline.when())) +
+                         " ms waiting for " + what);
+  return Status::ok();
+}
+
 StatusOr<std::string> BootstrapTransport::recv(int peer, int shown, uint64_t space, uint64_t tag,
                                                Deadline deadline, const std::atomic<bool>* abort) {
   const Clock::time_point begin = Clock::now();
@@ -242,12 +254,7 @@ StatusOr<std::string> BootstrapTransport::recv(int peer, int shown, uint64_t spa
         return Status::error("waiting for " + what + ": rank " + std::to_string(shown) +
                              " closed its bootstrap (left) without sending it");
     }
-    if (!broken_.empty()) return Status::error("waiting for " + what + ": " + broken_);
-    if (stopping_) return Status::error("the bootstrap was closed while waiting for " + what);
-    if (aborted(abort)) return Status::error("aborted while waiting for " + what);
-    if (deadline.expired())
-      return Status::error("timed out after " + std::to_string(ms_between(begin, deadline.when())) +
-                           " ms waiting for " + what);
+    if (Status s = mail_wait_ended(what, begin, deadline, abort); !s) return s;
     cv_.wait_until(lock, slice_end(deadline));
   }
 }
@@ -268,12 +275,7 @@ StatusOr<std::pair<std::size_t, std::string>> BootstrapTransport::recv_any(
     }
     const std::string what = "a message with tag " + hex(tag) + " from any of " +
                              std::to_string(peers.size()) + " ranks";
-    if (!broken_.empty()) return Status::error("waiting for " + what + ": " + broken_);
-    if (stopping_) return Status::error("the bootstrap was closed while waiting for " + what);
-    if (aborted(abort)) return Status::error("aborted while waiting for " + what);
-    if (deadline.expired())
-      return Status::error("timed out after " + std::to_string(ms_between(begin, deadline.when())) +
-                           " ms waiting for " + what);
+    if (Status s = mail_wait_ended(what, begin, deadline, abort); !s) return s;
     cv_.wait_until(lock, slice_end(deadline));
   }
 }

@@ -122,6 +122,9 @@ class BootstrapTransport : public std::enable_shared_from_this<BootstrapTranspor
                                                                Deadline deadline,
                                                                const std::atomic<bool>* abort);
   void deliver(uint64_t space, int from, uint64_t tag, std::string payload);
+  /// A mailbox wait (under mu_) must end: why (broken, closed, aborted, deadline), else ok.
+  Status mail_wait_ended(const std::string& what, Clock::time_point begin,
+                         const Deadline& deadline, const std::atomic<bool>* abort) const;
   void apply(RootLink::Update& update);
   void fail_rendezvous(const std::string& why);
   void accept_all();
