@@ -276,6 +276,63 @@ CallShape shape(ef::Collective c, int n, uint64_t count, bool inplace = false,
   return s;
 }
 
+TEST(RuntimePrograms, RingsOnGpusSharedBetweenProcessesTake128CtasPerGpu) {
+  const HostLayout one_host;
+  constexpr uint64_t kMiB = 1 << 20;
+  // Two ranks per GPU: 64 CTAs each (32 instances x 2 lanes) from 4 MiB, for the three rings.
+  for (ef::Collective c :
+       {ef::Collective::kAllReduce, ef::Collective::kAllGather, ef::Collective::kReduceScatter}) {
+    for (uint64_t bytes : {4 * kMiB, 64 * kMiB, 1024 * kMiB}) {
+      const BuiltinChoice shared = choose_builtin(c, 2, bytes, one_host, false, 2);
+      EXPECT_EQ(shared.algorithm.rfind("ring_", 0), 0u) << ef::to_string(c);
+      EXPECT_EQ(shared.instances, 32) << ef::to_string(c) << " " << bytes;
+      EXPECT_EQ(shared.channels, 2) << ef::to_string(c) << " " << bytes;
+      EXPECT_NE(shared.why.find("several processes"), std::string::npos) << shared.why;
+    }
+    // Below 4 MiB, GPUs not shared (0), or in one launch (mrc programs): as before.
+    for (auto [bytes, per_gpu, launch] : std::vector<std::tuple<uint64_t, int32_t, bool>>{
+             {1 * kMiB, 2, false}, {64 * kMiB, 0, false}, {64 * kMiB, 2, true}}) {
+      const BuiltinChoice a = choose_builtin(c, 2, bytes, one_host, launch, per_gpu);
+      const BuiltinChoice b = choose_builtin(c, 2, bytes, one_host, launch);
+      EXPECT_EQ(a.algorithm, b.algorithm);
+      EXPECT_EQ(a.instances, b.instances);
+      EXPECT_EQ(a.channels, b.channels);
+    }
+  }
+  // Four ranks per GPU already have 32 CTAs each at 64 MiB; 3 get no more lanes than one.
+  const BuiltinChoice four = choose_builtin(ef::Collective::kAllReduce, 4, 64 * kMiB, one_host, false, 4);
+  EXPECT_EQ(four.instances * four.channels, 32);
+  const BuiltinChoice three = choose_builtin(ef::Collective::kAllReduce, 3, 64 * kMiB, one_host, false, 3);
+  EXPECT_EQ(three.channels, 1);
+  // Other algorithms (broadcast's ring, alltoall) and hosts > 1 are left alone.
+  for (ef::Collective c : {ef::Collective::kBroadcast, ef::Collective::kAllToAll})
+    EXPECT_EQ(choose_builtin(c, 2, 64 * kMiB, one_host, false, 2).channels,
+              choose_builtin(c, 2, 64 * kMiB, one_host, false).channels);
+
+  // Through the registry: the 2-lane rings cover every count (per-block collectives drop
+  // instances, then the lanes, until the count divides) and verify.
+  ProgramRegistry registry({}, ProtocolFilter{});
+  registry.set_ranks_per_shared_gpu(2);
+  for (ef::Collective c :
+       {ef::Collective::kAllReduce, ef::Collective::kAllGather, ef::Collective::kReduceScatter}) {
+    for (uint64_t count : {uint64_t{1} << 20, (uint64_t{1} << 20) + 1, (uint64_t{1} << 20) + 32,
+                           uint64_t{3} << 20}) {
+      SCOPED_TRACE(std::string(ef::to_string(c)) + " count " + std::to_string(count));
+      auto plan = registry.select(shape(c, 2, count, false));
+      ASSERT_TRUE(plan) << plan.status().message();
+      uint64_t covered = 0;
+      for (const PlanPiece& p : plan->pieces) {
+        EXPECT_EQ(p.offset, covered);
+        covered += p.count;
+        EXPECT_EQ(p.count % ef::count_granularity(*p.program), 0u) << p.program->name;
+      }
+      EXPECT_EQ(covered, count) << plan->reason;
+      if (count == (uint64_t{1} << 20))
+        EXPECT_EQ(plan->pieces.front().program->nchannels, 64) << plan->reason;
+    }
+  }
+}
+
 TEST(RuntimePrograms, BuiltinPlansRunEveryCount) {
   ProgramRegistry registry({}, ProtocolFilter{});
   for (auto c : {ef::Collective::kAllReduce, ef::Collective::kAllGather, ef::Collective::kReduceScatter,

@@ -13,6 +13,9 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
 #include <cstdint>
 #include <functional>
 #include <thread>
@@ -21,6 +24,8 @@
 
 #include "comm/communicator.h"
 #include "comm/shared_registrations.h"
+#include "efccl/algorithms/algorithm_library.h"
+#include "efccl/ef/json_io.h"
 #include "forked_job.h"
 
 namespace {
@@ -232,7 +237,7 @@ float value(int r, std::size_t i) { return static_cast<float>((r + 1) * static_c
 /// the results must be exact either way (registered: direct transfers between the processes;
 /// not: the connections' slots).
 int collectives_between_processes(int proc, int nprocs, const ncclUniqueId& id, bool registered,
-                                  bool direct) {
+                                  bool direct, std::size_t count = std::size_t{1} << 18) {
   if (gpus_in_child() < 1) return kSkip;
   CHILD_CUDA(cudaSetDevice(0));
   ncclComm_t comm = nullptr;
@@ -242,7 +247,7 @@ int collectives_between_processes(int proc, int nprocs, const ncclUniqueId& id, 
               comm->shared_registrations != nullptr ? "started" : "none");
   cudaStream_t stream = nullptr;
   CHILD_CUDA(cudaStreamCreate(&stream));
-  constexpr std::size_t kCount = std::size_t{1} << 18;  // 1 MiB of floats per rank buffer
+  const std::size_t kCount = count;  // default: 1 MiB of floats per rank buffer
   const std::size_t big = kCount * static_cast<std::size_t>(nprocs);
   float* send = nullptr;
   float* recv = nullptr;
@@ -338,6 +343,86 @@ TEST(SharedRegistrations, CollectivesOfThreeProcessesOnOneGpuAreExactWithRegiste
     return collectives_between_processes(proc, 3, id, true, true);
   };
   EXPECT_JOB_PASSED(run_job(job));
+}
+
+TEST(SharedRegistrations, CollectivesOfTwoProcessesOnOneGpuAreExactWithTheWiderRings) {
+  // 16 MiB per rank buffer: the tuning table gives the rings of two processes sharing a GPU 64
+  // CTAs per rank (2 lanes per instance; select/tuning.h), directly between registered
+  // buffers and through the slots.
+  for (const bool direct : {true, false}) {
+    SCOPED_TRACE(direct ? "EFCCL_DIRECT_PROCESSES=1" : "default");
+    Job job;
+    if (direct) job.env = {"EFCCL_DIRECT_PROCESSES=1"};
+    job.body = [direct](int proc, const ncclUniqueId& id) {
+      return collectives_between_processes(proc, 2, id, true, direct, std::size_t{1} << 22);
+    };
+    EXPECT_JOB_PASSED(run_job(job));
+  }
+}
+
+/// An allreduce of 4 MiB per rank, registered, in and out of place, through the program the
+/// job's EFCCL_ALGO_FILES names: exact.
+int allreduce_through_user_program(int proc, int nprocs, const ncclUniqueId& id) {
+  if (gpus_in_child() < 1) return kSkip;
+  CHILD_CUDA(cudaSetDevice(0));
+  ncclComm_t comm = nullptr;
+  CHILD_NCCL(ncclCommInitRank(&comm, nprocs, id, proc));
+  cudaStream_t stream = nullptr;
+  CHILD_CUDA(cudaStreamCreate(&stream));
+  constexpr std::size_t kCount = std::size_t{1} << 20;
+  float* send = nullptr;
+  float* recv = nullptr;
+  CHILD_CUDA(cudaMalloc(&send, kCount * sizeof(float)));
+  CHILD_CUDA(cudaMalloc(&recv, kCount * sizeof(float)));
+  void* hs = nullptr;
+  void* hr = nullptr;
+  CHILD_NCCL(ncclCommRegister(comm, send, kCount * sizeof(float), &hs));
+  CHILD_NCCL(ncclCommRegister(comm, recv, kCount * sizeof(float), &hr));
+  std::vector<float> host(kCount);
+  const float total = static_cast<float>(nprocs * (nprocs + 1) / 2);
+  for (const bool inplace : {false, true}) {
+    for (std::size_t i = 0; i < kCount; ++i) host[i] = value(proc, i);
+    float* in = inplace ? recv : send;
+    CHILD_CUDA(cudaMemcpy(in, host.data(), kCount * sizeof(float), cudaMemcpyHostToDevice));
+    CHILD_NCCL(ncclAllReduce(in, recv, kCount, ncclFloat, ncclSum, comm, stream));
+    CHILD_CUDA(cudaStreamSynchronize(stream));
+    CHILD_CUDA(cudaMemcpy(host.data(), recv, kCount * sizeof(float), cudaMemcpyDeviceToHost));
+    for (std::size_t i = 0; i < kCount; ++i)
+      CHILD_CHECK(host[i] == total * static_cast<float>(i % 7 + 1),
+                  "allreduce (%s): element %zu is %g", inplace ? "in place" : "out of place", i,
+                  host[i]);
+  }
+  CHILD_NCCL(ncclCommDeregister(comm, hs));
+  CHILD_NCCL(ncclCommDeregister(comm, hr));
+  CHILD_NCCL(ncclCommDestroy(comm));
+  CHILD_CUDA(cudaFree(send));
+  CHILD_CUDA(cudaFree(recv));
+  return 0;
+}
+
+TEST(SharedRegistrations, LaunchesOfFourProcessesOnOneGpuFitTogether) {
+  // All-pairs with 16 instances: 96 threadblocks per rank, 384 on the GPU. Every process's
+  // launch waits for the others' (they meet: EFCCL_DIRECT_PROCESSES=1, registered buffers), so
+  // all four must be co-resident; each process counts the others' threadblocks when it sizes
+  // its CTAs. Before it did, on an H200 under MPS the fourth launch never started and the
+  // other three timed out (2026-11-28).
+  efccl::algorithms::AlgorithmParams params;
+  params.ranks = 4;
+  params.instances = 16;
+  auto p = efccl::algorithms::generate_algorithm("allpairs_allreduce", params);
+  ASSERT_TRUE(p) << p.status().message();
+  p->min_bytes = 0;
+  p->max_bytes.reset();  // every size
+  const std::string file = "/tmp/efccl_four_processes_" + std::to_string(getpid()) + ".json";
+  std::ofstream(file) << efccl::ef::save_json(*p);
+  Job job;
+  job.nprocs = 4;
+  job.env = {"EFCCL_DIRECT_PROCESSES=1", "EFCCL_ALGO_FILES=" + file, "EFCCL_TIMEOUT_MS=60000"};
+  job.body = [](int proc, const ncclUniqueId& id) {
+    return allreduce_through_user_program(proc, 4, id);
+  };
+  EXPECT_JOB_PASSED(run_job(job));
+  std::remove(file.c_str());
 }
 
 }  // namespace

@@ -56,11 +56,23 @@ Status DeviceExecutor::Impl::launch_fused_parts(
     threads = std::min(threads, part->threads);
     widest = std::max(widest, call->executor->impl_->locals[part->device_index].nblocks);
   }
+  // Where ranks of other processes share the GPU, their launches of the same calls must be
+  // co-resident with this one: it takes the share of the GPU its own threadblocks have among
+  // all of theirs (LocalDevice::gpu_nblocks; the processes run the same programs).
+  const auto own_share = [&parts](int c) {
+    int64_t share = c;
+    for (const auto& [call, part] : parts) {
+      const LocalDevice& local = call->executor->impl_->locals[part->device_index];
+      share = std::min<int64_t>(share, static_cast<int64_t>(c) * local.nblocks /
+                                           std::max<uint32_t>(local.gpu_nblocks, 1));
+    }
+    return static_cast<int>(share);
+  };
   int capacity = 0;
   for (; threads >= 64; threads /= 2) {
     auto c = fused_capacity(device, sm_count, dtype, reduction, threads);
     if (!c) return c.status();
-    capacity = *c;
+    capacity = own_share(*c);
     if (static_cast<uint32_t>(capacity) >= widest) break;
   }
   // Direct transfers read and write other ranks' buffers until the call's last CTA ends, and a

@@ -430,6 +430,14 @@ Status DeviceExecutor::Impl::build_device(LocalDevice& local, const ef::PremulMa
     return Status::error("device " + std::to_string(local.device) + ": " +
                          tables.status().message());
   local.nblocks = static_cast<uint32_t>(tables->threadblocks.size());
+  local.gpu_nblocks = local.nblocks;
+  if (!gpus.empty() && !gpus[static_cast<std::size_t>(local.ranks.front())].empty()) {
+    // Ranks of other processes on this GPU run the same program in launches of their own.
+    const std::string& gpu = gpus[static_cast<std::size_t>(local.ranks.front())];
+    for (std::size_t r = 0; r < gpus.size(); ++r)
+      if (!local_rank[r] && gpus[r] == gpu)
+        local.gpu_nblocks += static_cast<uint32_t>(program.ranks[r].threadblocks.size());
+  }
   local.ndivide_segments = static_cast<uint32_t>(tables->divide_segments.size());
   local.largest_divide_chunks = tables->largest_divide_chunks;
   local.multi_ops = !tables->operands.empty();

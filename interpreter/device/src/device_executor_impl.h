@@ -31,6 +31,10 @@ struct LocalDevice {
   int sm_count = 0;
   std::vector<int> ranks;  ///< global ranks served by this device's launch, ascending
   uint32_t nblocks = 0;
+  /// The threadblocks of every rank of the program on this device's GPU: this launch's and,
+  /// where ranks of other processes share the GPU (PeerProcesses::gpus), theirs, whose
+  /// launches must be co-resident with this one (their CTAs wait on each other's). >= nblocks.
+  uint32_t gpu_nblocks = 0;
   DeviceBuffer threadblocks, ops, deps, operands, flags, sends, recvs, state, epochs;
   DeviceBuffer divide_segments;  ///< integer avg's result regions (DivideSegment)
   uint32_t ndivide_segments = 0;

@@ -53,7 +53,7 @@ Status DeviceExecutor::Impl::choose_threads(LocalDevice& local, int dtype, int r
                         "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
       local.max_blocks_seen[dtype][reduction] =
           std::max(local.max_blocks_seen[dtype][reduction], per_sm * local.sm_count);
-      if (static_cast<int64_t>(per_sm) * local.sm_count >= static_cast<int64_t>(local.nblocks)) {
+      if (static_cast<int64_t>(per_sm) * local.sm_count >= static_cast<int64_t>(local.gpu_nblocks)) {
         chosen = t;
         break;
       }
@@ -61,9 +61,14 @@ Status DeviceExecutor::Impl::choose_threads(LocalDevice& local, int dtype, int r
   }
   if (chosen < 0)
     return Status::error(
-        "device " + std::to_string(local.device) + " must run " + std::to_string(local.nblocks) +
-        " threadblocks at once (the interpreter's CTAs wait on each other), but at most " +
-        std::to_string(local.max_blocks_seen[dtype][reduction]) +
+        "device " + std::to_string(local.device) + " must run " +
+        std::to_string(local.gpu_nblocks) +
+        " threadblocks at once (the interpreter's CTAs wait on each other" +
+        (local.gpu_nblocks > local.nblocks
+             ? std::string(", and ") + std::to_string(local.gpu_nblocks - local.nblocks) +
+                   " of them belong to the launches of other processes on the same GPU"
+             : std::string()) +
+        "), but at most " + std::to_string(local.max_blocks_seen[dtype][reduction]) +
         " fit even with 64 threads per CTA; map fewer ranks to this GPU");
   *threads = chosen;
   return Status::ok();

@@ -1,8 +1,10 @@
 #include "enqueue/clique.h"
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <set>
+#include <string>
 #include <utility>
 
 #include "base/device_guard.h"
@@ -16,6 +18,25 @@
 
 namespace efccl::runtime {
 namespace {
+
+/// The most ranks on one GPU when every rank's GPU also holds ranks of other processes (known
+/// alike in every process, so their tuning picks the same programs), else 0.
+int32_t ranks_per_shared_gpu(const ProcessMap& pm) {
+  if (pm.gpu.size() != pm.location.size() || pm.gpu.empty()) return 0;
+  std::map<std::string, std::pair<int32_t, std::set<int64_t>>> gpus;  // ranks, locations
+  for (std::size_t r = 0; r < pm.gpu.size(); ++r) {
+    if (pm.gpu[r].empty()) return 0;
+    auto& g = gpus[pm.gpu[r]];
+    ++g.first;
+    g.second.insert(pm.location[r]);
+  }
+  int32_t most = 0;
+  for (const auto& [gpu, g] : gpus) {
+    if (g.second.size() < 2) return 0;
+    most = std::max(most, g.first);
+  }
+  return most;
+}
 
 /// The logger's `[dev]` for lines that name no device: this thread's current CUDA device.
 int current_cuda_device() {
@@ -71,6 +92,8 @@ StatusOr<std::shared_ptr<Clique>> Clique::create(std::vector<int> rank_devices,
       std::all_of(rank_devices.begin(), rank_devices.end(),
                   [&](int d) { return d == rank_devices.front(); });
   if (registry != nullptr) registry->set_shared_launch(shared_launch);
+  if (registry != nullptr && processes != nullptr)
+    registry->set_ranks_per_shared_gpu(ranks_per_shared_gpu(*processes));
   std::shared_ptr<Clique> c(
       new Clique(std::move(rank_devices), std::move(registry), std::move(processes)));
   if (c->processes_ != nullptr) {

@@ -170,7 +170,8 @@ StatusOr<Plan> ProgramRegistry::select_uncached(const CallShape& call,
         std::to_string(call.nranks) + " ranks, " + (call.inplace ? "in place" : "out of place") +
         ") and the built-in algorithms are disabled (EFCCL_BUILTINS=0)" + skipped);
   const BuiltinChoice choice =
-      choose_builtin(call.collective, call.nranks, call_bytes(call), hosts_, shared_launch_);
+      choose_builtin(call.collective, call.nranks, call_bytes(call), hosts_, shared_launch_,
+                     ranks_per_shared_gpu_);
   if (choice.algorithm.empty())
     return Status::error("no built-in algorithm for " + collective + " with " +
                          std::to_string(call.nranks) + " ranks");
@@ -234,8 +235,9 @@ StatusOr<Plan> ProgramRegistry::select_uncached(const CallShape& call,
       program = get(algorithm, instances);
       if (!program) return program.status();
     }
-    // Lanes of a program of mrc ops are instances x channels: one lane then takes every count.
-    if (choice.shared_launch && channels > 1 && call.count % ef::count_granularity(**program) != 0) {
+    // Lanes (an mrc program's, or a ring's on a GPU shared between processes) multiply the
+    // granularity too: one lane then takes every count.
+    if (channels > 1 && call.count % ef::count_granularity(**program) != 0) {
       channels = 1;
       program = get(algorithm, instances);
       if (!program) return program.status();

@@ -77,6 +77,11 @@ class ProgramRegistry {
   /// the first select()): the tuning table may then pick programs of mrc ops.
   void set_shared_launch(bool shared) { shared_launch_ = shared; }
   bool shared_launch() const { return shared_launch_; }
+  /// The most ranks on one GPU where every GPU of the communicator holds ranks of several
+  /// processes, else 0 (set once, before the first select()): the tuning table then gives the
+  /// rings more CTAs (tuning.h).
+  void set_ranks_per_shared_gpu(int32_t n) { ranks_per_shared_gpu_ = n; }
+  int32_t ranks_per_shared_gpu() const { return ranks_per_shared_gpu_; }
 
  private:
   struct UserProgram {
@@ -106,6 +111,7 @@ class ProgramRegistry {
   ef::Protocol fallback_protocol_ = ef::Protocol::kSimple;  ///< when the preferred is excluded
   HostLayout hosts_;
   bool shared_launch_ = false;
+  int32_t ranks_per_shared_gpu_ = 0;
   /// By (algorithm, nranks, root, instances, channels, nodes, in-place variant, protocol).
   std::map<std::tuple<std::string, int32_t, int32_t, int32_t, int32_t, int32_t, bool, ef::Protocol>,
            std::unique_ptr<ef::Program>>

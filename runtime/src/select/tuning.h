@@ -43,6 +43,15 @@ BuiltinChoice choose_builtin(ef::Collective collective, int32_t nranks, uint64_t
 /// (alltoall, gather, scatter) as above.
 BuiltinChoice choose_builtin(ef::Collective collective, int32_t nranks, uint64_t bytes,
                              const HostLayout& hosts, bool shared_launch);
+/// The same for a communicator whose GPUs each hold ranks of several processes
+/// (`ranks_per_shared_gpu`: the most ranks on one of them; 0 where some rank has a GPU of its
+/// own process, or where that is unknown): from 4 MiB the rings of allreduce, allgather and
+/// reduce-scatter give a GPU's ranks 128 CTAs together (2 ranks: 64 each, 2 lanes per
+/// instance, instead of 16 or 32) — the ranks move data within one GPU's memory, not over a
+/// link that 32 CTAs fill.
+BuiltinChoice choose_builtin(ef::Collective collective, int32_t nranks, uint64_t bytes,
+                             const HostLayout& hosts, bool shared_launch,
+                             int32_t ranks_per_shared_gpu);
 
 /// Channels (CTAs per direction) for one point-to-point transfer of `bytes`: the tuning table's,
 /// within the bounds NCCL_MIN_P2P_NCHANNELS / NCCL_MAX_P2P_NCHANNELS gave at the first call.
