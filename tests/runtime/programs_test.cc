@@ -276,6 +276,48 @@ CallShape shape(ef::Collective c, int n, uint64_t count, bool inplace = false,
   return s;
 }
 
+TEST(RuntimePrograms, LargeChunksOfElementWiseCollectivesHoldWhole16BytePacks) {
+  ProgramRegistry registry({}, ProtocolFilter{});
+  // 3 ranks, 1 Mi floats: the ring's 96 chunks would be 10922.67 elements; 43688-byte chunks
+  // leave every other one off 16-byte alignment. The body now takes whole packs per chunk.
+  struct Case {
+    ef::Collective collective;
+    int n;
+    uint64_t count;
+    ef::DataType dtype;
+  };
+  for (const Case& c : std::vector<Case>{
+           {ef::Collective::kAllReduce, 3, uint64_t{1} << 20, ef::DataType::kFloat32},
+           {ef::Collective::kAllReduce, 3, 96 * 10923, ef::DataType::kFloat32},  // divides, odd chunks
+           {ef::Collective::kAllReduce, 6, (uint64_t{1} << 24) + 3, ef::DataType::kInt8},
+           {ef::Collective::kAllReduce, 5, (uint64_t{1} << 22) + 1, ef::DataType::kFloat64},
+           {ef::Collective::kBroadcast, 3, (uint64_t{1} << 20) + 2, ef::DataType::kFloat32},
+           {ef::Collective::kReduce, 3, (uint64_t{1} << 20) + 2, ef::DataType::kBFloat16}}) {
+    SCOPED_TRACE(std::string(ef::to_string(c.collective)) + " n " + std::to_string(c.n) +
+                 " count " + std::to_string(c.count));
+    auto plan = registry.select(shape(c.collective, c.n, c.count, false, c.dtype));
+    ASSERT_TRUE(plan) << plan.status().message();
+    ASSERT_EQ(plan->pieces.size(), 2u) << plan->reason;
+    const PlanPiece& body = plan->pieces[0];
+    const uint64_t pack = 16 / ef::size_of(c.dtype);
+    auto chunk = ef::chunk_elements(*body.program, body.count);
+    ASSERT_TRUE(chunk);
+    EXPECT_EQ(*chunk % pack, 0u) << *chunk << " elements per chunk";
+    EXPECT_EQ(plan->pieces[1].offset, body.count);
+    EXPECT_EQ(body.count + plan->pieces[1].count, c.count);
+    EXPECT_LT(plan->pieces[1].count, ef::count_granularity(*body.program) * pack);
+    EXPECT_NE(plan->reason.find("16-byte packs"), std::string::npos) << plan->reason;
+  }
+  // Small chunks (under 16 KiB) keep one piece where the granularity divides the count.
+  auto small = registry.select(shape(ef::Collective::kAllReduce, 3, 96 * 11));
+  ASSERT_TRUE(small);
+  EXPECT_EQ(small->pieces.size(), 1u) << small->reason;
+  // Aligned chunks: one piece.
+  auto aligned = registry.select(shape(ef::Collective::kAllReduce, 3, 96 * 4096));
+  ASSERT_TRUE(aligned);
+  EXPECT_EQ(aligned->pieces.size(), 1u) << aligned->reason;
+}
+
 TEST(RuntimePrograms, RingsOnGpusSharedBetweenProcessesTake128CtasPerGpu) {
   const HostLayout one_host;
   constexpr uint64_t kMiB = 1 << 20;
