@@ -225,10 +225,10 @@ BuiltinChoice choose_builtin(ef::Collective collective, int32_t nranks, uint64_t
                              const HostLayout& hosts, bool shared_launch,
                              int32_t ranks_per_shared_gpu) {
   BuiltinChoice c = choose_builtin(collective, nranks, bytes, hosts, shared_launch);
-  // Ranks of several processes on one GPU (two processes on an H200 under MPS, 4-256 MiB
-  // all_reduce, docs/performance.md): 64 CTAs per rank instead of 16/32 took 64 MiB from 99.0
-  // to 90.1 us with direct transfers between registered buffers and from 176.9 to 150.5 us
-  // through the slots; 4 MiB 22.5 -> 20.4 and 25.4 -> 18.6 us.
+  // Ranks of several processes on one GPU (two processes on an H200 under MPS, 4-256 MiB,
+  // docs/performance.md): 64 CTAs per rank instead of 32 took a 64 MiB all_reduce from 99.3 to
+  // 89.6 us with direct transfers between registered buffers and from 176.9 to 150.0 us
+  // through the slots, all_gather and reduce_scatter 7-12% faster; more CTAs gained nothing.
   constexpr int32_t kSharedGpuCtas = 128;
   constexpr int32_t kMaxInstances = 32;  // the library's bound per program
   const bool ring = c.algorithm == "ring_allreduce" || c.algorithm == "ring_allgather" ||
