@@ -341,11 +341,15 @@ TEST(RuntimePrograms, RingsOnGpusSharedBetweenProcessesTake128CtasPerGpu) {
       EXPECT_EQ(a.channels, b.channels);
     }
   }
-  // Four ranks per GPU already have 32 CTAs each at 64 MiB; 3 get no more lanes than one.
-  const BuiltinChoice four = choose_builtin(ef::Collective::kAllReduce, 4, 64 * kMiB, one_host, false, 4);
-  EXPECT_EQ(four.instances * four.channels, 32);
-  const BuiltinChoice three = choose_builtin(ef::Collective::kAllReduce, 3, 64 * kMiB, one_host, false, 3);
-  EXPECT_EQ(three.channels, 1);
+  // Other counts of ranks per GPU (not measured) keep the table's rows, at 4 and 64 MiB.
+  for (int32_t per_gpu : {3, 4, 8})
+    for (uint64_t bytes : {4 * kMiB, 64 * kMiB}) {
+      const BuiltinChoice a =
+          choose_builtin(ef::Collective::kAllReduce, per_gpu, bytes, one_host, false, per_gpu);
+      const BuiltinChoice b = choose_builtin(ef::Collective::kAllReduce, per_gpu, bytes, one_host, false);
+      EXPECT_EQ(a.instances, b.instances) << per_gpu << " " << bytes;
+      EXPECT_EQ(a.channels, b.channels) << per_gpu << " " << bytes;
+    }
   // Other algorithms (broadcast's ring, alltoall) and hosts > 1 are left alone.
   for (ef::Collective c : {ef::Collective::kBroadcast, ef::Collective::kAllToAll})
     EXPECT_EQ(choose_builtin(c, 2, 64 * kMiB, one_host, false, 2).channels,

@@ -228,12 +228,13 @@ BuiltinChoice choose_builtin(ef::Collective collective, int32_t nranks, uint64_t
   // Ranks of several processes on one GPU (two processes on an H200 under MPS, 4-256 MiB,
   // docs/performance.md): 64 CTAs per rank instead of 32 took a 64 MiB all_reduce from 99.3 to
   // 89.6 us with direct transfers between registered buffers and from 176.9 to 150.0 us
-  // through the slots, all_gather and reduce_scatter 7-12% faster; more CTAs gained nothing.
+  // through the slots, all_gather and reduce_scatter 6-12% faster at 64 MiB; 96 and 128 CTAs
+  // per rank gained nothing. Only two ranks per GPU were measured, so only they get it.
   constexpr int32_t kSharedGpuCtas = 128;
   constexpr int32_t kMaxInstances = 32;  // the library's bound per program
   const bool ring = c.algorithm == "ring_allreduce" || c.algorithm == "ring_allgather" ||
                     c.algorithm == "ring_reducescatter";
-  if (!ring || c.shared_launch || ranks_per_shared_gpu < 2 || bytes < 4 * MiB ||
+  if (!ring || c.shared_launch || ranks_per_shared_gpu != 2 || bytes < 4 * MiB ||
       hosts.hosts > 1)
     return c;
   const int32_t per_rank = kSharedGpuCtas / ranks_per_shared_gpu;

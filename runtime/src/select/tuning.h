@@ -45,10 +45,10 @@ BuiltinChoice choose_builtin(ef::Collective collective, int32_t nranks, uint64_t
                              const HostLayout& hosts, bool shared_launch);
 /// The same for a communicator whose GPUs each hold ranks of several processes
 /// (`ranks_per_shared_gpu`: the most ranks on one of them; 0 where some rank has a GPU of its
-/// own process, or where that is unknown): from 4 MiB the rings of allreduce, allgather and
-/// reduce-scatter give a GPU's ranks 128 CTAs together (2 ranks: 64 each, 2 lanes per
-/// instance, instead of 16 or 32) — the ranks move data within one GPU's memory, not over a
-/// link that 32 CTAs fill.
+/// own process, or where that is unknown): with two ranks per GPU (the case measured), from
+/// 4 MiB the rings of allreduce, allgather and reduce-scatter give each rank 64 CTAs (32
+/// instances x 2 lanes, instead of 16 or 32) — the ranks move data within one GPU's memory,
+/// not over a link that 32 CTAs fill. Other counts of ranks per GPU keep the rows above.
 BuiltinChoice choose_builtin(ef::Collective collective, int32_t nranks, uint64_t bytes,
                              const HostLayout& hosts, bool shared_launch,
                              int32_t ranks_per_shared_gpu);
