@@ -350,13 +350,14 @@ TEST(RuntimePrograms, RingsOnGpusSharedBetweenProcessesTake128CtasPerGpu) {
       EXPECT_EQ(a.instances, b.instances) << per_gpu << " " << bytes;
       EXPECT_EQ(a.channels, b.channels) << per_gpu << " " << bytes;
     }
-  // Other algorithms (broadcast's ring, alltoall) and hosts > 1 are left alone.
+  // Other algorithms (broadcast's ring, alltoall) are left alone.
   for (ef::Collective c : {ef::Collective::kBroadcast, ef::Collective::kAllToAll})
     EXPECT_EQ(choose_builtin(c, 2, 64 * kMiB, one_host, false, 2).channels,
               choose_builtin(c, 2, 64 * kMiB, one_host, false).channels);
 
   // Through the registry: the 2-lane rings cover every count (per-block collectives drop
-  // instances, then the lanes, until the count divides) and verify.
+  // instances, then the lanes, until the count divides; every piece's count is a multiple of
+  // its program's granularity).
   ProgramRegistry registry({}, ProtocolFilter{});
   registry.set_ranks_per_shared_gpu(2);
   for (ef::Collective c :
