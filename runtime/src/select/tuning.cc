@@ -230,21 +230,15 @@ BuiltinChoice choose_builtin(ef::Collective collective, int32_t nranks, uint64_t
   // 89.6 us with direct transfers between registered buffers and from 176.9 to 150.0 us
   // through the slots, all_gather and reduce_scatter 6-12% faster at 64 MiB; 96 and 128 CTAs
   // per rank gained nothing. Only two ranks per GPU were measured, so only they get it.
-  constexpr int32_t kSharedGpuCtas = 128;
-  constexpr int32_t kMaxInstances = 32;  // the library's bound per program
   const bool ring = c.algorithm == "ring_allreduce" || c.algorithm == "ring_allgather" ||
                     c.algorithm == "ring_reducescatter";
   if (!ring || c.shared_launch || ranks_per_shared_gpu != 2 || bytes < 4 * MiB ||
-      hosts.hosts > 1)
+      hosts.hosts > 1 || c.instances * c.channels >= 64)
     return c;
-  const int32_t per_rank = kSharedGpuCtas / ranks_per_shared_gpu;
-  if (per_rank <= c.instances * c.channels) return c;
-  c.instances = std::min(per_rank, kMaxInstances);
-  c.channels = std::max(1, per_rank / c.instances);
-  c.why += "; ranks of several processes share each GPU (up to " +
-           std::to_string(ranks_per_shared_gpu) + " on one): " + std::to_string(c.instances) +
-           " instance(s) x " + std::to_string(c.channels) + " lane(s), " +
-           std::to_string(kSharedGpuCtas) + " CTAs per GPU";
+  c.instances = 32;  // the library's bound per program
+  c.channels = 2;
+  c.why += "; ranks of several processes share each GPU, two on each: 32 instance(s) x 2 lane(s), "
+           "128 CTAs per GPU";
   return c;
 }
 
