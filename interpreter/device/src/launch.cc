@@ -53,7 +53,8 @@ Status DeviceExecutor::Impl::choose_threads(LocalDevice& local, int dtype, int r
                         "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
       local.max_blocks_seen[dtype][reduction] =
           std::max(local.max_blocks_seen[dtype][reduction], per_sm * local.sm_count);
-      if (static_cast<int64_t>(per_sm) * local.sm_count >= static_cast<int64_t>(local.gpu_nblocks)) {
+      if (static_cast<int64_t>(per_sm) * local.sm_count >=
+          static_cast<int64_t>(local.gpu_nblocks)) {
         chosen = t;
         break;
       }
