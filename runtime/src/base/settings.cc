@@ -64,6 +64,15 @@ bool direct_between_processes_enabled() {
   return direct_enabled() && switch_setting("EFCCL_DIRECT_PROCESSES", false);
 }
 
+int serve_processes_setting() {
+  const char* v = std::getenv("EFCCL_SERVE_PROCESSES");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return -1;
+  if (std::strcmp(v, "1") == 0) return 1;
+  if (std::strcmp(v, "0") == 0) return 0;
+  EFCCL_WARN(-1, std::string("EFCCL_SERVE_PROCESSES=") + v + " is not 0, 1 or auto; using auto");
+  return -1;
+}
+
 uint32_t resident_ctas() {
   constexpr uint64_t kDefault = 16;
   return static_cast<uint32_t>(positive_integer("EFCCL_RESIDENT_CTAS", kDefault, 128, "CTAs"));

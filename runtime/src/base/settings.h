@@ -36,6 +36,9 @@ bool direct_enabled();
 /// every such call, which made calls on unregistered buffers 4-21% slower (docs/performance.md).
 /// Every process of a job must set it alike (with EFCCL_DIRECT=1).
 bool direct_between_processes_enabled();
+/// EFCCL_SERVE_PROCESSES (docs/runtime.md, "A GPU served by one process"): 1 serve, 0 never,
+/// unset or "auto": serve where no MPS daemon serves the GPU (-1).
+int serve_processes_setting();
 /// EFCCL_RESIDENT_CTAS (default 16, 1..128): CTAs of each GPU's resident grid; calls whose
 /// threadblocks on a GPU need more are launched.
 uint32_t resident_ctas();

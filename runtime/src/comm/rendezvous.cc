@@ -28,6 +28,7 @@
 #include "efccl/net/bootstrap.h"
 #include "efccl/net/host_hash.h"
 #include "enqueue/clique.h"
+#include "enqueue/served_calls.h"
 #include "fallback/nccl_fallback.h"
 #include "select/program_registry.h"
 
@@ -256,6 +257,51 @@ std::map<int, std::shared_ptr<SharedRegistrations>> start_sharing(
   return out;
 }
 
+/// A GPU served by one process (enqueue/served_calls.h): when every rank of the communicator
+/// is on one GPU, one rank per process (known alike in every process from the table), every
+/// process takes part in the setup's exchange; it serves when every process wishes it (direct
+/// transfers between processes on, so registrations are shared, and EFCCL_SERVE_PROCESSES=1,
+/// or unset with no MPS daemon serving the GPU). `sharing`: the member's shared registrations.
+ApiStatus serve_gpu(const ProcessMap& pm, int rank, int device, net::Bootstrap& boot,
+                    const std::shared_ptr<SharedRegistrations>& sharing, Clique& clique,
+                    net::Deadline deadline, const std::atomic<bool>* abort) {
+  const std::size_t n = pm.gpu.size();
+  if (n < 2 || pm.host_count() != 1) return ApiStatus::ok();
+  for (std::size_t r = 0; r < n; ++r)
+    if (pm.gpu[r].empty() || pm.gpu[r] != pm.gpu[0] || pm.leader[r] != static_cast<int32_t>(r))
+      return ApiStatus::ok();
+  ServedCalls::Options o;
+  o.rank = rank;
+  o.nranks = static_cast<int>(n);
+  o.device = device;
+  o.timeout = call_timeout();
+  const int setting = serve_processes_setting();
+  int mps = 0;
+  if (setting < 0 && cudaDeviceGetAttribute(&mps, cudaDevAttrMpsEnabled, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    mps = 0;
+  }
+  o.wish = sharing != nullptr && (setting == 1 || (setting < 0 && mps == 0));
+  if (sharing != nullptr) {
+    o.translate = [sharing](const void* p, std::size_t bytes) {
+      return sharing->reader_address(p, bytes, ServedCalls::kServerRank);
+    };
+    o.covers = [sharing](int client, uint64_t address, std::size_t bytes) {
+      return sharing->maps(client, address, bytes);
+    };
+  }
+  if (rank == ServedCalls::kServerRank) {
+    if (ApiStatus s = local_machine_graph(std::vector<int>(n, device), &o.graph); !s) {
+      EFCCL_INFO(kLogInit, device, "the served GPU's machine graph: " + s.message());
+      o.wish = false;
+    }
+  }
+  auto served = ServedCalls::create(boot, std::move(o), deadline, abort);
+  if (!served) return ApiStatus::system(served.status().message());
+  clique.set_served(std::move(*served));
+  return ApiStatus::ok();
+}
+
 void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
   r.state = Rendezvous::State::kBuilding;
   std::vector<int> devices, member_ranks;  // this process's ranks, ascending, and their GPUs
@@ -374,6 +420,12 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
     if (status && created) {
       (*created)->set_machine_graph(graph, every_process_sees_every_gpu);
       log_machine_graph(*graph, member_ranks, devices);
+    }
+    if (status && created && !single_process && member_ranks.size() == 1) {
+      auto it = sharing.find(member_ranks.front());
+      status = serve_gpu(*(*created)->processes(), member_ranks.front(), devices.front(),
+                         *boots.front(), it != sharing.end() ? it->second : nullptr, **created,
+                         net::Deadline(build_deadline), &r.abort);
     }
     if (status && created) {
       std::shared_ptr<NcclFallback> fallback;

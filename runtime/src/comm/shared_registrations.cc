@@ -255,6 +255,16 @@ void SharedRegistrations::serve() {
   }
 }
 
+bool SharedRegistrations::maps(int client, uint64_t address, std::size_t bytes) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [key, imp] : imports_) {
+    if (key.first != client) continue;
+    const auto base = reinterpret_cast<uint64_t>(imp.base);
+    if (address >= base && bytes <= imp.bytes && address - base <= imp.bytes - bytes) return true;
+  }
+  return false;
+}
+
 std::string SharedRegistrations::answer(int from, const std::string& bytes) {
   RegistrationReply r;
   const std::string who = "rank " + std::to_string(rank_);
@@ -284,7 +294,7 @@ std::string SharedRegistrations::answer(int from, const std::string& bytes) {
       if (!base) {
         r.error = who + ": " + base.status().message();
       } else {
-        imports_[key] = Import{*base};
+        imports_[key] = Import{*base, req->alloc_bytes};
         r.ok = true;
         r.address = reinterpret_cast<uint64_t>(*base);
         EFCCL_INFO(kLogAlloc, device_,

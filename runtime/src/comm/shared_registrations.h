@@ -77,6 +77,9 @@ class SharedRegistrations {
   std::size_t partner_count() const { return partners_.size(); }
   /// partner_address for the process of rank `reader` (one of the clients given to start()).
   std::optional<uint64_t> reader_address(const void* p, std::size_t bytes, int reader) const;
+  /// Whether a mapping the service holds for rank `client` covers [address, address + bytes)
+  /// (in this process's address space).
+  bool maps(int client, uint64_t address, std::size_t bytes) const;
   /// Mappings the service holds for other processes' registrations (tests).
   std::size_t imported() const;
   /// Unshares every registration (abort: without waiting for answers), stops the service and
@@ -91,6 +94,7 @@ class SharedRegistrations {
   };
   struct Import {
     void* base = nullptr;  ///< the mapping (IpcImports)
+    std::size_t bytes = 0;  ///< the allocation's length
   };
   SharedRegistrations(std::shared_ptr<net::Bootstrap> boot, int rank, int device,
                       std::vector<GpuPartner> partners, std::vector<int> clients,

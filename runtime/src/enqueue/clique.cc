@@ -15,6 +15,7 @@
 #include "launch/collective_runner.h"
 #include "launch/launch_batch.h"
 #include "launch/p2p_runner.h"
+#include "enqueue/served_calls.h"
 
 namespace efccl::runtime {
 namespace {
@@ -147,6 +148,7 @@ Clique::~Clique() {
       if (is_local(r)) local.push_back(r);
     balancer_->write_stats(local);
   }
+  served_.reset();  // before the executors: its clique's launches end first
   batch_.reset();
   executors_.reset();  // each waits for its launches (aborted ones end within a millisecond)
   // The last communicator of a GPU stops its resident grid (within a second; docs/runtime.md).
@@ -169,6 +171,10 @@ void Clique::set_fallback(std::shared_ptr<CollectiveFallback> fallback) {
   launch_.fallback = fallback_.get();
 }
 
+void Clique::set_served(std::shared_ptr<ServedCalls> served) { served_ = std::move(served); }
+
+uint64_t Clique::served_calls() const { return served_ != nullptr ? served_->served() : 0; }
+
 void Clique::set_driver(int32_t rank, uint64_t thread) {
   std::lock_guard<std::mutex> lock(mu_);
   queue_->set_driver(rank, thread);
@@ -184,6 +190,10 @@ ApiStatus Clique::submit(std::vector<Call> calls, bool whole_clique,
     if (!peer_failure_) return peer_failure_;
   }
   if (aborted_.load()) return ApiStatus::invalid_usage("the communicator has been aborted");
+  if (served_ != nullptr) {
+    ApiStatus served;
+    if (served_->submit(calls, &served)) return served;
+  }
 
   std::vector<Call> collectives, p2p;
   for (Call& c : calls) (is_p2p(c.kind) ? p2p : collectives).push_back(std::move(c));
@@ -244,6 +254,8 @@ ApiStatus Clique::async_error(int32_t rank) {
   }
   if (!peer_failure_) return peer_failure_;
   if (aborted_.load()) return ApiStatus::invalid_usage("the communicator has been aborted");
+  if (served_ != nullptr)
+    if (ApiStatus s = served_->error(); !s) return s;
   return queue_->error_of(rank);
 }
 
@@ -259,6 +271,7 @@ void Clique::peer_failed(int32_t peer, const std::string& why) {
     executors_->abort_all();
     aborted_.store(true);  // an exchange waiting on the bootstrap gives up too
   }
+  if (served_ != nullptr) served_->release("rank " + std::to_string(peer) + " is gone");
   EFCCL_WARN(-1, "communicator peer " + where +
                      " disconnected without destroying its "
                      "communicator (" +
@@ -276,6 +289,7 @@ void Clique::network_failed(ncclResult_t code, const std::string& why) {
     executors_->abort_all();
     aborted_.store(true);  // an exchange waiting on the bootstrap gives up too
   }
+  if (served_ != nullptr) served_->release("a network connection failed");
   EFCCL_WARN(-1, "network connection failed (" + why +
                      "); this rank's running kernels give up and later calls fail with " +
                      (code == ncclRemoteError ? "ncclRemoteError" : "ncclSystemError"));
@@ -284,6 +298,7 @@ void Clique::network_failed(ncclResult_t code, const std::string& why) {
 void Clique::abort(int32_t rank) {
   aborted_.store(true);
   executors_->abort_all();
+  if (served_ != nullptr) served_->release("ncclCommAbort");
   EFCCL_INFO(kLogInit, device(rank),
              "rank " + std::to_string(rank) +
                  " aborted its communicator; every kernel of its clique "

@@ -41,6 +41,8 @@
 
 namespace efccl::runtime {
 
+class ServedCalls;
+
 class Clique {
  public:
   /// Creates the clique's events on every device; `rank_devices[r]` is rank r's GPU (for a
@@ -104,6 +106,11 @@ class Clique {
   /// Set once, before the clique's communicators are handed out; null: such calls fail.
   void set_fallback(std::shared_ptr<CollectiveFallback> fallback);
   CollectiveFallback* fallback() const { return fallback_.get(); }
+  /// A GPU served by one process (enqueue/served_calls.h), set once before the clique's
+  /// communicators are handed out; null: every call runs the usual way.
+  void set_served(std::shared_ptr<ServedCalls> served);
+  /// Collectives served so far (tests; 0 without a served GPU).
+  uint64_t served_calls() const;
   /// The communicator's machine graph (comm/machine_graph.h), set once before the clique is
   /// used; every rank's GPU node in it. `every_process_sees_every_gpu`: across processes,
   /// whether each process sees every GPU of its host (agreed at init; relays as slot devices
@@ -135,6 +142,7 @@ class Clique {
   std::unique_ptr<LaunchBatch> batch_;  ///< the submission's launches (started per submission)
   LaunchContext launch_;
   std::shared_ptr<CollectiveFallback> fallback_;
+  std::shared_ptr<ServedCalls> served_;
   std::shared_ptr<const topo::ClusterGraph> machine_graph_;
   /// EFCCL_RESIDENT=1: this process's GPUs of the clique, whose resident grids it holds
   /// (released after the executors, whose destruction waits for their last posted calls).

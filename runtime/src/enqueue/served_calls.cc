@@ -1,0 +1,503 @@
+#include "enqueue/served_calls.h"
+
+#include <cuda.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+
+#include "base/device_guard.h"
+#include "efccl/common/log.h"
+#include "efccl/net/bootstrap.h"
+#include "enqueue/clique.h"
+#include "select/program_registry.h"
+
+namespace efccl::runtime {
+namespace {
+
+constexpr uint64_t kSetupTag = 0x00ef'5345'5256'0001ull;   // the handles and the board's name
+constexpr uint64_t kVerdictTag = 0x00ef'5345'5256'0002ull; // whether each process could open them
+constexpr std::size_t kWordsBytes = 4096;
+constexpr std::size_t kWordStride = 64;  ///< arrived word of rank q at q * stride (server)
+constexpr std::size_t kDoneOffset = 2048;  ///< each process's done word
+constexpr int kMaxServedRanks = 32;
+constexpr std::size_t kNameBytes = 64;
+
+using WriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+using WaitValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
+void* driver_entry(const char* name) {
+  void* entry = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(name, &entry, 12000, cudaEnableDefault, &found) !=
+          cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return entry;
+}
+
+WriteValue32 write_value32() {
+  static const auto fn = reinterpret_cast<WriteValue32>(driver_entry("cuStreamWriteValue32"));
+  return fn;
+}
+WaitValue32 wait_value32() {
+  static const auto fn = reinterpret_cast<WaitValue32>(driver_entry("cuStreamWaitValue32"));
+  return fn;
+}
+
+std::string cuda_text(cudaError_t e) {
+  (void)cudaGetLastError();
+  return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
+}
+
+ApiStatus write_word(cudaStream_t s, const void* word, uint64_t value) {
+  WriteValue32 fn = write_value32();
+  if (fn == nullptr) return ApiStatus::cuda("the CUDA driver has no cuStreamWriteValue32");
+  const CUresult r = fn(s, reinterpret_cast<CUdeviceptr>(word), static_cast<cuuint32_t>(value), 0);
+  if (r != CUDA_SUCCESS)
+    return ApiStatus::cuda("cuStreamWriteValue32 failed with CUresult " + std::to_string(r));
+  return ApiStatus::ok();
+}
+
+ApiStatus wait_word(cudaStream_t s, const void* word, uint64_t value) {
+  WaitValue32 fn = wait_value32();
+  if (fn == nullptr) return ApiStatus::cuda("the CUDA driver has no cuStreamWaitValue32");
+  const CUresult r = fn(s, reinterpret_cast<CUdeviceptr>(word), static_cast<cuuint32_t>(value),
+                        CU_STREAM_WAIT_VALUE_GEQ);
+  if (r != CUDA_SUCCESS)
+    return ApiStatus::cuda("cuStreamWaitValue32 failed with CUresult " + std::to_string(r));
+  return ApiStatus::ok();
+}
+
+/// Bytes of the buffers a rank's call uses: (send, receive); 0 for a buffer it does not use.
+std::pair<uint64_t, uint64_t> used_bytes(CallKind k, uint64_t bytes, int rank, int root,
+                                         int nranks) {
+  const uint64_t all = bytes * static_cast<uint64_t>(nranks);
+  const bool at_root = rank == root;
+  switch (k) {
+    case CallKind::kAllReduce: return {bytes, bytes};
+    case CallKind::kBroadcast: return {at_root ? bytes : 0, bytes};
+    case CallKind::kReduce: return {bytes, at_root ? bytes : 0};
+    case CallKind::kAllGather: return {bytes, all};
+    case CallKind::kReduceScatter: return {all, bytes};
+    case CallKind::kAllToAll: return {all, all};
+    case CallKind::kGather: return {bytes, at_root ? all : 0};
+    case CallKind::kScatter: return {at_root ? all : 0, bytes};
+    default: return {0, 0};
+  }
+}
+
+/// The board's shared memory: created by the server (its name exchanged, then unlinked once
+/// every process opened it), opened by the others.
+StatusOr<void*> map_board(const std::string& name, std::size_t bytes, bool create) {
+  const int fd = create ? shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600)
+                        : shm_open(name.c_str(), O_RDWR, 0);
+  if (fd < 0)
+    return Status::error("shm_open(" + name + "): " + std::strerror(errno));
+  if (create && ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    const std::string why = std::strerror(errno);
+    close(fd);
+    shm_unlink(name.c_str());
+    return Status::error("ftruncate of " + name + ": " + why);
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) < bytes) {
+    close(fd);
+    return Status::error(name + " is smaller than the " + std::to_string(bytes) +
+                         " bytes of the board");
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) return Status::error("mmap of " + name + ": " + std::strerror(errno));
+  return p;
+}
+
+}  // namespace
+
+ServedCalls::ServedCalls(Options options) : options_(std::move(options)) {}
+
+StatusOr<std::shared_ptr<ServedCalls>> ServedCalls::create(net::Bootstrap& boot, Options options,
+                                                           net::Deadline deadline,
+                                                           const std::atomic<bool>* abort) {
+  DeviceGuard guard;
+  const int n = options.nranks;
+  const bool server = options.rank == kServerRank;
+  std::shared_ptr<ServedCalls> me(new ServedCalls(options));
+  std::string problem;  // why this process cannot serve (sent to the others)
+  if (!options.wish) problem = "not wished";
+  if (problem.empty() && n > kMaxServedRanks)
+    problem = std::to_string(n) + " ranks (at most " + std::to_string(kMaxServedRanks) + ")";
+  if (problem.empty() && (write_value32() == nullptr || wait_value32() == nullptr))
+    problem = "the CUDA driver has no stream memory operations";
+  cudaIpcMemHandle_t handle{};
+  std::string name;
+  if (problem.empty()) {
+    cudaError_t e = cudaSetDevice(options.device);
+    if (e == cudaSuccess) e = cudaMalloc(&me->words_, kWordsBytes);
+    if (e == cudaSuccess) e = cudaMemset(me->words_, 0, kWordsBytes);
+    if (e == cudaSuccess) e = cudaIpcGetMemHandle(&handle, me->words_);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&me->private_stream_, cudaStreamNonBlocking);
+    if (e == cudaSuccess)
+      e = cudaHostAlloc(reinterpret_cast<void**>(&me->completed_), sizeof(uint32_t) * 16,
+                        cudaHostAllocMapped);
+    if (e == cudaSuccess) *me->completed_ = 0;
+    if (e != cudaSuccess) problem = "its words: " + cuda_text(e);
+  }
+  if (problem.empty() && server) {
+    std::random_device rd;
+    name = "/efccl-served-" + std::to_string(getpid()) + "-" + std::to_string(rd());
+    me->board_bytes_ = ServedBoard::bytes_for(n);
+    auto mapped = map_board(name, me->board_bytes_, true);
+    if (!mapped) {
+      problem = "the board: " + mapped.status().message();
+      name.clear();
+    } else {
+      me->board_memory_ = *mapped;
+      if (Status s = ServedBoard::format(me->board_memory_, me->board_bytes_, n); !s)
+        problem = s.message();
+    }
+  }
+  // Round 1: every process's wish, its words' handle, the server's board name.
+  std::string mine(1 + sizeof(handle) + kNameBytes, '\0');
+  mine[0] = problem.empty() ? 1 : 0;
+  std::memcpy(mine.data() + 1, &handle, sizeof(handle));
+  std::memcpy(mine.data() + 1 + sizeof(handle), name.data(), std::min(name.size(), kNameBytes - 1));
+  auto cleanup_name = [&] {
+    if (!name.empty()) shm_unlink(name.c_str());
+    name.clear();
+  };
+  auto got = boot.allgather(kSetupTag, mine, deadline, abort);
+  if (!got) {
+    cleanup_name();
+    return Status::error("exchanging the served GPU's handles: " + got.status().message());
+  }
+  bool everyone = true;
+  for (int r = 0; r < n; ++r) {
+    const std::string& blob = (*got)[static_cast<std::size_t>(r)];
+    if (blob.size() != mine.size()) {
+      cleanup_name();
+      return Status::error("rank " + std::to_string(r) + " sent a served-GPU setup of " +
+                           std::to_string(blob.size()) + " bytes, not " +
+                           std::to_string(mine.size()));
+    }
+    everyone = everyone && blob[0] == 1;
+  }
+  if (!everyone) {
+    cleanup_name();
+    if (options.wish)
+      EFCCL_INFO(kLogInit, options.device,
+                 "rank " + std::to_string(options.rank) +
+                     ": the GPU is not served by one process" +
+                     (problem.empty() ? std::string(" (another process does not serve)")
+                                      : ": " + problem));
+    return std::shared_ptr<ServedCalls>();
+  }
+  // Open the others' memory: the server every client's words, a client the server's words
+  // and the board.
+  if (server) {
+    me->client_words_.assign(static_cast<std::size_t>(n), nullptr);
+    for (int r = 0; r < n && problem.empty(); ++r) {
+      if (r == options.rank) continue;
+      cudaIpcMemHandle_t h;
+      std::memcpy(&h, (*got)[static_cast<std::size_t>(r)].data() + 1, sizeof(h));
+      if (cudaError_t e = cudaIpcOpenMemHandle(&me->client_words_[static_cast<std::size_t>(r)], h,
+                                               cudaIpcMemLazyEnablePeerAccess);
+          e != cudaSuccess)
+        problem = "mapping rank " + std::to_string(r) + "'s words: " + cuda_text(e);
+    }
+    if (problem.empty()) {
+      std::vector<int> devices(static_cast<std::size_t>(n), options.device);
+      auto shadow = Clique::create(devices, ProgramRegistry::from_environment());
+      if (!shadow) {
+        problem = "the clique of the GPU's ranks: " + shadow.status().message();
+      } else {
+        me->shadow_ = *shadow;
+        if (options.graph != nullptr) me->shadow_->set_machine_graph(options.graph);
+      }
+    }
+  } else {
+    const std::string& blob = (*got)[kServerRank];
+    cudaIpcMemHandle_t h;
+    std::memcpy(&h, blob.data() + 1, sizeof(h));
+    const std::string board_name(blob.data() + 1 + sizeof(h),
+                                 strnlen(blob.data() + 1 + sizeof(h), kNameBytes));
+    if (cudaError_t e = cudaIpcOpenMemHandle(&me->server_words_, h, cudaIpcMemLazyEnablePeerAccess);
+        e != cudaSuccess)
+      problem = "mapping the server's words: " + cuda_text(e);
+    if (problem.empty() && (board_name.rfind("/efccl-served-", 0) != 0 ||
+                            board_name.find('/', 1) != std::string::npos))
+      problem = "the server named the board '" + board_name + "'";
+    if (problem.empty()) {
+      me->board_bytes_ = ServedBoard::bytes_for(n);
+      auto mapped = map_board(board_name, me->board_bytes_, false);
+      if (!mapped)
+        problem = "the board: " + mapped.status().message();
+      else
+        me->board_memory_ = *mapped;
+    }
+  }
+  if (problem.empty() && me->board_memory_ != nullptr) {
+    auto board = ServedBoard::attach(me->board_memory_, me->board_bytes_, n);
+    if (!board)
+      problem = board.status().message();
+    else
+      me->board_.emplace(*board);
+  }
+  // Round 2: whether every process opened what it needs.
+  auto verdicts = boot.allgather(kVerdictTag, problem.empty() ? "ok" : problem, deadline, abort);
+  cleanup_name();  // everyone who will open it has (or failed)
+  if (!verdicts) return Status::error("the served GPU's verdicts: " + verdicts.status().message());
+  for (int r = 0; r < n; ++r) {
+    const std::string& v = (*verdicts)[static_cast<std::size_t>(r)];
+    if (v != "ok") {
+      EFCCL_WARN(options.device,
+                 "rank " + std::to_string(options.rank) +
+                     ": the GPU is not served by one process because rank " + std::to_string(r) +
+                     " could not set it up: " + v.substr(0, 200));
+      return std::shared_ptr<ServedCalls>();
+    }
+  }
+  me->watchdog_ = std::thread([raw = me.get()] { raw->watch(); });
+  EFCCL_INFO(kLogInit, options.device,
+             "rank " + std::to_string(options.rank) + ": the GPU's " + std::to_string(n) +
+                 " ranks are served by rank " + std::to_string(kServerRank) + "'s process" +
+                 (server ? " (this one)" : ""));
+  return me;
+}
+
+ServedCalls::~ServedCalls() {
+  {
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    stopping_ = true;
+  }
+  watch_cv_.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
+  DeviceGuard guard;
+  (void)cudaSetDevice(options_.device);
+  if (private_stream_ != nullptr) {
+    (void)cudaStreamSynchronize(private_stream_);
+    (void)cudaStreamDestroy(private_stream_);
+  }
+  shadow_.reset();  // waits for its launches
+  for (void* p : client_words_)
+    if (p != nullptr) (void)cudaIpcCloseMemHandle(p);
+  if (server_words_ != nullptr) (void)cudaIpcCloseMemHandle(server_words_);
+  if (words_ != nullptr) (void)cudaFree(words_);
+  if (completed_ != nullptr) (void)cudaFreeHost(completed_);
+  if (board_memory_ != nullptr) munmap(board_memory_, board_bytes_);
+  (void)cudaGetLastError();
+}
+
+uint32_t* ServedCalls::arrived_word(int rank) const {
+  char* base = static_cast<char*>(is_server() ? words_ : server_words_);
+  return reinterpret_cast<uint32_t*>(base + static_cast<std::size_t>(rank) * kWordStride);
+}
+
+bool ServedCalls::servable(const Call& c, ServedCall* record) const {
+  record->kind = static_cast<uint8_t>(c.kind);
+  record->dtype = static_cast<uint8_t>(c.dtype);
+  record->op = static_cast<uint8_t>(c.op);
+  record->root = c.root;
+  record->count = c.count;
+  record->premul = c.premul_scalar;
+  if (c.count == 0 || is_p2p(c.kind)) return false;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(c.stream, &capture) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (capture != cudaStreamCaptureStatusNone) return false;  // replays would ring unknown numbers
+  const auto [send_bytes, recv_bytes] =
+      used_bytes(c.kind, call_bytes(c), options_.rank, c.root, options_.nranks);
+  if (is_server()) {
+    record->send = reinterpret_cast<uint64_t>(c.sendbuff);
+    record->recv = reinterpret_cast<uint64_t>(c.recvbuff);
+    return true;
+  }
+  auto where = [&](const void* p, uint64_t bytes, uint64_t* out) {
+    if (bytes == 0) return true;  // not used by this rank
+    if (p == nullptr || !options_.translate) return false;
+    const std::optional<uint64_t> a = options_.translate(p, bytes);
+    if (!a) return false;
+    *out = *a;
+    return true;
+  };
+  return where(c.sendbuff, send_bytes, &record->send) && where(c.recvbuff, recv_bytes, &record->recv);
+}
+
+bool ServedCalls::submit(const std::vector<Call>& calls, ApiStatus* status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!board_) return false;
+  if (released_.load()) {
+    *status = error();
+    if (*status) *status = ApiStatus::invalid_usage("the communicator has been aborted");
+    return true;
+  }
+  const bool alone = calls.size() == 1 && !is_p2p(calls.front().kind);
+  const net::Deadline deadline = net::Deadline::after(
+      std::chrono::duration_cast<std::chrono::milliseconds>(options_.timeout));
+  for (const Call& c : calls) {
+    if (is_p2p(c.kind)) continue;
+    ServedCall record;
+    const bool mine = servable(c, &record) && alone;
+    record.servable = mine ? 1 : 0;
+    const uint64_t seq = ++seq_;
+    if (Status s = board_->post(options_.rank, seq, record, deadline, &released_); !s) {
+      fail("posting collective " + std::to_string(seq) + ": " + s.message());
+      *status = error();
+      return true;
+    }
+    if (!mine) {
+      board_->consume(options_.rank, seq);
+      continue;
+    }
+    std::vector<ServedCall> all(static_cast<std::size_t>(options_.nranks));
+    all[static_cast<std::size_t>(options_.rank)] = record;
+    for (int q = 0; q < options_.nranks; ++q) {
+      if (q == options_.rank) continue;
+      if (Status s = board_->read(q, seq, &all[static_cast<std::size_t>(q)], deadline, &released_);
+          !s) {
+        fail(s.message());
+        *status = error();
+        return true;
+      }
+    }
+    board_->consume(options_.rank, seq);
+    if (!served_together(all)) return false;
+    *status = run(c, all, seq);
+    return true;
+  }
+  return false;
+}
+
+ApiStatus ServedCalls::run(const Call& c, const std::vector<ServedCall>& all, uint64_t seq) {
+  DeviceGuard guard;
+  if (cudaError_t e = cudaSetDevice(options_.device); e != cudaSuccess)
+    return ApiStatus::cuda("cudaSetDevice: " + cuda_text(e));
+  issued_.store(seq);  // before its waits are enqueued, so that release() covers them
+  ApiStatus outcome;
+  if (is_server()) {
+    // Every other rank's buffers must lie in mappings this process holds for that rank.
+    const uint64_t bytes = call_bytes(c);
+    for (int q = 0; q < options_.nranks && outcome; ++q) {
+      if (q == options_.rank) continue;
+      const ServedCall& r = all[static_cast<std::size_t>(q)];
+      const auto [sb, rb] = used_bytes(c.kind, bytes, q, c.root, options_.nranks);
+      if ((sb != 0 && !options_.covers(q, r.send, sb)) ||
+          (rb != 0 && !options_.covers(q, r.recv, rb))) {
+        board_->set_failed(options_.rank);
+        outcome = ApiStatus(ncclRemoteError,
+                            "rank " + std::to_string(q) + "'s " + api_name(c.kind) + " (call " +
+                                std::to_string(seq) +
+                                ") names memory that its process did not register with this one");
+      }
+    }
+    for (int q = 0; q < options_.nranks && outcome; ++q)
+      if (q != options_.rank) outcome = wait_word(c.stream, arrived_word(q), seq);
+    if (outcome) {
+      std::vector<Call> parts;
+      for (int q = 0; q < options_.nranks; ++q) {
+        const ServedCall& r = all[static_cast<std::size_t>(q)];
+        Call x = c;
+        x.rank = q;
+        x.premul_scalar = r.premul;
+        if (q != options_.rank) {
+          x.sendbuff = reinterpret_cast<const void*>(r.send);
+          x.recvbuff = reinterpret_cast<void*>(r.recv);
+        }
+        parts.push_back(x);
+      }
+      std::shared_ptr<CallQueue::Submission> unfinished;
+      outcome = shadow_->submit(std::move(parts), true, &unfinished);
+      if (outcome && unfinished != nullptr) outcome = shadow_->wait(unfinished);
+    }
+    // The clients' streams wait for these whatever happened above.
+    for (int q = 0; q < options_.nranks; ++q) {
+      if (q == options_.rank) continue;
+      const char* done = static_cast<const char*>(client_words_[static_cast<std::size_t>(q)]);
+      if (ApiStatus s = write_word(c.stream, done + kDoneOffset, seq); !s && outcome) outcome = s;
+    }
+  } else {
+    outcome = write_word(c.stream, arrived_word(options_.rank), seq);
+    const char* done = static_cast<const char*>(words_) + kDoneOffset;
+    if (ApiStatus s = wait_word(c.stream, done, seq); !s && outcome) outcome = s;
+  }
+  uint32_t* completed_dev = nullptr;
+  if (cudaHostGetDevicePointer(reinterpret_cast<void**>(&completed_dev), completed_, 0) ==
+      cudaSuccess)
+    (void)write_word(c.stream, completed_dev, seq);
+  else
+    (void)cudaGetLastError();
+  served_count_.fetch_add(1);
+  watch_cv_.notify_all();
+  if (!outcome) fail(outcome.message());
+  return outcome;
+}
+
+void ServedCalls::watch() {
+  std::unique_lock<std::mutex> lock(watch_mu_);
+  uint32_t last = 0;
+  auto progress_at = std::chrono::steady_clock::now();
+  while (!stopping_) {
+    watch_cv_.wait_for(lock, std::chrono::milliseconds(10));
+    const uint32_t done = std::atomic_ref<uint32_t>(*completed_).load(std::memory_order_acquire);
+    const auto issued = static_cast<uint32_t>(issued_.load());
+    const auto now = std::chrono::steady_clock::now();
+    if (done != last || done == issued) {
+      last = done;
+      progress_at = now;
+      continue;
+    }
+    if (now - progress_at > options_.timeout && !released_.load()) {
+      lock.unlock();
+      fail("served collective " + std::to_string(done + 1) + " did not complete within " +
+           std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(options_.timeout)
+                              .count()) +
+           " ms (EFCCL_TIMEOUT_MS); another process on the GPU stopped issuing or running calls");
+      release("the timeout");
+      lock.lock();
+    }
+  }
+}
+
+void ServedCalls::fail(const std::string& why) {
+  std::lock_guard<std::mutex> lock(error_mu_);
+  if (!error_) return;
+  error_ = ApiStatus(ncclRemoteError, "rank " + std::to_string(options_.rank) +
+                                          ", GPU served by one process: " + why);
+  EFCCL_WARN(options_.device, error_.message());
+}
+
+void ServedCalls::release(const std::string& why) {
+  if (released_.exchange(true)) return;
+  DeviceGuard guard;
+  if (cudaSetDevice(options_.device) != cudaSuccess) (void)cudaGetLastError();
+  // Far enough ahead to satisfy every wait already enqueued (they compare cyclically).
+  const uint64_t last = issued_.load() + (uint64_t{1} << 30);
+  if (shadow_ != nullptr) shadow_->abort(kServerRank);
+  // What this process's streams wait for: the server the clients' arrivals, a client its done.
+  if (is_server()) {
+    for (int q = 0; q < options_.nranks; ++q)
+      if (q != options_.rank) (void)write_word(private_stream_, arrived_word(q), last);
+  } else if (words_ != nullptr) {
+    (void)write_word(private_stream_, static_cast<char*>(words_) + kDoneOffset, last);
+  }
+  EFCCL_INFO(kLogInit, options_.device,
+             "rank " + std::to_string(options_.rank) + ": served calls released (" + why + ")");
+}
+
+ApiStatus ServedCalls::error() const {
+  std::lock_guard<std::mutex> lock(error_mu_);
+  if (!error_) return error_;
+  if (board_ && board_->failed_by() != 0)
+    return ApiStatus(ncclRemoteError, "rank " + std::to_string(board_->failed_by() - 1) +
+                                          " found a served call's buffers unusable");
+  return ApiStatus::ok();
+}
+
+}  // namespace efccl::runtime

@@ -1,0 +1,124 @@
+// A GPU served by one process (docs/runtime.md, "A GPU served by one process"). Without MPS the
+// kernels of different processes on one GPU take turns (a time slice, ~2.25 ms, per call), but
+// stream memory operations of one process pass while another process's kernel runs. So, for a
+// communicator whose ranks are all on one GPU, one per process, the process of the lowest rank
+// (the server) runs every rank's part of a collective in one launch of its own — a clique of all
+// the ranks on its GPU (the "shadow"), reading and writing the other ranks' registered buffers
+// through the CUDA IPC mappings that comm/shared_registrations.h made — while each other process
+// (a client) only writes "arrived" into the server's memory on its stream and waits on its
+// stream for the server to write "done" into its own memory.
+//
+// Per collective, every process posts its call on a board in shared host memory
+// (served_board.h) and reads the others', so that all decide alike: served when every rank's
+// call is alone in its submission, not captured, on buffers the server can reach, and all agree
+// on the call; otherwise the call runs the usual way in every process. Each process waits on
+// the host until every other process has issued the same call (bounded by EFCCL_TIMEOUT_MS).
+//
+// Every stream wait has an abort path and a deadline: a watchdog thread fails the communicator
+// and writes the words this process's streams wait for itself (from a stream of its own) when a
+// served call has not completed within EFCCL_TIMEOUT_MS; abort and a peer's death do the same.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/api_status.h"
+#include "efccl/topology/cluster.h"
+#include "efccl/net/deadline.h"
+#include "enqueue/served_board.h"
+#include "launch/call.h"
+
+namespace efccl::net {
+class Bootstrap;
+}  // namespace efccl::net
+
+namespace efccl::runtime {
+
+class Clique;
+
+class ServedCalls {
+ public:
+  struct Options {
+    int rank = 0;        ///< this process's (only) rank
+    int nranks = 0;      ///< every rank of the communicator is on this process's GPU
+    int device = 0;      ///< the CUDA device
+    bool wish = false;   ///< this process wants to serve (all must)
+    std::chrono::nanoseconds timeout{};  ///< EFCCL_TIMEOUT_MS
+    /// Client: where the server's process reaches [p, p + bytes) of this rank (a shared
+    /// registration), or nothing.
+    std::function<std::optional<uint64_t>(const void* p, std::size_t bytes)> translate;
+    /// Server: whether a mapping it holds for rank `rank` covers [address, address + bytes).
+    std::function<bool(int rank, uint64_t address, std::size_t bytes)> covers;
+    /// Server: the machine graph of the shadow clique's GPU.
+    std::shared_ptr<const topo::ClusterGraph> graph;
+  };
+
+  /// Called alike by every process of the communicator (an exchange over `boot`); null when the
+  /// GPU is not served (some process does not wish it, or a setup step failed somewhere: INFO or
+  /// WARN says why).
+  static StatusOr<std::shared_ptr<ServedCalls>> create(net::Bootstrap& boot, Options options,
+                                                       net::Deadline deadline,
+                                                       const std::atomic<bool>* abort);
+  ~ServedCalls();
+  ServedCalls(const ServedCalls&) = delete;
+  ServedCalls& operator=(const ServedCalls&) = delete;
+
+  /// The calls of one submission of this process's rank, in order: posts its collectives.
+  /// Returns true when the submission was served (`*status`: its outcome), false when it runs
+  /// the usual way.
+  bool submit(const std::vector<Call>& calls, ApiStatus* status);
+  /// Abort or a peer's death: writes the words this process's streams wait for, so that
+  /// nothing waits for a served call that cannot complete. Later calls fail.
+  void release(const std::string& why);
+  /// The first failure (a timeout, a bad record, a failed launch), or ok.
+  ApiStatus error() const;
+  /// Served calls so far (tests).
+  uint64_t served() const { return served_count_.load(); }
+  bool is_server() const { return options_.rank == kServerRank; }
+
+  static constexpr int kServerRank = 0;
+
+ private:
+  explicit ServedCalls(Options options);
+  bool servable(const Call& c, ServedCall* record) const;
+  ApiStatus run(const Call& c, const std::vector<ServedCall>& all, uint64_t seq);
+  void watch();
+  void fail(const std::string& why);
+  uint32_t* arrived_word(int rank) const;  ///< in the server's memory, as this process maps it
+
+  const Options options_;
+  std::mutex mu_;  ///< one submission at a time
+  uint64_t seq_ = 0;
+  std::optional<ServedBoard> board_;
+  void* board_memory_ = nullptr;
+  std::size_t board_bytes_ = 0;
+  void* words_ = nullptr;                 ///< this process's words (cudaMalloc)
+  void* server_words_ = nullptr;          ///< client: the server's words, mapped
+  std::vector<void*> client_words_;       ///< server: each rank's words, mapped (null for itself)
+  cudaStream_t private_stream_ = nullptr; ///< release()'s writes
+  uint32_t* completed_ = nullptr;         ///< pinned: the last served call the stream finished
+  std::shared_ptr<Clique> shadow_;        ///< server: every rank of the GPU
+  std::atomic<uint64_t> issued_{0};       ///< the last served call enqueued
+  std::atomic<uint64_t> served_count_{0};
+
+  mutable std::mutex error_mu_;
+  ApiStatus error_;
+  std::atomic<bool> released_{false};
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  bool stopping_ = false;  ///< under watch_mu_
+  std::thread watchdog_;
+};
+
+}  // namespace efccl::runtime

@@ -1,0 +1,197 @@
+// A GPU served by one process (enqueue/served_calls.h): 2 and 4 forked processes with one rank
+// each on GPU 0, EFCCL_DIRECT_PROCESSES=1 and EFCCL_SERVE_PROCESSES=1 (served with or without an
+// MPS daemon): every data-moving collective on registered buffers, in and out of place, small
+// and large, is served (rank 0's process runs it for all) and exact; a call on a buffer that is
+// not registered runs the usual way, also exact; with EFCCL_SERVE_PROCESSES=0 nothing is served;
+// a call that another process never issues fails at EFCCL_TIMEOUT_MS instead of hanging.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "forked_job.h"
+
+namespace {
+
+float value(int rank, std::size_t i) { return static_cast<float>((rank + 1) * (i % 7 + 1)); }
+
+struct Buffers {
+  float* send = nullptr;
+  float* recv = nullptr;
+  void* hs = nullptr;
+  void* hr = nullptr;
+};
+
+/// Every data-moving collective of `nprocs` ranks with `count` elements per rank, in and out
+/// of place, checked exactly; returns how many calls were made.
+int collectives(int proc, int nprocs, ncclComm_t comm, cudaStream_t stream, const Buffers& b,
+                std::size_t count) {
+  const std::size_t big = count * static_cast<std::size_t>(nprocs);
+  std::vector<float> host(big);
+  const auto fill = [&](float* d, std::size_t n, const std::function<float(std::size_t)>& v) {
+    for (std::size_t i = 0; i < n; ++i) host[i] = v(i);
+    CHILD_CUDA(cudaMemcpy(d, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  };
+  const auto expect = [&](const float* d, std::size_t n, const std::function<float(std::size_t)>& want,
+                          const char* what) {
+    std::vector<float> got(n);
+    CHILD_CUDA(cudaMemcpy(got.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    for (std::size_t i = 0; i < n; ++i)
+      CHILD_CHECK(got[i] == want(i), "%s, %zu elements: element %zu is %g, expected %g", what, count,
+                  i, got[i], want(i));
+  };
+  const auto mine = [&](std::size_t i) { return value(proc, i); };
+  const float total = static_cast<float>(nprocs * (nprocs + 1) / 2);
+  const auto sum = [&](std::size_t i) { return total * static_cast<float>(i % 7 + 1); };
+  int calls = 0;
+  for (const bool inplace : {false, true}) {
+    float* in = inplace ? b.recv : b.send;
+    fill(in, count, mine);
+    CHILD_NCCL(ncclAllReduce(in, b.recv, count, ncclFloat, ncclSum, comm, stream));
+    CHILD_CUDA(cudaStreamSynchronize(stream));
+    expect(b.recv, count, sum, "allreduce");
+    float* block = inplace ? b.recv + proc * count : b.send;
+    fill(block, count, mine);
+    CHILD_NCCL(ncclAllGather(block, b.recv, count, ncclFloat, comm, stream));
+    CHILD_CUDA(cudaStreamSynchronize(stream));
+    expect(b.recv, big, [&](std::size_t i) { return value(static_cast<int>(i / count), i % count); },
+           "allgather");
+    fill(in, big, mine);
+    float* out = inplace ? b.recv + proc * count : b.recv;
+    CHILD_NCCL(ncclReduceScatter(in, out, count, ncclFloat, ncclSum, comm, stream));
+    CHILD_CUDA(cudaStreamSynchronize(stream));
+    expect(out, count, [&](std::size_t i) { return sum(proc * count + i); }, "reduce-scatter");
+    fill(in, count, mine);
+    CHILD_NCCL(ncclBroadcast(in, b.recv, count, ncclFloat, 1, comm, stream));
+    CHILD_CUDA(cudaStreamSynchronize(stream));
+    expect(b.recv, count, [&](std::size_t i) { return value(1, i); }, "broadcast from rank 1");
+    const int root = nprocs - 1;
+    fill(in, count, mine);
+    CHILD_NCCL(ncclReduce(in, b.recv, count, ncclFloat, ncclSum, root, comm, stream));
+    CHILD_CUDA(cudaStreamSynchronize(stream));
+    if (proc == root) expect(b.recv, count, sum, "reduce");
+    calls += 5;
+  }
+  // all-to-all, out of place: block p of rank r goes to rank p's block r.
+  fill(b.send, big, [&](std::size_t i) { return static_cast<float>(proc * 1000 + i / count); });
+  CHILD_NCCL(ncclAlltoAll(b.send, b.recv, count, ncclFloat, comm, stream));
+  CHILD_CUDA(cudaStreamSynchronize(stream));
+  expect(b.recv, big, [&](std::size_t i) { return static_cast<float>((i / count) * 1000 + proc); },
+         "all-to-all");
+  return calls + 1;
+}
+
+int served_collectives(int proc, int nprocs, const ncclUniqueId& id) {
+  if (gpus_in_child() < 1) return kSkip;
+  CHILD_CUDA(cudaSetDevice(0));
+  ncclComm_t comm = nullptr;
+  CHILD_NCCL(ncclCommInitRank(&comm, nprocs, id, proc));
+  cudaStream_t stream = nullptr;
+  CHILD_CUDA(cudaStreamCreate(&stream));
+  const std::size_t kMost = std::size_t{1} << 20;  // floats per rank
+  const std::size_t bytes = kMost * static_cast<std::size_t>(nprocs) * sizeof(float);
+  Buffers b;
+  CHILD_CUDA(cudaMalloc(&b.send, bytes));
+  CHILD_CUDA(cudaMalloc(&b.recv, bytes));
+  CHILD_NCCL(ncclCommRegister(comm, b.send, bytes, &b.hs));
+  CHILD_NCCL(ncclCommRegister(comm, b.recv, bytes, &b.hr));
+  uint64_t expected = 0;
+  for (const std::size_t count : {std::size_t{1}, std::size_t{1000}, kMost}) {
+    expected += static_cast<uint64_t>(collectives(proc, nprocs, comm, stream, b, count));
+    const uint64_t served = comm->clique->served_calls();
+    CHILD_CHECK(served == expected, "%llu calls served, expected %llu",
+                static_cast<unsigned long long>(served), static_cast<unsigned long long>(expected));
+  }
+  // Buffers that are not registered: the usual way, exact too.
+  Buffers plain;
+  CHILD_CUDA(cudaMalloc(&plain.send, 4096 * nprocs * sizeof(float)));
+  CHILD_CUDA(cudaMalloc(&plain.recv, 4096 * nprocs * sizeof(float)));
+  collectives(proc, nprocs, comm, stream, plain, 4096);
+  CHILD_CHECK(comm->clique->served_calls() == expected, "calls on unregistered buffers were served");
+  CHILD_NCCL(ncclCommDeregister(comm, b.hs));
+  CHILD_NCCL(ncclCommDeregister(comm, b.hr));
+  CHILD_NCCL(ncclCommDestroy(comm));
+  for (float* p : {b.send, b.recv, plain.send, plain.recv}) CHILD_CUDA(cudaFree(p));
+  return 0;
+}
+
+TEST(ServedGpu, CollectivesOfTwoAndFourProcessesAreServedAndExact) {
+  for (const int nprocs : {2, 4}) {
+    SCOPED_TRACE(std::to_string(nprocs) + " processes");
+    Job job;
+    job.nprocs = nprocs;
+    job.env = {"EFCCL_DIRECT_PROCESSES=1", "EFCCL_SERVE_PROCESSES=1"};
+    job.body = [nprocs](int proc, const ncclUniqueId& id) {
+      return served_collectives(proc, nprocs, id);
+    };
+    EXPECT_JOB_PASSED(run_job(job));
+  }
+}
+
+TEST(ServedGpu, NothingIsServedWhenTheSettingSaysNo) {
+  Job job;
+  job.env = {"EFCCL_DIRECT_PROCESSES=1", "EFCCL_SERVE_PROCESSES=0"};
+  job.body = [](int proc, const ncclUniqueId& id) {
+    if (gpus_in_child() < 1) return kSkip;
+    CHILD_CUDA(cudaSetDevice(0));
+    ncclComm_t comm = nullptr;
+    CHILD_NCCL(ncclCommInitRank(&comm, 2, id, proc));
+    cudaStream_t stream = nullptr;
+    CHILD_CUDA(cudaStreamCreate(&stream));
+    Buffers b;
+    CHILD_CUDA(cudaMalloc(&b.send, 2 * 1000 * sizeof(float)));
+    CHILD_CUDA(cudaMalloc(&b.recv, 2 * 1000 * sizeof(float)));
+    CHILD_NCCL(ncclCommRegister(comm, b.send, 2 * 1000 * sizeof(float), &b.hs));
+    CHILD_NCCL(ncclCommRegister(comm, b.recv, 2 * 1000 * sizeof(float), &b.hr));
+    collectives(proc, 2, comm, stream, b, 1000);
+    CHILD_CHECK(comm->clique->served_calls() == 0, "served with EFCCL_SERVE_PROCESSES=0");
+    CHILD_NCCL(ncclCommDeregister(comm, b.hs));
+    CHILD_NCCL(ncclCommDeregister(comm, b.hr));
+    CHILD_NCCL(ncclCommDestroy(comm));
+    return 0;
+  };
+  EXPECT_JOB_PASSED(run_job(job));
+}
+
+TEST(ServedGpu, ACallAnotherProcessNeverIssuesFailsAtTheTimeout) {
+  Job job;
+  job.env = {"EFCCL_DIRECT_PROCESSES=1", "EFCCL_SERVE_PROCESSES=1", "EFCCL_TIMEOUT_MS=2000"};
+  job.body = [](int proc, const ncclUniqueId& id) {
+    if (gpus_in_child() < 1) return kSkip;
+    CHILD_CUDA(cudaSetDevice(0));
+    ncclComm_t comm = nullptr;
+    CHILD_NCCL(ncclCommInitRank(&comm, 2, id, proc));
+    cudaStream_t stream = nullptr;
+    CHILD_CUDA(cudaStreamCreate(&stream));
+    float* d = nullptr;
+    void* h = nullptr;
+    CHILD_CUDA(cudaMalloc(&d, 1 << 20));
+    CHILD_NCCL(ncclCommRegister(comm, d, 1 << 20, &h));
+    if (proc == 1) {
+      // Never issues the call; stays alive past rank 0's timeout, then leaves.
+      std::this_thread::sleep_for(std::chrono::seconds(5));
+      (void)ncclCommAbort(comm);
+      return 0;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    const ncclResult_t r = ncclAllReduce(d, d, 1024, ncclFloat, ncclSum, comm, stream);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHILD_CHECK(r != ncclSuccess, "the call succeeded without the other process");
+    const std::string why = ncclGetLastError(comm);
+    CHILD_CHECK(why.find("rank 1 to issue collective 1") != std::string::npos, "error: %s",
+                why.c_str());
+    CHILD_CHECK(s >= 1.9 && s < 4.5, "failed after %.2f s, expected about 2", s);
+    (void)ncclCommAbort(comm);
+    return 0;
+  };
+  EXPECT_JOB_PASSED(run_job(job));
+}
+
+}  // namespace
