@@ -43,9 +43,9 @@ TEST(ServedBoard, PostedCallsAreReadInOrderByAnotherView) {
   auto reader = ServedBoard::attach(m.at(), m.bytes, 3);
   ASSERT_TRUE(writer.is_ok() && reader.is_ok());
   for (uint64_t seq = 1; seq <= 5; ++seq)
-    ASSERT_TRUE(writer->post(2, seq, allreduce(seq * 10, 0x1000 * seq), net::Deadline::after(1s),
-                             nullptr)
-                    .is_ok());
+    ASSERT_TRUE(
+        writer->post(2, seq, allreduce(seq * 10, 0x1000 * seq), net::Deadline::after(1s), nullptr)
+            .is_ok());
   for (uint64_t seq = 1; seq <= 5; ++seq) {
     ServedCall got;
     ASSERT_TRUE(reader->read(2, seq, &got, net::Deadline::after(1s), nullptr).is_ok());
@@ -78,7 +78,8 @@ TEST(ServedBoard, AReadWaitsForThePostAndEndsAtItsDeadlineOrOnAbort) {
   std::thread poster([&] {
     std::this_thread::sleep_for(20ms);
     auto other = ServedBoard::attach(m.at(), m.bytes, 2);
-    ASSERT_TRUE(other->post(1, 1, allreduce(77, 0x2000), net::Deadline::after(1s), nullptr).is_ok());
+    ASSERT_TRUE(
+        other->post(1, 1, allreduce(77, 0x2000), net::Deadline::after(1s), nullptr).is_ok());
   });
   s = board->read(1, 1, &got, net::Deadline::after(5s), nullptr);
   poster.join();
@@ -107,11 +108,36 @@ TEST(ServedBoard, RecordsOutOfRangeAreRefusedNamingTheRank) {
   ASSERT_TRUE(ServedBoard::format(m.at(), m.bytes, 2).is_ok());
   auto board = ServedBoard::attach(m.at(), m.bytes, 2);
   const std::vector<std::pair<const char*, ServedCall>> bad = {
-      {"kind", [] { ServedCall c = allreduce(1, 0); c.kind = 8; return c; }()},  // kSend
-      {"datatype", [] { ServedCall c = allreduce(1, 0); c.dtype = 12; return c; }()},
-      {"operator", [] { ServedCall c = allreduce(1, 0); c.op = 6; return c; }()},
-      {"root", [] { ServedCall c = allreduce(1, 0); c.root = 2; return c; }()},
-      {"servable", [] { ServedCall c = allreduce(1, 0); c.servable = 9; return c; }()},
+      {"kind",
+       [] {
+         ServedCall c = allreduce(1, 0);
+         c.kind = 8;
+         return c;
+       }()},  // kSend
+      {"datatype",
+       [] {
+         ServedCall c = allreduce(1, 0);
+         c.dtype = 12;
+         return c;
+       }()},
+      {"operator",
+       [] {
+         ServedCall c = allreduce(1, 0);
+         c.op = 6;
+         return c;
+       }()},
+      {"root",
+       [] {
+         ServedCall c = allreduce(1, 0);
+         c.root = 2;
+         return c;
+       }()},
+      {"servable",
+       [] {
+         ServedCall c = allreduce(1, 0);
+         c.servable = 9;
+         return c;
+       }()},
   };
   uint64_t seq = 0;
   for (const auto& [what, call] : bad) {

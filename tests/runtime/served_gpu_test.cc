@@ -39,13 +39,13 @@ int collectives(int proc, int nprocs, ncclComm_t comm, cudaStream_t stream, cons
     for (std::size_t i = 0; i < n; ++i) host[i] = v(i);
     CHILD_CUDA(cudaMemcpy(d, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
   };
-  const auto expect = [&](const float* d, std::size_t n, const std::function<float(std::size_t)>& want,
-                          const char* what) {
+  const auto expect = [&](const float* d, std::size_t n,
+                          const std::function<float(std::size_t)>& want, const char* what) {
     std::vector<float> got(n);
     CHILD_CUDA(cudaMemcpy(got.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
     for (std::size_t i = 0; i < n; ++i)
-      CHILD_CHECK(got[i] == want(i), "%s, %zu elements: element %zu is %g, expected %g", what, count,
-                  i, got[i], want(i));
+      CHILD_CHECK(got[i] == want(i), "%s, %zu elements: element %zu is %g, expected %g", what,
+                  count, i, got[i], want(i));
   };
   const auto mine = [&](std::size_t i) { return value(proc, i); };
   const float total = static_cast<float>(nprocs * (nprocs + 1) / 2);
@@ -61,17 +61,20 @@ int collectives(int proc, int nprocs, ncclComm_t comm, cudaStream_t stream, cons
     fill(block, count, mine);
     CHILD_NCCL(ncclAllGather(block, b.recv, count, ncclFloat, comm, stream));
     CHILD_CUDA(cudaStreamSynchronize(stream));
-    expect(b.recv, big, [&](std::size_t i) { return value(static_cast<int>(i / count), i % count); },
-           "allgather");
+    expect(
+        b.recv, big, [&](std::size_t i) { return value(static_cast<int>(i / count), i % count); },
+        "allgather");
     fill(in, big, mine);
     float* out = inplace ? b.recv + proc * count : b.recv;
     CHILD_NCCL(ncclReduceScatter(in, out, count, ncclFloat, ncclSum, comm, stream));
     CHILD_CUDA(cudaStreamSynchronize(stream));
-    expect(out, count, [&](std::size_t i) { return sum(proc * count + i); }, "reduce-scatter");
+    expect(
+        out, count, [&](std::size_t i) { return sum(proc * count + i); }, "reduce-scatter");
     fill(in, count, mine);
     CHILD_NCCL(ncclBroadcast(in, b.recv, count, ncclFloat, 1, comm, stream));
     CHILD_CUDA(cudaStreamSynchronize(stream));
-    expect(b.recv, count, [&](std::size_t i) { return value(1, i); }, "broadcast from rank 1");
+    expect(
+        b.recv, count, [&](std::size_t i) { return value(1, i); }, "broadcast from rank 1");
     const int root = nprocs - 1;
     fill(in, count, mine);
     CHILD_NCCL(ncclReduce(in, b.recv, count, ncclFloat, ncclSum, root, comm, stream));
@@ -83,8 +86,9 @@ int collectives(int proc, int nprocs, ncclComm_t comm, cudaStream_t stream, cons
   fill(b.send, big, [&](std::size_t i) { return static_cast<float>(proc * 1000 + i / count); });
   CHILD_NCCL(ncclAlltoAll(b.send, b.recv, count, ncclFloat, comm, stream));
   CHILD_CUDA(cudaStreamSynchronize(stream));
-  expect(b.recv, big, [&](std::size_t i) { return static_cast<float>((i / count) * 1000 + proc); },
-         "all-to-all");
+  expect(
+      b.recv, big, [&](std::size_t i) { return static_cast<float>((i / count) * 1000 + proc); },
+      "all-to-all");
   return calls + 1;
 }
 
@@ -114,7 +118,8 @@ int served_collectives(int proc, int nprocs, const ncclUniqueId& id) {
   CHILD_CUDA(cudaMalloc(&plain.send, 4096 * nprocs * sizeof(float)));
   CHILD_CUDA(cudaMalloc(&plain.recv, 4096 * nprocs * sizeof(float)));
   collectives(proc, nprocs, comm, stream, plain, 4096);
-  CHILD_CHECK(comm->clique->served_calls() == expected, "calls on unregistered buffers were served");
+  CHILD_CHECK(comm->clique->served_calls() == expected,
+              "calls on unregistered buffers were served");
   CHILD_NCCL(ncclCommDeregister(comm, b.hs));
   CHILD_NCCL(ncclCommDeregister(comm, b.hr));
   CHILD_NCCL(ncclCommDestroy(comm));

@@ -29,7 +29,8 @@ struct ServedBoard::Header {
   char pad[44] = {};
 };
 
-static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<int32_t>::is_always_lock_free,
+static_assert(std::atomic<uint64_t>::is_always_lock_free &&
+                  std::atomic<int32_t>::is_always_lock_free,
               "the board's atomics are shared between processes");
 
 namespace {
@@ -101,8 +102,8 @@ Status ServedBoard::format(void* memory, std::size_t bytes, int nranks) {
 
 StatusOr<ServedBoard> ServedBoard::attach(void* memory, std::size_t bytes, int nranks) {
   if (nranks < 1 || bytes < bytes_for(nranks))
-    return Status::error("the served board's mapping has " + std::to_string(bytes) +
-                         " bytes; " + std::to_string(nranks) + " ranks need " +
+    return Status::error("the served board's mapping has " + std::to_string(bytes) + " bytes; " +
+                         std::to_string(nranks) + " ranks need " +
                          std::to_string(bytes_for(nranks)));
   const auto* h = static_cast<const Header*>(memory);
   if (h->magic != kMagic || h->nranks != static_cast<uint32_t>(nranks) || h->ring != kRing)
@@ -128,10 +129,11 @@ Status ServedBoard::post(int rank, uint64_t seq, const ServedCall& call, net::De
     const uint64_t reused = seq - kRing;
     for (int r = 0; r < nranks_; ++r) {
       Row* other = row(r);
-      if (Status s = wait_until(
-              [&] { return other->consumed.load(std::memory_order_acquire) >= reused; }, deadline,
-              abort, "rank " + std::to_string(r) + " to decide collective " +
-                         std::to_string(reused) + " (the served board's ring is full)");
+      if (Status s =
+              wait_until([&] { return other->consumed.load(std::memory_order_acquire) >= reused; },
+                         deadline, abort,
+                         "rank " + std::to_string(r) + " to decide collective " +
+                             std::to_string(reused) + " (the served board's ring is full)");
           !s)
         return s;
     }
@@ -144,7 +146,8 @@ Status ServedBoard::post(int rank, uint64_t seq, const ServedCall& call, net::De
 
 Status ServedBoard::read(int rank, uint64_t seq, ServedCall* out, net::Deadline deadline,
                          const std::atomic<bool>* abort) const {
-  if (rank < 0 || rank >= nranks_) return Status::error("internal: read of rank " + std::to_string(rank));
+  if (rank < 0 || rank >= nranks_)
+    return Status::error("internal: read of rank " + std::to_string(rank));
   const Record& slot = row(rank)->ring[seq % kRing];
   if (Status s = wait_until([&] { return slot.seq.load(std::memory_order_acquire) == seq; },
                             deadline, abort,

@@ -18,10 +18,10 @@
 namespace efccl::runtime {
 namespace {
 
-constexpr uint64_t kSetupTag = 0x00ef'5345'5256'0001ull;   // the handles and the board's name
-constexpr uint64_t kVerdictTag = 0x00ef'5345'5256'0002ull; // whether each process could open them
+constexpr uint64_t kSetupTag = 0x00ef'5345'5256'0001ull;    // the handles and the board's name
+constexpr uint64_t kVerdictTag = 0x00ef'5345'5256'0002ull;  // whether each process could open them
 constexpr std::size_t kWordsBytes = 4096;
-constexpr std::size_t kWordStride = 64;  ///< arrived word of rank q at q * stride (server)
+constexpr std::size_t kWordStride = 64;    ///< arrived word of rank q at q * stride (server)
 constexpr std::size_t kDoneOffset = 2048;  ///< each process's done word
 constexpr int kMaxServedRanks = 32;
 constexpr std::size_t kNameBytes = 64;
@@ -55,10 +55,12 @@ std::string cuda_text(cudaError_t e) {
   return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
 }
 
-ApiStatus write_word(cudaStream_t s, const void* word, uint64_t value) {
+/// `*word = value` on `s` after its earlier work (`flags`: CUstreamWriteValue_flags).
+ApiStatus write_word(cudaStream_t s, const void* word, uint64_t value, unsigned flags = 0) {
   WriteValue32 fn = write_value32();
   if (fn == nullptr) return ApiStatus::cuda("the CUDA driver has no cuStreamWriteValue32");
-  const CUresult r = fn(s, reinterpret_cast<CUdeviceptr>(word), static_cast<cuuint32_t>(value), 0);
+  const CUresult r =
+      fn(s, reinterpret_cast<CUdeviceptr>(word), static_cast<cuuint32_t>(value), flags);
   if (r != CUDA_SUCCESS)
     return ApiStatus::cuda("cuStreamWriteValue32 failed with CUresult " + std::to_string(r));
   return ApiStatus::ok();
@@ -80,15 +82,24 @@ std::pair<uint64_t, uint64_t> used_bytes(CallKind k, uint64_t bytes, int rank, i
   const uint64_t all = bytes * static_cast<uint64_t>(nranks);
   const bool at_root = rank == root;
   switch (k) {
-    case CallKind::kAllReduce: return {bytes, bytes};
-    case CallKind::kBroadcast: return {at_root ? bytes : 0, bytes};
-    case CallKind::kReduce: return {bytes, at_root ? bytes : 0};
-    case CallKind::kAllGather: return {bytes, all};
-    case CallKind::kReduceScatter: return {all, bytes};
-    case CallKind::kAllToAll: return {all, all};
-    case CallKind::kGather: return {bytes, at_root ? all : 0};
-    case CallKind::kScatter: return {at_root ? all : 0, bytes};
-    default: return {0, 0};
+    case CallKind::kAllReduce:
+      return {bytes, bytes};
+    case CallKind::kBroadcast:
+      return {at_root ? bytes : 0, bytes};
+    case CallKind::kReduce:
+      return {bytes, at_root ? bytes : 0};
+    case CallKind::kAllGather:
+      return {bytes, all};
+    case CallKind::kReduceScatter:
+      return {all, bytes};
+    case CallKind::kAllToAll:
+      return {all, all};
+    case CallKind::kGather:
+      return {bytes, at_root ? all : 0};
+    case CallKind::kScatter:
+      return {at_root ? all : 0, bytes};
+    default:
+      return {0, 0};
   }
 }
 
@@ -97,8 +108,7 @@ std::pair<uint64_t, uint64_t> used_bytes(CallKind k, uint64_t bytes, int rank, i
 StatusOr<void*> map_board(const std::string& name, std::size_t bytes, bool create) {
   const int fd = create ? shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600)
                         : shm_open(name.c_str(), O_RDWR, 0);
-  if (fd < 0)
-    return Status::error("shm_open(" + name + "): " + std::strerror(errno));
+  if (fd < 0) return Status::error("shm_open(" + name + "): " + std::strerror(errno));
   if (create && ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
     const std::string why = std::strerror(errno);
     close(fd);
@@ -141,11 +151,15 @@ StatusOr<std::shared_ptr<ServedCalls>> ServedCalls::create(net::Bootstrap& boot,
     if (e == cudaSuccess) e = cudaMalloc(&me->words_, kWordsBytes);
     if (e == cudaSuccess) e = cudaMemset(me->words_, 0, kWordsBytes);
     if (e == cudaSuccess) e = cudaIpcGetMemHandle(&handle, me->words_);
-    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&me->private_stream_, cudaStreamNonBlocking);
+    if (e == cudaSuccess)
+      e = cudaStreamCreateWithFlags(&me->private_stream_, cudaStreamNonBlocking);
     if (e == cudaSuccess)
       e = cudaHostAlloc(reinterpret_cast<void**>(&me->completed_), sizeof(uint32_t) * 16,
                         cudaHostAllocMapped);
     if (e == cudaSuccess) *me->completed_ = 0;
+    if (e == cudaSuccess)
+      e = cudaHostGetDevicePointer(reinterpret_cast<void**>(&me->completed_dev_), me->completed_,
+                                   0);
     if (e != cudaSuccess) problem = "its words: " + cuda_text(e);
   }
   if (problem.empty() && server) {
@@ -191,8 +205,7 @@ StatusOr<std::shared_ptr<ServedCalls>> ServedCalls::create(net::Bootstrap& boot,
     cleanup_name();
     if (options.wish)
       EFCCL_INFO(kLogInit, options.device,
-                 "rank " + std::to_string(options.rank) +
-                     ": the GPU is not served by one process" +
+                 "rank " + std::to_string(options.rank) + ": the GPU is not served by one process" +
                      (problem.empty() ? std::string(" (another process does not serve)")
                                       : ": " + problem));
     return std::shared_ptr<ServedCalls>();
@@ -255,10 +268,10 @@ StatusOr<std::shared_ptr<ServedCalls>> ServedCalls::create(net::Bootstrap& boot,
   for (int r = 0; r < n; ++r) {
     const std::string& v = (*verdicts)[static_cast<std::size_t>(r)];
     if (v != "ok") {
-      EFCCL_WARN(options.device,
-                 "rank " + std::to_string(options.rank) +
-                     ": the GPU is not served by one process because rank " + std::to_string(r) +
-                     " could not set it up: " + v.substr(0, 200));
+      EFCCL_WARN(options.device, "rank " + std::to_string(options.rank) +
+                                     ": the GPU is not served by one process because rank " +
+                                     std::to_string(r) +
+                                     " could not set it up: " + v.substr(0, 200));
       return std::shared_ptr<ServedCalls>();
     }
   }
@@ -327,7 +340,8 @@ bool ServedCalls::servable(const Call& c, ServedCall* record) const {
     *out = *a;
     return true;
   };
-  return where(c.sendbuff, send_bytes, &record->send) && where(c.recvbuff, recv_bytes, &record->recv);
+  return where(c.sendbuff, send_bytes, &record->send) &&
+         where(c.recvbuff, recv_bytes, &record->recv);
 }
 
 bool ServedCalls::submit(const std::vector<Call>& calls, ApiStatus* status) {
@@ -339,8 +353,8 @@ bool ServedCalls::submit(const std::vector<Call>& calls, ApiStatus* status) {
     return true;
   }
   const bool alone = calls.size() == 1 && !is_p2p(calls.front().kind);
-  const net::Deadline deadline = net::Deadline::after(
-      std::chrono::duration_cast<std::chrono::milliseconds>(options_.timeout));
+  const net::Deadline deadline =
+      net::Deadline::after(std::chrono::duration_cast<std::chrono::milliseconds>(options_.timeout));
   for (const Call& c : calls) {
     if (is_p2p(c.kind)) continue;
     ServedCall record;
@@ -427,12 +441,8 @@ ApiStatus ServedCalls::run(const Call& c, const std::vector<ServedCall>& all, ui
     const char* done = static_cast<const char*>(words_) + kDoneOffset;
     if (ApiStatus s = wait_word(c.stream, done, seq); !s && outcome) outcome = s;
   }
-  uint32_t* completed_dev = nullptr;
-  if (cudaHostGetDevicePointer(reinterpret_cast<void**>(&completed_dev), completed_, 0) ==
-      cudaSuccess)
-    (void)write_word(c.stream, completed_dev, seq);
-  else
-    (void)cudaGetLastError();
+  // Progress for the watchdog only: no memory barrier needed before it.
+  (void)write_word(c.stream, completed_dev_, seq, CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER);
   served_count_.fetch_add(1);
   watch_cv_.notify_all();
   if (!outcome) fail(outcome.message());
@@ -456,8 +466,8 @@ void ServedCalls::watch() {
     if (now - progress_at > options_.timeout && !released_.load()) {
       lock.unlock();
       fail("served collective " + std::to_string(done + 1) + " did not complete within " +
-           std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(options_.timeout)
-                              .count()) +
+           std::to_string(
+               std::chrono::duration_cast<std::chrono::milliseconds>(options_.timeout).count()) +
            " ms (EFCCL_TIMEOUT_MS); another process on the GPU stopped issuing or running calls");
       release("the timeout");
       lock.lock();

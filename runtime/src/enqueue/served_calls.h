@@ -34,8 +34,8 @@
 #include <vector>
 
 #include "base/api_status.h"
-#include "efccl/topology/cluster.h"
 #include "efccl/net/deadline.h"
+#include "efccl/topology/cluster.h"
 #include "enqueue/served_board.h"
 #include "launch/call.h"
 
@@ -50,10 +50,10 @@ class Clique;
 class ServedCalls {
  public:
   struct Options {
-    int rank = 0;        ///< this process's (only) rank
-    int nranks = 0;      ///< every rank of the communicator is on this process's GPU
-    int device = 0;      ///< the CUDA device
-    bool wish = false;   ///< this process wants to serve (all must)
+    int rank = 0;       ///< this process's (only) rank
+    int nranks = 0;     ///< every rank of the communicator is on this process's GPU
+    int device = 0;     ///< the CUDA device
+    bool wish = false;  ///< this process wants to serve (all must)
     std::chrono::nanoseconds timeout{};  ///< EFCCL_TIMEOUT_MS
     /// Client: where the server's process reaches [p, p + bytes) of this rank (a shared
     /// registration), or nothing.
@@ -103,13 +103,14 @@ class ServedCalls {
   std::optional<ServedBoard> board_;
   void* board_memory_ = nullptr;
   std::size_t board_bytes_ = 0;
-  void* words_ = nullptr;                 ///< this process's words (cudaMalloc)
-  void* server_words_ = nullptr;          ///< client: the server's words, mapped
-  std::vector<void*> client_words_;       ///< server: each rank's words, mapped (null for itself)
-  cudaStream_t private_stream_ = nullptr; ///< release()'s writes
-  uint32_t* completed_ = nullptr;         ///< pinned: the last served call the stream finished
-  std::shared_ptr<Clique> shadow_;        ///< server: every rank of the GPU
-  std::atomic<uint64_t> issued_{0};       ///< the last served call enqueued
+  void* words_ = nullptr;                  ///< this process's words (cudaMalloc)
+  void* server_words_ = nullptr;           ///< client: the server's words, mapped
+  std::vector<void*> client_words_;        ///< server: each rank's words, mapped (null for itself)
+  cudaStream_t private_stream_ = nullptr;  ///< release()'s writes
+  uint32_t* completed_ = nullptr;          ///< pinned: the last served call the stream finished
+  uint32_t* completed_dev_ = nullptr;      ///< completed_ as the device reaches it
+  std::shared_ptr<Clique> shadow_;         ///< server: every rank of the GPU
+  std::atomic<uint64_t> issued_{0};        ///< the last served call enqueued
   std::atomic<uint64_t> served_count_{0};
 
   mutable std::mutex error_mu_;
