@@ -42,7 +42,9 @@ int check_shared_gpus(const std::vector<RankLocation>& table, const std::vector<
                      " without MPS: kernels of different processes time-slice on it "
                      "(milliseconds per call). Start an MPS control daemon for the job: "
                      "efccl-mprun --mps, or nvidia-cuda-mps-control -d with "
-                     "CUDA_MPS_PIPE_DIRECTORY set for every process");
+                     "CUDA_MPS_PIPE_DIRECTORY set for every process; or, with one rank per "
+                     "process, set EFCCL_DIRECT_PROCESSES=1 and register the calls' buffers "
+                     "(ncclCommRegister) so that one process serves the GPU (docs/runtime.md)");
     });
   }
   return shared;
