@@ -87,6 +87,25 @@ TEST(ServedBoard, AReadWaitsForThePostAndEndsAtItsDeadlineOrOnAbort) {
   EXPECT_EQ(got.count, 77u);
 }
 
+TEST(ServedBoard, AFailedBoardEndsEveryWaitNamingTheRank) {
+  Memory m(3);
+  ASSERT_TRUE(ServedBoard::format(m.at(), m.bytes, 3).is_ok());
+  auto board = ServedBoard::attach(m.at(), m.bytes, 3);
+  EXPECT_EQ(board->failed_by(), 0);
+  std::thread failer([&] {
+    std::this_thread::sleep_for(30ms);
+    auto other = ServedBoard::attach(m.at(), m.bytes, 3);
+    other->set_failed(2);
+    other->set_failed(1);  // the first failure stays
+  });
+  ServedCall got;
+  const Status s = board->read(1, 1, &got, net::Deadline::after(10s), nullptr);
+  failer.join();
+  EXPECT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("rank 2's served calls failed"), std::string::npos) << s.message();
+  EXPECT_EQ(board->failed_by(), 3);
+}
+
 TEST(ServedBoard, AFullRingWaitsUntilEveryRankConsumed) {
   Memory m(2);
   ASSERT_TRUE(ServedBoard::format(m.at(), m.bytes, 2).is_ok());

@@ -2,8 +2,11 @@
 // each on GPU 0, EFCCL_DIRECT_PROCESSES=1 and EFCCL_SERVE_PROCESSES=1 (served with or without an
 // MPS daemon): every data-moving collective on registered buffers, in and out of place, small
 // and large, is served (rank 0's process runs it for all) and exact; a call on a buffer that is
-// not registered runs the usual way, also exact; with EFCCL_SERVE_PROCESSES=0 nothing is served;
-// a call that another process never issues fails at EFCCL_TIMEOUT_MS instead of hanging.
+// not registered runs the usual way, also exact; calls on two streams without the user ordering
+// them run in call order; with EFCCL_SERVE_PROCESSES=0 nothing is served; a call that another
+// process never issues fails at EFCCL_TIMEOUT_MS instead of hanging, and so does a served call
+// whose stream another process holds back (the watchdog), in both processes.
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <nccl.h>
@@ -193,6 +196,123 @@ TEST(ServedGpu, ACallAnotherProcessNeverIssuesFailsAtTheTimeout) {
     CHILD_CHECK(why.find("rank 1 to issue collective 1") != std::string::npos, "error: %s",
                 why.c_str());
     CHILD_CHECK(s >= 1.9 && s < 4.5, "failed after %.2f s, expected about 2", s);
+    (void)ncclCommAbort(comm);
+    return 0;
+  };
+  EXPECT_JOB_PASSED(run_job(job));
+}
+
+TEST(ServedGpu, CallsOnTwoStreamsRunInCallOrder) {
+  // Call i fills its own buffer with an asynchronous copy on stream i % 2 and reduces it there;
+  // nothing orders the two streams. A served call must not run before the copy ahead of it on
+  // its stream, even when the next call (on the other stream) arrives first.
+  for (const int nprocs : {2, 4}) {
+    SCOPED_TRACE(std::to_string(nprocs) + " processes");
+    Job job;
+    job.nprocs = nprocs;
+    job.env = {"EFCCL_DIRECT_PROCESSES=1", "EFCCL_SERVE_PROCESSES=1"};
+    job.body = [nprocs](int proc, const ncclUniqueId& id) {
+      if (gpus_in_child() < 1) return kSkip;
+      CHILD_CUDA(cudaSetDevice(0));
+      ncclComm_t comm = nullptr;
+      CHILD_NCCL(ncclCommInitRank(&comm, nprocs, id, proc));
+      cudaStream_t streams[2];
+      for (cudaStream_t& s : streams)
+        CHILD_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      constexpr int kCalls = 8;
+      constexpr std::size_t kCount = std::size_t{4} << 20;  // 16 MiB of floats per call
+      std::vector<float*> bufs(kCalls);
+      std::vector<void*> handles(kCalls);
+      float* host = nullptr;
+      CHILD_CUDA(cudaMallocHost(&host, kCalls * kCount * sizeof(float)));
+      for (int i = 0; i < kCalls; ++i) {
+        CHILD_CUDA(cudaMalloc(&bufs[i], kCount * sizeof(float)));
+        CHILD_NCCL(ncclCommRegister(comm, bufs[i], kCount * sizeof(float), &handles[i]));
+        for (std::size_t k = 0; k < kCount; ++k)
+          host[i * kCount + k] = static_cast<float>((proc + 1) * (i + 1));
+      }
+      const uint64_t before = comm->clique->served_calls();
+      for (int i = 0; i < kCalls; ++i) {
+        cudaStream_t s = streams[i % 2];
+        CHILD_CUDA(cudaMemcpyAsync(bufs[i], host + i * kCount, kCount * sizeof(float),
+                                   cudaMemcpyHostToDevice, s));
+        CHILD_NCCL(ncclAllReduce(bufs[i], bufs[i], kCount, ncclFloat, ncclSum, comm, s));
+      }
+      for (cudaStream_t s : streams) CHILD_CUDA(cudaStreamSynchronize(s));
+      CHILD_CHECK(comm->clique->served_calls() - before == kCalls, "%llu of %d calls served",
+                  static_cast<unsigned long long>(comm->clique->served_calls() - before), kCalls);
+      const float ranks = static_cast<float>(nprocs * (nprocs + 1) / 2);
+      std::vector<float> got(kCount);
+      for (int i = 0; i < kCalls; ++i) {
+        CHILD_CUDA(cudaMemcpy(got.data(), bufs[i], kCount * sizeof(float), cudaMemcpyDeviceToHost));
+        for (std::size_t k = 0; k < kCount; k += 4093)
+          CHILD_CHECK(got[k] == ranks * static_cast<float>(i + 1),
+                      "call %d element %zu: %g, expected %g", i, k, got[k],
+                      ranks * static_cast<float>(i + 1));
+        CHILD_NCCL(ncclCommDeregister(comm, handles[i]));
+        CHILD_CUDA(cudaFree(bufs[i]));
+      }
+      CHILD_NCCL(ncclCommDestroy(comm));
+      CHILD_CUDA(cudaFreeHost(host));
+      return 0;
+    };
+    EXPECT_JOB_PASSED(run_job(job));
+  }
+}
+
+using WaitValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
+TEST(ServedGpu, AServedCallWhoseStreamAnotherProcessHoldsBackFailsAtTheTimeout) {
+  // Rank 1's stream waits (cuStreamWaitValue32) on a host word before its served call, for 4 s;
+  // EFCCL_TIMEOUT_MS=2000. Rank 0's stream waits for rank 1's arrival: its watchdog must fail
+  // the communicator and let the stream go on; rank 1's own watchdog does the same, and once
+  // its stream is let go the call ends; both report the failure.
+  Job job;
+  job.env = {"EFCCL_DIRECT_PROCESSES=1", "EFCCL_SERVE_PROCESSES=1", "EFCCL_TIMEOUT_MS=2000"};
+  job.body = [](int proc, const ncclUniqueId& id) {
+    if (gpus_in_child() < 1) return kSkip;
+    CHILD_CUDA(cudaSetDevice(0));
+    ncclComm_t comm = nullptr;
+    CHILD_NCCL(ncclCommInitRank(&comm, 2, id, proc));
+    cudaStream_t stream = nullptr;
+    CHILD_CUDA(cudaStreamCreate(&stream));
+    float* d = nullptr;
+    void* h = nullptr;
+    CHILD_CUDA(cudaMalloc(&d, 1 << 20));
+    CHILD_NCCL(ncclCommRegister(comm, d, 1 << 20, &h));
+    uint32_t* gate = nullptr;
+    CHILD_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&gate), 64, cudaHostAllocMapped));
+    *gate = 0;
+    if (proc == 1) {
+      void* entry = nullptr;
+      cudaDriverEntryPointQueryResult found;
+      CHILD_CUDA(cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &entry, 12000,
+                                                  cudaEnableDefault, &found));
+      CHILD_CHECK(found == cudaDriverEntryPointSuccess, "no cuStreamWaitValue32");
+      uint32_t* dgate = nullptr;
+      CHILD_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dgate), gate, 0));
+      CHILD_CHECK(reinterpret_cast<WaitValue32>(entry)(stream, reinterpret_cast<CUdeviceptr>(dgate),
+                                                       1, CU_STREAM_WAIT_VALUE_GEQ) == CUDA_SUCCESS,
+                  "cuStreamWaitValue32");
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    CHILD_NCCL(ncclAllReduce(d, d, 1024, ncclFloat, ncclSum, comm, stream));
+    CHILD_CHECK(comm->clique->served_calls() == 1, "the call was not served");
+    ncclResult_t async = ncclSuccess;
+    double failed_at = -1;
+    while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(8)) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (proc == 1 && s > 4.0) *reinterpret_cast<volatile uint32_t*>(gate) = 1;
+      CHILD_NCCL(ncclCommGetAsyncError(comm, &async));
+      if (async != ncclSuccess && failed_at < 0) failed_at = s;
+      if (failed_at >= 0 && (proc == 0 || s > 4.5)) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    CHILD_CHECK(async != ncclSuccess, "no failure reported within 8 s");
+    CHILD_CHECK(failed_at >= 1.9 && failed_at < 4.0,
+                "failure reported after %.2f s, expected about 2", failed_at);
+    *reinterpret_cast<volatile uint32_t*>(gate) = 1;
+    CHILD_CUDA(cudaStreamSynchronize(stream));  // ends: the words were written
     (void)ncclCommAbort(comm);
     return 0;
   };

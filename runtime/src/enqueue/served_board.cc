@@ -38,10 +38,13 @@ namespace {
 /// Waits (spinning briefly, then yielding, then sleeping) until `ready` or the deadline/abort.
 template <typename Ready>
 Status wait_until(Ready ready, net::Deadline deadline, const std::atomic<bool>* abort,
-                  const std::string& what) {
+                  const std::atomic<int32_t>& failed_by, const std::string& what) {
   for (uint64_t polls = 0;; ++polls) {
     if (ready()) return Status::ok();
     if ((polls & 63) == 63) {
+      if (const int32_t f = failed_by.load(std::memory_order_relaxed); f != 0)
+        return Status::error("rank " + std::to_string(f - 1) +
+                             "'s served calls failed while waiting for " + what);
       if (abort != nullptr && abort->load(std::memory_order_relaxed))
         return Status::error("aborted while waiting for " + what);
       if (deadline.expired())
@@ -131,7 +134,7 @@ Status ServedBoard::post(int rank, uint64_t seq, const ServedCall& call, net::De
       Row* other = row(r);
       if (Status s =
               wait_until([&] { return other->consumed.load(std::memory_order_acquire) >= reused; },
-                         deadline, abort,
+                         deadline, abort, header_->failed_by,
                          "rank " + std::to_string(r) + " to decide collective " +
                              std::to_string(reused) + " (the served board's ring is full)");
           !s)
@@ -150,7 +153,7 @@ Status ServedBoard::read(int rank, uint64_t seq, ServedCall* out, net::Deadline 
     return Status::error("internal: read of rank " + std::to_string(rank));
   const Record& slot = row(rank)->ring[seq % kRing];
   if (Status s = wait_until([&] { return slot.seq.load(std::memory_order_acquire) == seq; },
-                            deadline, abort,
+                            deadline, abort, header_->failed_by,
                             "rank " + std::to_string(rank) + " to issue collective " +
                                 std::to_string(seq) + " (served board)");
       !s)

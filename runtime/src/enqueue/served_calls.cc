@@ -127,6 +127,22 @@ StatusOr<void*> map_board(const std::string& name, std::size_t bytes, bool creat
   return p;
 }
 
+using AddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+
+/// ok when a page of words mapped from another process's handle is as long as efccl's pages.
+Status check_words(const void* p) {
+  static const auto fn = reinterpret_cast<AddressRangeFn>(driver_entry("cuMemGetAddressRange"));
+  if (fn == nullptr) return Status::error("the CUDA driver has no cuMemGetAddressRange");
+  CUdeviceptr base = 0;
+  std::size_t bytes = 0;
+  if (fn(&base, &bytes, reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS)
+    return Status::error("cuMemGetAddressRange failed on the mapping");
+  if (reinterpret_cast<CUdeviceptr>(p) != base || bytes < kWordsBytes)
+    return Status::error("the mapped allocation has " + std::to_string(bytes) + " bytes, not " +
+                         std::to_string(kWordsBytes));
+  return Status::ok();
+}
+
 }  // namespace
 
 ServedCalls::ServedCalls(Options options) : options_(std::move(options)) {}
@@ -153,13 +169,7 @@ StatusOr<std::shared_ptr<ServedCalls>> ServedCalls::create(net::Bootstrap& boot,
     if (e == cudaSuccess) e = cudaIpcGetMemHandle(&handle, me->words_);
     if (e == cudaSuccess)
       e = cudaStreamCreateWithFlags(&me->private_stream_, cudaStreamNonBlocking);
-    if (e == cudaSuccess)
-      e = cudaHostAlloc(reinterpret_cast<void**>(&me->completed_), sizeof(uint32_t) * 16,
-                        cudaHostAllocMapped);
-    if (e == cudaSuccess) *me->completed_ = 0;
-    if (e == cudaSuccess)
-      e = cudaHostGetDevicePointer(reinterpret_cast<void**>(&me->completed_dev_), me->completed_,
-                                   0);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&me->last_event_, cudaEventDisableTiming);
     if (e != cudaSuccess) problem = "its words: " + cuda_text(e);
   }
   if (problem.empty() && server) {
@@ -222,6 +232,8 @@ StatusOr<std::shared_ptr<ServedCalls>> ServedCalls::create(net::Bootstrap& boot,
                                                cudaIpcMemLazyEnablePeerAccess);
           e != cudaSuccess)
         problem = "mapping rank " + std::to_string(r) + "'s words: " + cuda_text(e);
+      else if (Status s = check_words(me->client_words_[static_cast<std::size_t>(r)]); !s)
+        problem = "rank " + std::to_string(r) + "'s words: " + s.message();
     }
     if (problem.empty()) {
       std::vector<int> devices(static_cast<std::size_t>(n), options.device);
@@ -242,6 +254,8 @@ StatusOr<std::shared_ptr<ServedCalls>> ServedCalls::create(net::Bootstrap& boot,
     if (cudaError_t e = cudaIpcOpenMemHandle(&me->server_words_, h, cudaIpcMemLazyEnablePeerAccess);
         e != cudaSuccess)
       problem = "mapping the server's words: " + cuda_text(e);
+    else if (Status s = check_words(me->server_words_); !s)
+      problem = "the server's words: " + s.message();
     if (problem.empty() && (board_name.rfind("/efccl-served-", 0) != 0 ||
                             board_name.find('/', 1) != std::string::npos))
       problem = "the server named the board '" + board_name + "'";
@@ -284,26 +298,55 @@ StatusOr<std::shared_ptr<ServedCalls>> ServedCalls::create(net::Bootstrap& boot,
 }
 
 ServedCalls::~ServedCalls() {
+  DeviceGuard guard;
+  (void)cudaSetDevice(options_.device);
+  // The streams' last served operations touch the mapped words: let them end first (bounded;
+  // past the timeout the words are written here so that they can).
+  bool quiet = drained(options_.timeout);
+  if (!quiet) {
+    release("destroyed with a served call still waiting");
+    write_release_words();
+    quiet = drained(std::chrono::seconds(10));
+    if (!quiet)
+      EFCCL_WARN(options_.device,
+                 "rank " + std::to_string(options_.rank) +
+                     ": a served call still waits after destroy; its words stay mapped");
+  }
   {
     std::lock_guard<std::mutex> lock(watch_mu_);
     stopping_ = true;
   }
   watch_cv_.notify_all();
   if (watchdog_.joinable()) watchdog_.join();
-  DeviceGuard guard;
-  (void)cudaSetDevice(options_.device);
   if (private_stream_ != nullptr) {
     (void)cudaStreamSynchronize(private_stream_);
     (void)cudaStreamDestroy(private_stream_);
   }
   shadow_.reset();  // waits for its launches
-  for (void* p : client_words_)
-    if (p != nullptr) (void)cudaIpcCloseMemHandle(p);
-  if (server_words_ != nullptr) (void)cudaIpcCloseMemHandle(server_words_);
-  if (words_ != nullptr) (void)cudaFree(words_);
-  if (completed_ != nullptr) (void)cudaFreeHost(completed_);
+  if (quiet) {
+    for (void* p : client_words_)
+      if (p != nullptr) (void)cudaIpcCloseMemHandle(p);
+    if (server_words_ != nullptr) (void)cudaIpcCloseMemHandle(server_words_);
+    if (words_ != nullptr) (void)cudaFree(words_);
+  }
+  if (last_event_ != nullptr) (void)cudaEventDestroy(last_event_);
   if (board_memory_ != nullptr) munmap(board_memory_, board_bytes_);
   (void)cudaGetLastError();
+}
+
+bool ServedCalls::drained(std::chrono::nanoseconds budget) const {
+  if (last_event_ == nullptr) return true;
+  const auto until = std::chrono::steady_clock::now() + budget;
+  for (;;) {
+    const cudaError_t e = cudaEventQuery(last_event_);
+    if (e == cudaSuccess) return true;
+    if (e != cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return false;  // a sticky error: nothing will end
+    }
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
 }
 
 uint32_t* ServedCalls::arrived_word(int rank) const {
@@ -347,7 +390,7 @@ bool ServedCalls::servable(const Call& c, ServedCall* record) const {
 bool ServedCalls::submit(const std::vector<Call>& calls, ApiStatus* status) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!board_) return false;
-  if (released_.load()) {
+  if (released_.load() || board_->failed_by() != 0) {
     *status = error();
     if (*status) *status = ApiStatus::invalid_usage("the communicator has been aborted");
     return true;
@@ -363,6 +406,7 @@ bool ServedCalls::submit(const std::vector<Call>& calls, ApiStatus* status) {
     const uint64_t seq = ++seq_;
     if (Status s = board_->post(options_.rank, seq, record, deadline, &released_); !s) {
       fail("posting collective " + std::to_string(seq) + ": " + s.message());
+      release("a failed post");
       *status = error();
       return true;
     }
@@ -377,6 +421,7 @@ bool ServedCalls::submit(const std::vector<Call>& calls, ApiStatus* status) {
       if (Status s = board_->read(q, seq, &all[static_cast<std::size_t>(q)], deadline, &released_);
           !s) {
         fail(s.message());
+        release("a failed read");
         *status = error();
         return true;
       }
@@ -395,6 +440,10 @@ ApiStatus ServedCalls::run(const Call& c, const std::vector<ServedCall>& all, ui
     return ApiStatus::cuda("cudaSetDevice: " + cuda_text(e));
   issued_.store(seq);  // before its waits are enqueued, so that release() covers them
   ApiStatus outcome;
+  // After this process's previous served call, whatever its stream: the words only grow.
+  if (last_stream_ != nullptr && last_stream_ != c.stream)
+    if (cudaError_t e = cudaStreamWaitEvent(c.stream, last_event_, 0); e != cudaSuccess)
+      outcome = ApiStatus::cuda("cudaStreamWaitEvent: " + cuda_text(e));
   if (is_server()) {
     // Every other rank's buffers must lie in mappings this process holds for that rank.
     const uint64_t bytes = call_bytes(c);
@@ -441,31 +490,44 @@ ApiStatus ServedCalls::run(const Call& c, const std::vector<ServedCall>& all, ui
     const char* done = static_cast<const char*>(words_) + kDoneOffset;
     if (ApiStatus s = wait_word(c.stream, done, seq); !s && outcome) outcome = s;
   }
-  // Progress for the watchdog only: no memory barrier needed before it.
-  (void)write_word(c.stream, completed_dev_, seq, CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER);
+  if (cudaError_t e = cudaEventRecord(last_event_, c.stream); e != cudaSuccess && outcome)
+    outcome = ApiStatus::cuda("cudaEventRecord: " + cuda_text(e));
+  last_stream_ = c.stream;
   served_count_.fetch_add(1);
   watch_cv_.notify_all();
-  if (!outcome) fail(outcome.message());
+  if (!outcome) {
+    fail(outcome.message());
+    release("a failed call");
+  }
   return outcome;
 }
 
 void ServedCalls::watch() {
   std::unique_lock<std::mutex> lock(watch_mu_);
-  uint32_t last = 0;
-  auto progress_at = std::chrono::steady_clock::now();
+  auto pending_since = std::chrono::steady_clock::time_point::max();
   while (!stopping_) {
     watch_cv_.wait_for(lock, std::chrono::milliseconds(10));
-    const uint32_t done = std::atomic_ref<uint32_t>(*completed_).load(std::memory_order_acquire);
-    const auto issued = static_cast<uint32_t>(issued_.load());
+    if (stopping_ || released_.load()) continue;
+    // A launch of the shadow that failed in the server: every process learns it from the board.
+    if (shadow_ != nullptr)
+      if (ApiStatus s = shadow_->async_error(kServerRank); !s) {
+        lock.unlock();
+        fail("the served launch failed: " + s.message());
+        release("a failed launch");
+        lock.lock();
+        continue;
+      }
+    const cudaError_t e = cudaEventQuery(last_event_);
     const auto now = std::chrono::steady_clock::now();
-    if (done != last || done == issued) {
-      last = done;
-      progress_at = now;
+    if (e != cudaErrorNotReady) {
+      if (e != cudaSuccess) (void)cudaGetLastError();
+      pending_since = std::chrono::steady_clock::time_point::max();
       continue;
     }
-    if (now - progress_at > options_.timeout && !released_.load()) {
+    if (pending_since == std::chrono::steady_clock::time_point::max()) pending_since = now;
+    if (now - pending_since > options_.timeout) {
       lock.unlock();
-      fail("served collective " + std::to_string(done + 1) + " did not complete within " +
+      fail("served collective " + std::to_string(issued_.load()) + " did not complete within " +
            std::to_string(
                std::chrono::duration_cast<std::chrono::milliseconds>(options_.timeout).count()) +
            " ms (EFCCL_TIMEOUT_MS); another process on the GPU stopped issuing or running calls");
@@ -481,15 +543,23 @@ void ServedCalls::fail(const std::string& why) {
   error_ = ApiStatus(ncclRemoteError, "rank " + std::to_string(options_.rank) +
                                           ", GPU served by one process: " + why);
   EFCCL_WARN(options_.device, error_.message());
+  if (board_) board_->set_failed(options_.rank);
 }
 
 void ServedCalls::release(const std::string& why) {
   if (released_.exchange(true)) return;
+  if (board_) board_->set_failed(options_.rank);  // the other processes stop serving too
+  if (shadow_ != nullptr) shadow_->abort(kServerRank);
+  write_release_words();
+  EFCCL_INFO(kLogInit, options_.device,
+             "rank " + std::to_string(options_.rank) + ": served calls released (" + why + ")");
+}
+
+void ServedCalls::write_release_words() {
   DeviceGuard guard;
   if (cudaSetDevice(options_.device) != cudaSuccess) (void)cudaGetLastError();
   // Far enough ahead to satisfy every wait already enqueued (they compare cyclically).
   const uint64_t last = issued_.load() + (uint64_t{1} << 30);
-  if (shadow_ != nullptr) shadow_->abort(kServerRank);
   // What this process's streams wait for: the server the clients' arrivals, a client its done.
   if (is_server()) {
     for (int q = 0; q < options_.nranks; ++q)
@@ -497,16 +567,16 @@ void ServedCalls::release(const std::string& why) {
   } else if (words_ != nullptr) {
     (void)write_word(private_stream_, static_cast<char*>(words_) + kDoneOffset, last);
   }
-  EFCCL_INFO(kLogInit, options_.device,
-             "rank " + std::to_string(options_.rank) + ": served calls released (" + why + ")");
 }
 
 ApiStatus ServedCalls::error() const {
   std::lock_guard<std::mutex> lock(error_mu_);
   if (!error_) return error_;
   if (board_ && board_->failed_by() != 0)
-    return ApiStatus(ncclRemoteError, "rank " + std::to_string(board_->failed_by() - 1) +
-                                          " found a served call's buffers unusable");
+    return ApiStatus(ncclRemoteError,
+                     "rank " + std::to_string(board_->failed_by() - 1) +
+                         "'s served calls failed or were aborted (its log says why); the "
+                         "communicator's served calls cannot go on");
   return ApiStatus::ok();
 }
 

@@ -15,8 +15,11 @@
 // the host until every other process has issued the same call (bounded by EFCCL_TIMEOUT_MS).
 //
 // Every stream wait has an abort path and a deadline: a watchdog thread fails the communicator
-// and writes the words this process's streams wait for itself (from a stream of its own) when a
-// served call has not completed within EFCCL_TIMEOUT_MS; abort and a peer's death do the same.
+// and writes the words this process's streams wait for itself (from a stream of its own) when
+// the last served call has not completed within EFCCL_TIMEOUT_MS; abort and a peer's death do
+// the same. A failure anywhere (a timeout, a failed launch in the server, an abort) marks the
+// board, so every process's later calls and ncclCommGetAsyncError report it. Served calls of one
+// process on different streams are chained (an event), so the words only ever grow.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -95,6 +98,10 @@ class ServedCalls {
   ApiStatus run(const Call& c, const std::vector<ServedCall>& all, uint64_t seq);
   void watch();
   void fail(const std::string& why);
+  /// Writes the words this process's streams wait for, far enough ahead for every wait.
+  void write_release_words();
+  /// Waits until the last served call's stream operations are done, at most `budget`.
+  bool drained(std::chrono::nanoseconds budget) const;
   uint32_t* arrived_word(int rank) const;  ///< in the server's memory, as this process maps it
 
   const Options options_;
@@ -107,10 +114,12 @@ class ServedCalls {
   void* server_words_ = nullptr;           ///< client: the server's words, mapped
   std::vector<void*> client_words_;        ///< server: each rank's words, mapped (null for itself)
   cudaStream_t private_stream_ = nullptr;  ///< release()'s writes
-  uint32_t* completed_ = nullptr;          ///< pinned: the last served call the stream finished
-  uint32_t* completed_dev_ = nullptr;      ///< completed_ as the device reaches it
-  std::shared_ptr<Clique> shadow_;         ///< server: every rank of the GPU
-  std::atomic<uint64_t> issued_{0};        ///< the last served call enqueued
+  /// Recorded after each served call's stream operations: the next served call on another
+  /// stream waits for it (so the words only ever grow), the watchdog and destroy query it.
+  cudaEvent_t last_event_ = nullptr;
+  cudaStream_t last_stream_ = nullptr;  ///< under mu_
+  std::shared_ptr<Clique> shadow_;      ///< server: every rank of the GPU
+  std::atomic<uint64_t> issued_{0};     ///< the last served call enqueued
   std::atomic<uint64_t> served_count_{0};
 
   mutable std::mutex error_mu_;
