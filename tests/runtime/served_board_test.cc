@@ -36,6 +36,14 @@ ServedCall allreduce(uint64_t count, uint64_t send) {
   return c;
 }
 
+/// A well-formed allreduce with one field changed by `change`.
+template <typename Change>
+ServedCall changed(Change change) {
+  ServedCall c = allreduce(1, 0);
+  change(c);
+  return c;
+}
+
 TEST(ServedBoard, PostedCallsAreReadInOrderByAnotherView) {
   Memory m(3);
   ASSERT_TRUE(ServedBoard::format(m.at(), m.bytes, 3).is_ok());
@@ -127,36 +135,11 @@ TEST(ServedBoard, RecordsOutOfRangeAreRefusedNamingTheRank) {
   ASSERT_TRUE(ServedBoard::format(m.at(), m.bytes, 2).is_ok());
   auto board = ServedBoard::attach(m.at(), m.bytes, 2);
   const std::vector<std::pair<const char*, ServedCall>> bad = {
-      {"kind",
-       [] {
-         ServedCall c = allreduce(1, 0);
-         c.kind = 8;
-         return c;
-       }()},  // kSend
-      {"datatype",
-       [] {
-         ServedCall c = allreduce(1, 0);
-         c.dtype = 12;
-         return c;
-       }()},
-      {"operator",
-       [] {
-         ServedCall c = allreduce(1, 0);
-         c.op = 6;
-         return c;
-       }()},
-      {"root",
-       [] {
-         ServedCall c = allreduce(1, 0);
-         c.root = 2;
-         return c;
-       }()},
-      {"servable",
-       [] {
-         ServedCall c = allreduce(1, 0);
-         c.servable = 9;
-         return c;
-       }()},
+      {"kind", changed([](ServedCall& c) { c.kind = 8; })},  // kSend
+      {"datatype", changed([](ServedCall& c) { c.dtype = 12; })},
+      {"operator", changed([](ServedCall& c) { c.op = 6; })},
+      {"root", changed([](ServedCall& c) { c.root = 2; })},
+      {"servable", changed([](ServedCall& c) { c.servable = 9; })},
   };
   uint64_t seq = 0;
   for (const auto& [what, call] : bad) {

@@ -168,20 +168,32 @@ TEST(ServedGpu, NothingIsServedWhenTheSettingSaysNo) {
   EXPECT_JOB_PASSED(run_job(job));
 }
 
+/// Process `proc`'s rank of a 2-rank communicator on GPU 0, a stream, and 1 MiB registered.
+struct Member {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  float* buffer = nullptr;
+};
+Member join_with_buffer(int proc, const ncclUniqueId& id) {
+  Member m;
+  CHILD_CUDA(cudaSetDevice(0));
+  CHILD_NCCL(ncclCommInitRank(&m.comm, 2, id, proc));
+  CHILD_CUDA(cudaStreamCreate(&m.stream));
+  void* handle = nullptr;
+  CHILD_CUDA(cudaMalloc(&m.buffer, 1 << 20));
+  CHILD_NCCL(ncclCommRegister(m.comm, m.buffer, 1 << 20, &handle));
+  return m;
+}
+
 TEST(ServedGpu, ACallAnotherProcessNeverIssuesFailsAtTheTimeout) {
   Job job;
   job.env = {"EFCCL_DIRECT_PROCESSES=1", "EFCCL_SERVE_PROCESSES=1", "EFCCL_TIMEOUT_MS=2000"};
   job.body = [](int proc, const ncclUniqueId& id) {
     if (gpus_in_child() < 1) return kSkip;
-    CHILD_CUDA(cudaSetDevice(0));
-    ncclComm_t comm = nullptr;
-    CHILD_NCCL(ncclCommInitRank(&comm, 2, id, proc));
-    cudaStream_t stream = nullptr;
-    CHILD_CUDA(cudaStreamCreate(&stream));
-    float* d = nullptr;
-    void* h = nullptr;
-    CHILD_CUDA(cudaMalloc(&d, 1 << 20));
-    CHILD_NCCL(ncclCommRegister(comm, d, 1 << 20, &h));
+    const Member m = join_with_buffer(proc, id);
+    ncclComm_t comm = m.comm;
+    cudaStream_t stream = m.stream;
+    float* d = m.buffer;
     if (proc == 1) {
       // Never issues the call; stays alive past rank 0's timeout, then leaves.
       std::this_thread::sleep_for(std::chrono::seconds(5));
@@ -271,15 +283,10 @@ TEST(ServedGpu, AServedCallWhoseStreamAnotherProcessHoldsBackFailsAtTheTimeout) 
   job.env = {"EFCCL_DIRECT_PROCESSES=1", "EFCCL_SERVE_PROCESSES=1", "EFCCL_TIMEOUT_MS=2000"};
   job.body = [](int proc, const ncclUniqueId& id) {
     if (gpus_in_child() < 1) return kSkip;
-    CHILD_CUDA(cudaSetDevice(0));
-    ncclComm_t comm = nullptr;
-    CHILD_NCCL(ncclCommInitRank(&comm, 2, id, proc));
-    cudaStream_t stream = nullptr;
-    CHILD_CUDA(cudaStreamCreate(&stream));
-    float* d = nullptr;
-    void* h = nullptr;
-    CHILD_CUDA(cudaMalloc(&d, 1 << 20));
-    CHILD_NCCL(ncclCommRegister(comm, d, 1 << 20, &h));
+    const Member m = join_with_buffer(proc, id);
+    ncclComm_t comm = m.comm;
+    cudaStream_t stream = m.stream;
+    float* d = m.buffer;
     uint32_t* gate = nullptr;
     CHILD_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&gate), 64, cudaHostAllocMapped));
     *gate = 0;
