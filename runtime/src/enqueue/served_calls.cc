@@ -200,6 +200,11 @@ StatusOr<std::shared_ptr<ServedCalls>> ServedCalls::create(net::Bootstrap& boot,
     cleanup_name();
     return Status::error("exchanging the served GPU's handles: " + got.status().message());
   }
+  if (got->size() != static_cast<std::size_t>(n)) {
+    cleanup_name();
+    return Status::error("the served GPU's exchange returned " + std::to_string(got->size()) +
+                         " setups for " + std::to_string(n) + " ranks");
+  }
   bool everyone = true;
   for (int r = 0; r < n; ++r) {
     const std::string& blob = (*got)[static_cast<std::size_t>(r)];
@@ -279,6 +284,9 @@ StatusOr<std::shared_ptr<ServedCalls>> ServedCalls::create(net::Bootstrap& boot,
   auto verdicts = boot.allgather(kVerdictTag, problem.empty() ? "ok" : problem, deadline, abort);
   cleanup_name();  // everyone who will open it has (or failed)
   if (!verdicts) return Status::error("the served GPU's verdicts: " + verdicts.status().message());
+  if (verdicts->size() != static_cast<std::size_t>(n))
+    return Status::error("the served GPU's exchange returned " + std::to_string(verdicts->size()) +
+                         " verdicts for " + std::to_string(n) + " ranks");
   for (int r = 0; r < n; ++r) {
     const std::string& v = (*verdicts)[static_cast<std::size_t>(r)];
     if (v != "ok") {
