@@ -276,12 +276,7 @@ ApiStatus serve_gpu(const ProcessMap& pm, int rank, int device, net::Bootstrap& 
   o.device = device;
   o.timeout = call_timeout();
   const int setting = serve_processes_setting();
-  int mps = 0;
-  if (setting < 0 && cudaDeviceGetAttribute(&mps, cudaDevAttrMpsEnabled, device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    mps = 0;
-  }
-  o.wish = sharing != nullptr && (setting == 1 || (setting < 0 && mps == 0));
+  o.wish = sharing != nullptr && (setting == 1 || (setting < 0 && !mps_serves(device)));
   if (sharing != nullptr) {
     o.translate = [sharing](const void* p, std::size_t bytes) {
       return sharing->reader_address(p, bytes, ServedCalls::kServerRank);

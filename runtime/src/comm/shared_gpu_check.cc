@@ -9,6 +9,15 @@
 
 namespace efccl::runtime {
 
+bool mps_serves(int device) {
+  int mps = 0;
+  if (cudaDeviceGetAttribute(&mps, cudaDevAttrMpsEnabled, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return mps != 0;
+}
+
 int check_shared_gpus(const std::vector<RankLocation>& table, const std::vector<int>& local_ranks,
                       const std::vector<int>& devices) {
   int shared = 0;
@@ -23,12 +32,7 @@ int check_shared_gpus(const std::vector<RankLocation>& table, const std::vector<
         other = k;
     if (other == table.size()) continue;
     ++shared;
-    int mps = 0;
-    if (cudaDeviceGetAttribute(&mps, cudaDevAttrMpsEnabled, devices[i]) != cudaSuccess) {
-      (void)cudaGetLastError();
-      mps = 0;
-    }
-    if (mps != 0) {
+    if (mps_serves(devices[i])) {
       EFCCL_INFO(kLogInit, devices[i],
                  "GPU " + mine.bus_id + " is shared with other processes and served by MPS");
       continue;

@@ -19,6 +19,9 @@ struct RankLocation {
   std::string bus_id;    ///< its GPU ("" unknown)
 };
 
+/// Whether CUDA says an MPS server serves CUDA device `device` (false when it cannot say).
+bool mps_serves(int device);
+
 /// For each local rank (`local_ranks[i]` on CUDA device `devices[i]`) whose GPU another
 /// process's rank also uses: warns once per process unless MPS serves that device. Returns the
 /// number of such local ranks (for tests).
