@@ -40,9 +40,8 @@ int check_shared_gpus(const std::vector<RankLocation>& table, const std::vector<
     static std::once_flag warned;
     std::call_once(warned, [&] {
       EFCCL_WARN(devices[i],
-                 "ranks " + std::to_string(rank) + " (this process) and " +
-                     std::to_string(other) + " (pid " + std::to_string(table[other].pid) +
-                     ") share GPU " + mine.bus_id +
+                 "ranks " + std::to_string(rank) + " (this process) and " + std::to_string(other) +
+                     " (pid " + std::to_string(table[other].pid) + ") share GPU " + mine.bus_id +
                      " without MPS: kernels of different processes time-slice on it "
                      "(milliseconds per call). Start an MPS control daemon for the job: "
                      "efccl-mprun --mps, or nvidia-cuda-mps-control -d with "
