@@ -140,6 +140,7 @@ TEST(ServedBoard, RecordsOutOfRangeAreRefusedNamingTheRank) {
       {"operator", changed([](ServedCall& c) { c.op = 6; })},
       {"root", changed([](ServedCall& c) { c.root = 2; })},
       {"servable", changed([](ServedCall& c) { c.servable = 9; })},
+      {"captured", changed([](ServedCall& c) { c.captured = 2; })},
   };
   uint64_t seq = 0;
   for (const auto& [what, call] : bad) {
@@ -178,6 +179,15 @@ TEST(ServedBoard, CallsAreServedTogetherOnlyWhenAllAreServableAndAgree) {
   calls[1] = allreduce(100, 0x9000);
   calls[1].kind = static_cast<uint8_t>(CallKind::kAllGather);
   EXPECT_FALSE(served_together(calls));
+  calls[1] = allreduce(100, 0x9000);
+  calls[1].captured = 1;
+  EXPECT_FALSE(served_together(calls));  // one captured, one not
+  calls[0].captured = 1;
+  calls[0].slot = 3;
+  calls[1].slot = 3;
+  EXPECT_TRUE(served_together(calls));  // both captured, same graph slot
+  calls[1].slot = 4;
+  EXPECT_FALSE(served_together(calls));  // graph slots differ
   EXPECT_FALSE(served_together({}));
 }
 

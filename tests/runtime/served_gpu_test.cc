@@ -5,7 +5,9 @@
 // not registered runs the usual way, also exact; calls on two streams without the user ordering
 // them run in call order; with EFCCL_SERVE_PROCESSES=0 nothing is served; a call that another
 // process never issues fails at EFCCL_TIMEOUT_MS instead of hanging, and so does a served call
-// whose stream another process holds back (the watchdog), in both processes.
+// whose stream another process holds back (the watchdog), in both processes. Calls captured into
+// CUDA graphs by every process are served on every replay, exact; a replay the other process
+// never matches fails at the timeout and ends, as do replays after it.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -266,6 +268,158 @@ TEST(ServedGpu, CallsOnTwoStreamsRunInCallOrder) {
       }
       CHILD_NCCL(ncclCommDestroy(comm));
       CHILD_CUDA(cudaFreeHost(host));
+      return 0;
+    };
+    EXPECT_JOB_PASSED(run_job(job));
+  }
+}
+
+/// Process `proc`'s part of graphs captured by every process: allreduce, allgather,
+/// reduce-scatter and broadcast of `count` elements per rank into separate parts of one
+/// registered pool, captured in global mode while the served GPU's watchdog runs; each graph
+/// served (counted at capture) and exact on every replay, with other inputs each time, and an
+/// eager call between replays still served.
+int captured_collectives(int proc, int nprocs, const ncclUniqueId& id) {
+  if (gpus_in_child() < 1) return kSkip;
+  CHILD_CUDA(cudaSetDevice(0));
+  ncclComm_t comm = nullptr;
+  CHILD_NCCL(ncclCommInitRank(&comm, nprocs, id, proc));
+  cudaStream_t stream = nullptr;
+  CHILD_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const float total = static_cast<float>(nprocs * (nprocs + 1) / 2);
+  uint64_t served = 0;
+  for (const std::size_t count : {std::size_t{1000}, std::size_t{1} << 18}) {
+    const std::size_t big = count * static_cast<std::size_t>(nprocs);
+    float* pool = nullptr;  // in, allreduce, allgather, reduce-scatter, broadcast: big each
+    CHILD_CUDA(cudaMalloc(&pool, 5 * big * sizeof(float)));
+    void* handle = nullptr;
+    CHILD_NCCL(ncclCommRegister(comm, pool, 5 * big * sizeof(float), &handle));
+    float* in = pool;
+    float* ar = pool + big;
+    float* ag = pool + 2 * big;
+    float* rs = pool + 3 * big;
+    float* bc = pool + 4 * big;
+    cudaGraph_t graph = nullptr;
+    CHILD_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    CHILD_NCCL(ncclAllReduce(in, ar, count, ncclFloat, ncclSum, comm, stream));
+    // The capture stays open over several of the watchdog's polls (every 10 ms): its queries
+    // must not invalidate a capture in global mode.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    CHILD_NCCL(ncclAllGather(in, ag, count, ncclFloat, comm, stream));
+    CHILD_NCCL(ncclReduceScatter(in, rs, count, ncclFloat, ncclSum, comm, stream));
+    CHILD_NCCL(ncclBroadcast(in, bc, count, ncclFloat, 1, comm, stream));
+    CHILD_CUDA(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec = nullptr;
+    CHILD_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    served += 4;
+    CHILD_CHECK(comm->clique->served_calls() == served, "%llu calls served after capture, not %llu",
+                static_cast<unsigned long long>(comm->clique->served_calls()),
+                static_cast<unsigned long long>(served));
+    std::vector<float> host(big);
+    for (int replay = 0; replay < 5; ++replay) {
+      const float r = static_cast<float>(replay + 1);
+      const auto v = [&](int rank, std::size_t i) { return value(rank, i) * r; };
+      for (std::size_t i = 0; i < big; ++i) host[i] = v(proc, i);
+      CHILD_CUDA(cudaMemcpy(in, host.data(), big * sizeof(float), cudaMemcpyHostToDevice));
+      CHILD_CUDA(cudaGraphLaunch(exec, stream));
+      CHILD_CUDA(cudaStreamSynchronize(stream));
+      const auto expect = [&](const float* d, std::size_t n,
+                              const std::function<float(std::size_t)>& want, const char* what) {
+        CHILD_CUDA(cudaMemcpy(host.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+        for (std::size_t i = 0; i < n; ++i)
+          CHILD_CHECK(host[i] == want(i), "replay %d, %s of %zu: element %zu is %g, expected %g",
+                      replay, what, count, i, host[i], want(i));
+      };
+      expect(
+          ar, count, [&](std::size_t i) { return total * static_cast<float>(i % 7 + 1) * r; },
+          "allreduce");
+      expect(
+          ag, big, [&](std::size_t i) { return v(static_cast<int>(i / count), i % count); },
+          "allgather");
+      expect(
+          rs, count,
+          [&](std::size_t i) { return total * static_cast<float>((proc * count + i) % 7 + 1) * r; },
+          "reduce-scatter");
+      expect(
+          bc, count, [&](std::size_t i) { return v(1, i); }, "broadcast from rank 1");
+      if (replay == 2) {  // an eager served call between replays
+        CHILD_NCCL(ncclAllReduce(in, ar, count, ncclFloat, ncclSum, comm, stream));
+        CHILD_CUDA(cudaStreamSynchronize(stream));
+        ++served;
+        CHILD_CHECK(comm->clique->served_calls() == served, "the eager call was not served");
+      }
+    }
+    CHILD_CUDA(cudaGraphExecDestroy(exec));
+    CHILD_CUDA(cudaGraphDestroy(graph));
+    CHILD_NCCL(ncclCommDeregister(comm, handle));
+    CHILD_CUDA(cudaFree(pool));
+  }
+  CHILD_NCCL(ncclCommDestroy(comm));
+  return 0;
+}
+
+TEST(ServedGpu, CapturedCollectivesAreServedAndExactOnEveryReplay) {
+  for (const int nprocs : {2, 4}) {
+    SCOPED_TRACE(std::to_string(nprocs) + " processes");
+    Job job;
+    job.nprocs = nprocs;
+    job.env = {"EFCCL_DIRECT_PROCESSES=1", "EFCCL_SERVE_PROCESSES=1"};
+    job.body = [nprocs](int proc, const ncclUniqueId& id) {
+      return captured_collectives(proc, nprocs, id);
+    };
+    EXPECT_JOB_PASSED(run_job(job));
+  }
+}
+
+TEST(ServedGpu, AReplayTheOtherProcessNeverMatchesFailsAtTheTimeout) {
+  // Both processes capture a served allreduce; only `waiter` replays it (twice), the other
+  // sleeps past EFCCL_TIMEOUT_MS=2000 and aborts. The waiter's watchdog must fail the
+  // communicator at about 2 s and let the replay end; a replay after the failure ends too.
+  for (const int waiter : {0, 1}) {
+    SCOPED_TRACE("rank " + std::to_string(waiter) + " replays");
+    Job job;
+    job.env = {"EFCCL_DIRECT_PROCESSES=1", "EFCCL_SERVE_PROCESSES=1", "EFCCL_TIMEOUT_MS=2000"};
+    job.body = [waiter](int proc, const ncclUniqueId& id) {
+      if (gpus_in_child() < 1) return kSkip;
+      const Member m = join_with_buffer(proc, id);
+      cudaStream_t stream = nullptr;
+      CHILD_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      cudaGraph_t graph = nullptr;
+      CHILD_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+      CHILD_NCCL(ncclAllReduce(m.buffer, m.buffer, 1024, ncclFloat, ncclSum, m.comm, stream));
+      CHILD_CUDA(cudaStreamEndCapture(stream, &graph));
+      CHILD_CHECK(m.comm->clique->served_calls() == 1, "the captured call was not served");
+      cudaGraphExec_t exec = nullptr;
+      CHILD_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+      if (proc != waiter) {
+        std::this_thread::sleep_for(std::chrono::seconds(5));
+        (void)ncclCommAbort(m.comm);
+        return 0;
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      const auto seconds = [&] {
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      };
+      CHILD_CUDA(cudaGraphLaunch(exec, stream));
+      ncclResult_t async = ncclSuccess;
+      double failed_at = -1;
+      while (seconds() < 8 && async == ncclSuccess) {
+        CHILD_NCCL(ncclCommGetAsyncError(m.comm, &async));
+        if (async != ncclSuccess) failed_at = seconds();
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      CHILD_CHECK(async != ncclSuccess, "no failure reported within 8 s");
+      CHILD_CHECK(failed_at >= 1.9 && failed_at < 4.0,
+                  "failure reported after %.2f s, expected about 2", failed_at);
+      CHILD_CUDA(cudaStreamSynchronize(stream));  // the watchdog wrote what it waited for
+      const double before = seconds();
+      CHILD_CUDA(cudaGraphLaunch(exec, stream));  // after the failure: lets it through too
+      CHILD_CUDA(cudaStreamSynchronize(stream));
+      CHILD_CHECK(seconds() - before < 1.0, "a replay after the failure took %.2f s",
+                  seconds() - before);
+      CHILD_CUDA(cudaGraphExecDestroy(exec));
+      CHILD_CUDA(cudaGraphDestroy(graph));
+      (void)ncclCommAbort(m.comm);
       return 0;
     };
     EXPECT_JOB_PASSED(run_job(job));

@@ -68,6 +68,7 @@ Status check_served_call(const ServedCall& c, int nranks) {
   if (c.op >= ef::kNumRedOps)
     return Status::error("operator " + std::to_string(c.op) + " is not one efccl knows");
   if (c.servable > 1) return Status::error("servable flag " + std::to_string(c.servable));
+  if (c.captured > 1) return Status::error("captured flag " + std::to_string(c.captured));
   if (c.root < 0 || c.root >= nranks)
     return Status::error("root " + std::to_string(c.root) + " is not a rank of the " +
                          std::to_string(nranks) + "-rank communicator");
@@ -79,7 +80,7 @@ bool served_together(const std::vector<ServedCall>& calls) {
   const ServedCall& a = calls.front();
   return std::all_of(calls.begin(), calls.end(), [&](const ServedCall& c) {
     return c.servable == 1 && c.kind == a.kind && c.count == a.count && c.dtype == a.dtype &&
-           c.op == a.op && c.root == a.root;
+           c.op == a.op && c.root == a.root && c.captured == a.captured && c.slot == a.slot;
   });
 }
 

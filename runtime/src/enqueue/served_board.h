@@ -30,6 +30,9 @@ struct ServedCall {
   uint8_t op = 0;        ///< ef::RedOp
   uint8_t servable = 0;  ///< 1: this rank's call can be served (see served_calls.h)
   int32_t root = 0;
+  uint8_t captured = 0;  ///< 1: under CUDA graph capture (served through graph slot `slot`)
+  uint8_t pad[3] = {};
+  uint32_t slot = 0;  ///< captured: the graph slot the rank's process would give it
   uint64_t count = 0;
   uint64_t send = 0;  ///< where the serving process reaches the send buffer (0: none/unused)
   uint64_t recv = 0;  ///< likewise, the receive buffer
@@ -40,7 +43,8 @@ struct ServedCall {
 /// from another process): kind, datatype, operator, root in range.
 Status check_served_call(const ServedCall& c, int nranks);
 /// Whether every rank's call of one sequence number is servable and they agree on kind, count,
-/// datatype, operator and root (else every process runs the call the usual way).
+/// datatype, operator, root, capture and graph slot (else every process runs the call the usual
+/// way).
 bool served_together(const std::vector<ServedCall>& calls);
 
 class ServedBoard {

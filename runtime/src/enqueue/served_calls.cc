@@ -10,6 +10,7 @@
 #include <random>
 
 #include "base/device_guard.h"
+#include "base/relaxed_capture.h"
 #include "efccl/common/log.h"
 #include "efccl/net/bootstrap.h"
 #include "enqueue/clique.h"
@@ -20,14 +21,22 @@ namespace {
 
 constexpr uint64_t kSetupTag = 0x00ef'5345'5256'0001ull;    // the handles and the board's name
 constexpr uint64_t kVerdictTag = 0x00ef'5345'5256'0002ull;  // whether each process could open them
-constexpr std::size_t kWordsBytes = 4096;
+constexpr int kMaxServedRanks = 32;
+/// Each process's words: the eager calls' in the first page, then the graph slots' flags.
+constexpr std::size_t kWordsBytes = std::size_t{1} << 20;
 constexpr std::size_t kWordStride = 64;    ///< arrived word of rank q at q * stride (server)
 constexpr std::size_t kDoneOffset = 2048;  ///< each process's done word
-constexpr int kMaxServedRanks = 32;
+constexpr std::size_t kSlotsOffset = 4096;
+/// Graph slots: the server's page holds an arrival flag per rank and slot, a client's page a
+/// "done" flag per slot.
+constexpr uint32_t kGraphSlots =
+    static_cast<uint32_t>((kWordsBytes - kSlotsOffset) / (kMaxServedRanks * sizeof(uint32_t)));
+/// What a failure writes into a graph slot's flags (the waits pass on >= 1).
+constexpr uint32_t kSlotReleased = uint32_t{1} << 30;
 constexpr std::size_t kNameBytes = 64;
 
 using WriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
-using WaitValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+using BatchMemOp = CUresult (*)(CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int);
 
 void* driver_entry(const char* name) {
   void* entry = nullptr;
@@ -45,8 +54,8 @@ WriteValue32 write_value32() {
   static const auto fn = reinterpret_cast<WriteValue32>(driver_entry("cuStreamWriteValue32"));
   return fn;
 }
-WaitValue32 wait_value32() {
-  static const auto fn = reinterpret_cast<WaitValue32>(driver_entry("cuStreamWaitValue32"));
+BatchMemOp batch_mem_op() {
+  static const auto fn = reinterpret_cast<BatchMemOp>(driver_entry("cuStreamBatchMemOp"));
   return fn;
 }
 
@@ -66,15 +75,45 @@ ApiStatus write_word(cudaStream_t s, const void* word, uint64_t value, unsigned 
   return ApiStatus::ok();
 }
 
-ApiStatus wait_word(cudaStream_t s, const void* word, uint64_t value) {
-  WaitValue32 fn = wait_value32();
-  if (fn == nullptr) return ApiStatus::cuda("the CUDA driver has no cuStreamWaitValue32");
-  const CUresult r = fn(s, reinterpret_cast<CUdeviceptr>(word), static_cast<cuuint32_t>(value),
-                        CU_STREAM_WAIT_VALUE_GEQ);
-  if (r != CUDA_SUCCESS)
-    return ApiStatus::cuda("cuStreamWaitValue32 failed with CUresult " + std::to_string(r));
-  return ApiStatus::ok();
-}
+/// Stream memory operations enqueued as one batch (one node under capture): a stream's words of
+/// one served call.
+class MemOps {
+ public:
+  /// `*word = value` once the operations before it are done, after a memory barrier (the
+  /// stream's earlier writes are visible first; this driver refuses writes without one,
+  /// CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER, on an H200 with CUDA 13.0).
+  void write(const void* word, uint32_t value) {
+    CUstreamBatchMemOpParams op{};
+    op.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+    op.writeValue.address = reinterpret_cast<CUdeviceptr>(word);
+    op.writeValue.value = value;
+    op.writeValue.flags = 0;
+    ops_.push_back(op);
+  }
+  /// Until `*word` >= `value` (compared cyclically).
+  void wait(const void* word, uint32_t value) {
+    CUstreamBatchMemOpParams op{};
+    op.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+    op.waitValue.address = reinterpret_cast<CUdeviceptr>(word);
+    op.waitValue.value = value;
+    op.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+    ops_.push_back(op);
+  }
+  /// Enqueues them on `s` and forgets them.
+  ApiStatus issue(cudaStream_t s) {
+    if (ops_.empty()) return ApiStatus::ok();
+    BatchMemOp fn = batch_mem_op();
+    if (fn == nullptr) return ApiStatus::cuda("the CUDA driver has no cuStreamBatchMemOp");
+    const CUresult r = fn(s, static_cast<unsigned>(ops_.size()), ops_.data(), 0);
+    ops_.clear();
+    if (r != CUDA_SUCCESS)
+      return ApiStatus::cuda("cuStreamBatchMemOp failed with CUresult " + std::to_string(r));
+    return ApiStatus::ok();
+  }
+
+ private:
+  std::vector<CUstreamBatchMemOpParams> ops_;
+};
 
 /// Bytes of the buffers a rank's call uses: (send, receive); 0 for a buffer it does not use.
 std::pair<uint64_t, uint64_t> used_bytes(CallKind k, uint64_t bytes, int rank, int root,
@@ -158,7 +197,7 @@ StatusOr<std::shared_ptr<ServedCalls>> ServedCalls::create(net::Bootstrap& boot,
   if (!options.wish) problem = "not wished";
   if (problem.empty() && n > kMaxServedRanks)
     problem = std::to_string(n) + " ranks (at most " + std::to_string(kMaxServedRanks) + ")";
-  if (problem.empty() && (write_value32() == nullptr || wait_value32() == nullptr))
+  if (problem.empty() && (write_value32() == nullptr || batch_mem_op() == nullptr))
     problem = "the CUDA driver has no stream memory operations";
   cudaIpcMemHandle_t handle{};
   std::string name;
@@ -170,6 +209,12 @@ StatusOr<std::shared_ptr<ServedCalls>> ServedCalls::create(net::Bootstrap& boot,
     if (e == cudaSuccess)
       e = cudaStreamCreateWithFlags(&me->private_stream_, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&me->last_event_, cudaEventDisableTiming);
+    if (e == cudaSuccess)
+      e = cudaHostAlloc(reinterpret_cast<void**>(&me->waiting_), kGraphSlots * sizeof(uint32_t),
+                        cudaHostAllocMapped);
+    if (e == cudaSuccess) std::memset(me->waiting_, 0, kGraphSlots * sizeof(uint32_t));
+    if (e == cudaSuccess)
+      e = cudaHostGetDevicePointer(reinterpret_cast<void**>(&me->waiting_device_), me->waiting_, 0);
     if (e != cudaSuccess) problem = "its words: " + cuda_text(e);
   }
   if (problem.empty() && server) {
@@ -336,6 +381,7 @@ ServedCalls::~ServedCalls() {
       if (p != nullptr) (void)cudaIpcCloseMemHandle(p);
     if (server_words_ != nullptr) (void)cudaIpcCloseMemHandle(server_words_);
     if (words_ != nullptr) (void)cudaFree(words_);
+    if (waiting_ != nullptr) (void)cudaFreeHost(waiting_);
   }
   if (last_event_ != nullptr) (void)cudaEventDestroy(last_event_);
   if (board_memory_ != nullptr) munmap(board_memory_, board_bytes_);
@@ -343,15 +389,18 @@ ServedCalls::~ServedCalls() {
 }
 
 bool ServedCalls::drained(std::chrono::nanoseconds budget) const {
-  if (last_event_ == nullptr) return true;
+  RelaxedCapture relaxed;
   const auto until = std::chrono::steady_clock::now() + budget;
   for (;;) {
-    const cudaError_t e = cudaEventQuery(last_event_);
-    if (e == cudaSuccess) return true;
-    if (e != cudaErrorNotReady) {
+    const cudaError_t e = last_event_ != nullptr ? cudaEventQuery(last_event_) : cudaSuccess;
+    if (e != cudaSuccess && e != cudaErrorNotReady) {
       (void)cudaGetLastError();
       return false;  // a sticky error: nothing will end
     }
+    bool replaying = false;  // a graph's replay waits in a slot
+    for (uint32_t k = 0; k < slots_used_.load() && !replaying; ++k)
+      replaying = reinterpret_cast<const volatile uint32_t*>(waiting_)[k] != 0;
+    if (e == cudaSuccess && !replaying) return true;
     if (std::chrono::steady_clock::now() > until) return false;
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
@@ -360,6 +409,16 @@ bool ServedCalls::drained(std::chrono::nanoseconds budget) const {
 uint32_t* ServedCalls::arrived_word(int rank) const {
   char* base = static_cast<char*>(is_server() ? words_ : server_words_);
   return reinterpret_cast<uint32_t*>(base + static_cast<std::size_t>(rank) * kWordStride);
+}
+
+uint32_t* ServedCalls::slot_arrived(uint32_t slot, int rank) const {
+  char* base = static_cast<char*>(is_server() ? words_ : server_words_);
+  return reinterpret_cast<uint32_t*>(base + kSlotsOffset) +
+         static_cast<std::size_t>(slot) * kMaxServedRanks + static_cast<std::size_t>(rank);
+}
+
+uint32_t* ServedCalls::slot_done(void* base, uint32_t slot) {
+  return reinterpret_cast<uint32_t*>(static_cast<char*>(base) + kSlotsOffset) + slot;
 }
 
 bool ServedCalls::servable(const Call& c, ServedCall* record) const {
@@ -375,7 +434,12 @@ bool ServedCalls::servable(const Call& c, ServedCall* record) const {
     (void)cudaGetLastError();
     return false;
   }
-  if (capture != cudaStreamCaptureStatusNone) return false;  // replays would ring unknown numbers
+  if (capture == cudaStreamCaptureStatusInvalidated) return false;
+  if (capture == cudaStreamCaptureStatusActive) {
+    record->captured = 1;
+    record->slot = next_slot_;
+    if (next_slot_ >= kGraphSlots) return false;  // every slot given (submit says so once)
+  }
   const auto [send_bytes, recv_bytes] =
       used_bytes(c.kind, call_bytes(c), options_.rank, c.root, options_.nranks);
   if (is_server()) {
@@ -411,6 +475,13 @@ bool ServedCalls::submit(const std::vector<Call>& calls, ApiStatus* status) {
     ServedCall record;
     const bool mine = servable(c, &record) && alone;
     record.servable = mine ? 1 : 0;
+    if (record.captured == 1 && record.slot >= kGraphSlots && !told_slots_out_) {
+      told_slots_out_ = true;
+      EFCCL_INFO(kLogInit, options_.device,
+                 "rank " + std::to_string(options_.rank) + ": all " + std::to_string(kGraphSlots) +
+                     " graph slots of the served GPU are given; later captured calls run the "
+                     "usual way");
+    }
     const uint64_t seq = ++seq_;
     if (Status s = board_->post(options_.rank, seq, record, deadline, &released_); !s) {
       fail("posting collective " + std::to_string(seq) + ": " + s.message());
@@ -436,10 +507,93 @@ bool ServedCalls::submit(const std::vector<Call>& calls, ApiStatus* status) {
     }
     board_->consume(options_.rank, seq);
     if (!served_together(all)) return false;
-    *status = run(c, all, seq);
+    *status = record.captured == 1 ? run_captured(c, all, record.slot) : run(c, all, seq);
     return true;
   }
   return false;
+}
+
+ApiStatus ServedCalls::check_addresses(const Call& c, const std::vector<ServedCall>& all,
+                                       uint64_t seq) {
+  const uint64_t bytes = call_bytes(c);
+  for (int q = 0; q < options_.nranks; ++q) {
+    if (q == options_.rank) continue;
+    const ServedCall& r = all[static_cast<std::size_t>(q)];
+    const auto [sb, rb] = used_bytes(c.kind, bytes, q, c.root, options_.nranks);
+    if ((sb != 0 && !options_.covers(q, r.send, sb)) ||
+        (rb != 0 && !options_.covers(q, r.recv, rb))) {
+      board_->set_failed(options_.rank);
+      return ApiStatus(ncclRemoteError,
+                       "rank " + std::to_string(q) + "'s " + api_name(c.kind) + " (call " +
+                           std::to_string(seq) +
+                           ") names memory that its process did not register with this one");
+    }
+  }
+  return ApiStatus::ok();
+}
+
+ApiStatus ServedCalls::launch_for_all(const Call& c, const std::vector<ServedCall>& all) {
+  std::vector<Call> parts;
+  for (int q = 0; q < options_.nranks; ++q) {
+    const ServedCall& r = all[static_cast<std::size_t>(q)];
+    Call x = c;
+    x.rank = q;
+    x.premul_scalar = r.premul;
+    if (q != options_.rank) {
+      x.sendbuff = reinterpret_cast<const void*>(r.send);
+      x.recvbuff = reinterpret_cast<void*>(r.recv);
+    }
+    parts.push_back(x);
+  }
+  std::shared_ptr<CallQueue::Submission> unfinished;
+  ApiStatus outcome = shadow_->submit(std::move(parts), true, &unfinished);
+  if (outcome && unfinished != nullptr) outcome = shadow_->wait(unfinished);
+  return outcome;
+}
+
+ApiStatus ServedCalls::run_captured(const Call& c, const std::vector<ServedCall>& all,
+                                    uint32_t slot) {
+  DeviceGuard guard;
+  if (cudaError_t e = cudaSetDevice(options_.device); e != cudaSuccess)
+    return ApiStatus::cuda("cudaSetDevice: " + cuda_text(e));
+  // The slot is taken whatever happens below: every process counts it alike.
+  ++next_slot_;
+  slots_used_.store(next_slot_);
+  // Each replay: the waiting side raises its host flag, waits for the others' flags (>= 1),
+  // lowers them, and lowers its host flag; fixed values, so the graph replays as captured.
+  uint32_t* const waiting = waiting_device_ + slot;
+  ApiStatus outcome;
+  MemOps ops;
+  if (is_server()) {
+    outcome = check_addresses(c, all, seq_);
+    ops.write(waiting, 1);
+    for (int q = 0; q < options_.nranks; ++q)
+      if (q != options_.rank) ops.wait(slot_arrived(slot, q), 1);
+    for (int q = 0; q < options_.nranks; ++q)
+      if (q != options_.rank) ops.write(slot_arrived(slot, q), 0);
+    ops.write(waiting, 0);
+    if (outcome) outcome = ops.issue(c.stream);
+    if (outcome) outcome = launch_for_all(c, all);
+    // The clients' replays wait for these whatever happened above.
+    for (int q = 0; q < options_.nranks; ++q)
+      if (q != options_.rank)
+        ops.write(slot_done(client_words_[static_cast<std::size_t>(q)], slot), 1);
+    if (ApiStatus s = ops.issue(c.stream); !s && outcome) outcome = s;
+  } else {
+    ops.write(waiting, 1);
+    ops.write(slot_arrived(slot, options_.rank), 1);
+    ops.wait(slot_done(words_, slot), 1);
+    ops.write(slot_done(words_, slot), 0);
+    ops.write(waiting, 0);
+    outcome = ops.issue(c.stream);
+  }
+  served_count_.fetch_add(1);
+  if (!outcome) {
+    // The capture holds a graph that cannot serve: the communicator fails, as for an eager call.
+    fail(outcome.message());
+    release("a failed capture");
+  }
+  return outcome;
 }
 
 ApiStatus ServedCalls::run(const Call& c, const std::vector<ServedCall>& all, uint64_t seq) {
@@ -452,51 +606,25 @@ ApiStatus ServedCalls::run(const Call& c, const std::vector<ServedCall>& all, ui
   if (last_stream_ != nullptr && last_stream_ != c.stream)
     if (cudaError_t e = cudaStreamWaitEvent(c.stream, last_event_, 0); e != cudaSuccess)
       outcome = ApiStatus::cuda("cudaStreamWaitEvent: " + cuda_text(e));
+  const auto word = static_cast<uint32_t>(seq);
+  MemOps ops;
   if (is_server()) {
-    // Every other rank's buffers must lie in mappings this process holds for that rank.
-    const uint64_t bytes = call_bytes(c);
-    for (int q = 0; q < options_.nranks && outcome; ++q) {
-      if (q == options_.rank) continue;
-      const ServedCall& r = all[static_cast<std::size_t>(q)];
-      const auto [sb, rb] = used_bytes(c.kind, bytes, q, c.root, options_.nranks);
-      if ((sb != 0 && !options_.covers(q, r.send, sb)) ||
-          (rb != 0 && !options_.covers(q, r.recv, rb))) {
-        board_->set_failed(options_.rank);
-        outcome = ApiStatus(ncclRemoteError,
-                            "rank " + std::to_string(q) + "'s " + api_name(c.kind) + " (call " +
-                                std::to_string(seq) +
-                                ") names memory that its process did not register with this one");
-      }
-    }
-    for (int q = 0; q < options_.nranks && outcome; ++q)
-      if (q != options_.rank) outcome = wait_word(c.stream, arrived_word(q), seq);
-    if (outcome) {
-      std::vector<Call> parts;
-      for (int q = 0; q < options_.nranks; ++q) {
-        const ServedCall& r = all[static_cast<std::size_t>(q)];
-        Call x = c;
-        x.rank = q;
-        x.premul_scalar = r.premul;
-        if (q != options_.rank) {
-          x.sendbuff = reinterpret_cast<const void*>(r.send);
-          x.recvbuff = reinterpret_cast<void*>(r.recv);
-        }
-        parts.push_back(x);
-      }
-      std::shared_ptr<CallQueue::Submission> unfinished;
-      outcome = shadow_->submit(std::move(parts), true, &unfinished);
-      if (outcome && unfinished != nullptr) outcome = shadow_->wait(unfinished);
-    }
+    if (outcome) outcome = check_addresses(c, all, seq);
+    for (int q = 0; q < options_.nranks; ++q)
+      if (q != options_.rank) ops.wait(arrived_word(q), word);
+    if (outcome) outcome = ops.issue(c.stream);
+    if (outcome) outcome = launch_for_all(c, all);
     // The clients' streams wait for these whatever happened above.
-    for (int q = 0; q < options_.nranks; ++q) {
-      if (q == options_.rank) continue;
-      const char* done = static_cast<const char*>(client_words_[static_cast<std::size_t>(q)]);
-      if (ApiStatus s = write_word(c.stream, done + kDoneOffset, seq); !s && outcome) outcome = s;
-    }
+    for (int q = 0; q < options_.nranks; ++q)
+      if (q != options_.rank)
+        ops.write(
+            static_cast<const char*>(client_words_[static_cast<std::size_t>(q)]) + kDoneOffset,
+            word);
+    if (ApiStatus s = ops.issue(c.stream); !s && outcome) outcome = s;
   } else {
-    outcome = write_word(c.stream, arrived_word(options_.rank), seq);
-    const char* done = static_cast<const char*>(words_) + kDoneOffset;
-    if (ApiStatus s = wait_word(c.stream, done, seq); !s && outcome) outcome = s;
+    ops.write(arrived_word(options_.rank), word);
+    ops.wait(static_cast<const char*>(words_) + kDoneOffset, word);
+    if (outcome) outcome = ops.issue(c.stream);
   }
   if (cudaError_t e = cudaEventRecord(last_event_, c.stream); e != cudaSuccess && outcome)
     outcome = ApiStatus::cuda("cudaEventRecord: " + cuda_text(e));
@@ -511,11 +639,33 @@ ApiStatus ServedCalls::run(const Call& c, const std::vector<ServedCall>& all, ui
 }
 
 void ServedCalls::watch() {
+  // Its event queries must not invalidate a capture that another thread has under way.
+  RelaxedCapture relaxed;
+  using Clock = std::chrono::steady_clock;
+  constexpr Clock::time_point kNever = Clock::time_point::max();
   std::unique_lock<std::mutex> lock(watch_mu_);
-  auto pending_since = std::chrono::steady_clock::time_point::max();
+  auto pending_since = kNever;
+  std::vector<Clock::time_point> slot_waiting_since;  // per graph slot: its stream waits since
+  const auto timed_out = [&](const std::string& what) {
+    lock.unlock();
+    fail(what + " did not complete within " +
+         std::to_string(
+             std::chrono::duration_cast<std::chrono::milliseconds>(options_.timeout).count()) +
+         " ms (EFCCL_TIMEOUT_MS); another process on the GPU stopped issuing or running calls");
+    release("the timeout");
+    lock.lock();
+  };
   while (!stopping_) {
     watch_cv_.wait_for(lock, std::chrono::milliseconds(10));
-    if (stopping_ || released_.load()) continue;
+    if (stopping_) break;
+    if (released_.load()) {
+      // A graph replayed after the failure waits in its slots again (it lowers the flags it
+      // waited for): let it through too.
+      lock.unlock();
+      release_waiting_slots();
+      lock.lock();
+      continue;
+    }
     // A launch of the shadow that failed in the server: every process learns it from the board.
     if (shadow_ != nullptr)
       if (ApiStatus s = shadow_->async_error(kServerRank); !s) {
@@ -525,23 +675,33 @@ void ServedCalls::watch() {
         lock.lock();
         continue;
       }
-    const cudaError_t e = cudaEventQuery(last_event_);
-    const auto now = std::chrono::steady_clock::now();
-    if (e != cudaErrorNotReady) {
-      if (e != cudaSuccess) (void)cudaGetLastError();
-      pending_since = std::chrono::steady_clock::time_point::max();
+    const auto now = Clock::now();
+    // Graph replays: a slot whose stream has waited for longer than the timeout.
+    const uint32_t used = slots_used_.load();
+    slot_waiting_since.resize(used, kNever);
+    std::optional<uint32_t> stuck;
+    for (uint32_t k = 0; k < used; ++k) {
+      if (reinterpret_cast<const volatile uint32_t*>(waiting_)[k] == 0) {
+        slot_waiting_since[k] = kNever;
+        continue;
+      }
+      if (slot_waiting_since[k] == kNever) slot_waiting_since[k] = now;
+      if (now - slot_waiting_since[k] > options_.timeout && !stuck) stuck = k;
+    }
+    if (stuck) {
+      timed_out("the replay of captured served collective (graph slot " + std::to_string(*stuck) +
+                ")");
       continue;
     }
-    if (pending_since == std::chrono::steady_clock::time_point::max()) pending_since = now;
-    if (now - pending_since > options_.timeout) {
-      lock.unlock();
-      fail("served collective " + std::to_string(issued_.load()) + " did not complete within " +
-           std::to_string(
-               std::chrono::duration_cast<std::chrono::milliseconds>(options_.timeout).count()) +
-           " ms (EFCCL_TIMEOUT_MS); another process on the GPU stopped issuing or running calls");
-      release("the timeout");
-      lock.lock();
+    const cudaError_t e = cudaEventQuery(last_event_);
+    if (e != cudaErrorNotReady) {
+      if (e != cudaSuccess) (void)cudaGetLastError();
+      pending_since = kNever;
+      continue;
     }
+    if (pending_since == kNever) pending_since = now;
+    if (now - pending_since > options_.timeout)
+      timed_out("served collective " + std::to_string(issued_.load()));
   }
 }
 
@@ -556,6 +716,7 @@ void ServedCalls::fail(const std::string& why) {
 
 void ServedCalls::release(const std::string& why) {
   if (released_.exchange(true)) return;
+  RelaxedCapture relaxed;
   if (board_) board_->set_failed(options_.rank);  // the other processes stop serving too
   if (shadow_ != nullptr) shadow_->abort(kServerRank);
   write_release_words();
@@ -574,6 +735,24 @@ void ServedCalls::write_release_words() {
       if (q != options_.rank) (void)write_word(private_stream_, arrived_word(q), last);
   } else if (words_ != nullptr) {
     (void)write_word(private_stream_, static_cast<char*>(words_) + kDoneOffset, last);
+  }
+  release_waiting_slots();
+}
+
+void ServedCalls::release_waiting_slots() {
+  if (waiting_ == nullptr || words_ == nullptr) return;
+  DeviceGuard guard;
+  if (cudaSetDevice(options_.device) != cudaSuccess) (void)cudaGetLastError();
+  const uint32_t used = slots_used_.load();
+  for (uint32_t k = 0; k < used; ++k) {
+    if (reinterpret_cast<const volatile uint32_t*>(waiting_)[k] == 0) continue;
+    if (is_server()) {
+      for (int q = 0; q < options_.nranks; ++q)
+        if (q != options_.rank)
+          (void)write_word(private_stream_, slot_arrived(k, q), kSlotReleased);
+    } else {
+      (void)write_word(private_stream_, slot_done(words_, k), kSlotReleased);
+    }
   }
 }
 

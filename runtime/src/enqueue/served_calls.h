@@ -10,9 +10,18 @@
 //
 // Per collective, every process posts its call on a board in shared host memory
 // (served_board.h) and reads the others', so that all decide alike: served when every rank's
-// call is alone in its submission, not captured, on buffers the server can reach, and all agree
-// on the call; otherwise the call runs the usual way in every process. Each process waits on
-// the host until every other process has issued the same call (bounded by EFCCL_TIMEOUT_MS).
+// call is alone in its submission, on buffers the server can reach, captured in every process or
+// in none, and all agree on the call; otherwise the call runs the usual way in every process.
+// Each process waits on the host until every other process has issued the same call (bounded by
+// EFCCL_TIMEOUT_MS).
+//
+// An eager served call is numbered (seq): the streams write and wait for words that only grow.
+// A captured one gets a graph slot of its own (the same in every process, never reused by the
+// communicator): its graph's fixed stream operations raise the slot's flags and the waiting side
+// lowers them again once it passed, so that every replay handshakes anew. Each process also
+// raises a flag of its own in pinned host memory while its stream waits in a slot, which the
+// watchdog reads: a replay that waits longer than EFCCL_TIMEOUT_MS fails the communicator, and
+// from then on the watchdog writes the flags of every slot a stream waits in.
 //
 // Every stream wait has an abort path and a deadline: a watchdog thread fails the communicator
 // and writes the words this process's streams wait for itself (from a stream of its own) when
@@ -96,6 +105,18 @@ class ServedCalls {
   explicit ServedCalls(Options options);
   bool servable(const Call& c, ServedCall* record) const;
   ApiStatus run(const Call& c, const std::vector<ServedCall>& all, uint64_t seq);
+  /// A captured call in graph slot `slot`.
+  ApiStatus run_captured(const Call& c, const std::vector<ServedCall>& all, uint32_t slot);
+  /// Server: every other rank's buffers lie in mappings this process holds for that rank.
+  ApiStatus check_addresses(const Call& c, const std::vector<ServedCall>& all, uint64_t seq);
+  /// Server: the shadow's launch of `c` for every rank, on `c.stream`.
+  ApiStatus launch_for_all(const Call& c, const std::vector<ServedCall>& all);
+  /// Slot `slot`'s flags: rank `rank`'s arrival (in the server's memory, as this process maps
+  /// it) and a rank's "done" (in that rank's memory; `base`: its words as this process maps them).
+  uint32_t* slot_arrived(uint32_t slot, int rank) const;
+  static uint32_t* slot_done(void* base, uint32_t slot);
+  /// Writes the flags of every graph slot whose stream waits now (after a failure).
+  void release_waiting_slots();
   void watch();
   void fail(const std::string& why);
   /// Writes the words this process's streams wait for, far enough ahead for every wait.
@@ -117,9 +138,15 @@ class ServedCalls {
   /// Recorded after each served call's stream operations: the next served call on another
   /// stream waits for it (so the words only ever grow), the watchdog and destroy query it.
   cudaEvent_t last_event_ = nullptr;
-  cudaStream_t last_stream_ = nullptr;  ///< under mu_
-  std::shared_ptr<Clique> shadow_;      ///< server: every rank of the GPU
-  std::atomic<uint64_t> issued_{0};     ///< the last served call enqueued
+  cudaStream_t last_stream_ = nullptr;   ///< under mu_
+  std::shared_ptr<Clique> shadow_;       ///< server: every rank of the GPU
+  std::atomic<uint64_t> issued_{0};      ///< the last served call enqueued
+  uint32_t next_slot_ = 0;               ///< under mu_: the next captured call's graph slot
+  std::atomic<uint32_t> slots_used_{0};  ///< graph slots given so far
+  bool told_slots_out_ = false;          ///< under mu_: INFO said the slots are all given
+  /// Pinned, mapped: flag k is 1 while this process's stream waits in graph slot k.
+  uint32_t* waiting_ = nullptr;
+  uint32_t* waiting_device_ = nullptr;  ///< the same, as streams write it
   std::atomic<uint64_t> served_count_{0};
 
   mutable std::mutex error_mu_;

@@ -9,6 +9,8 @@
 #include <fstream>
 #include <thread>
 
+#include "base/relaxed_capture.h"
+
 namespace efccl::runtime {
 namespace {
 
@@ -56,19 +58,6 @@ std::string expand(const std::string& path) {
   }
   return out;
 }
-
-/// Relaxed capture mode for the calling thread while it lives: querying and creating events
-/// must not invalidate a capture in global mode on another thread (PyTorch's default).
-class RelaxedCapture {
- public:
-  RelaxedCapture() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
-  ~RelaxedCapture() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
-  RelaxedCapture(const RelaxedCapture&) = delete;
-  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
-
- private:
-  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
-};
 
 }  // namespace
 
