@@ -242,9 +242,9 @@ std::map<int, std::shared_ptr<SharedRegistrations>> start_sharing(
         if (table[static_cast<std::size_t>(partner_ranks[i])].process ==
             table[static_cast<std::size_t>(c)].process)
           client_partner.push_back(i);
-    auto started = SharedRegistrations::start(m.boot, rank, m.device, std::move(partners),
-                                              std::move(clients), init_timeout(),
-                                              std::move(client_partner));
+    auto started =
+        SharedRegistrations::start(m.boot, rank, m.device, std::move(partners), std::move(clients),
+                                   init_timeout(), std::move(client_partner));
     if (!started) {
       EFCCL_WARN(m.device, "rank " + std::to_string(rank) +
                                ": buffers registered on this communicator will not be shared "
@@ -351,6 +351,7 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
   }
   std::shared_ptr<Clique> clique;
   std::map<int, std::shared_ptr<SharedRegistrations>> sharing;  // by member rank
+  std::vector<RankLocation> locations;  // several processes: where every rank is
   if (status) {
     const FallbackPlan fallback_plan = fallback_plan_locked(r, all_devices, processes.get(), boots);
     lock.unlock();
@@ -372,17 +373,16 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
           status = local_machine_graph(all_devices, &graph);
         } else {
           std::vector<topo::RankPlacement> placements;
-          std::vector<RankLocation> locations;
           for (const std::string& entry : r.table) {
             PeerInfo info;
             decode_info(entry, &info);  // checked by learn_table_locked
             placements.push_back({info.host_hash, info.bus_id});
-            locations.push_back({info.host_hash, info.process_nonce, info.pid,
-                                 topo::normal_bus_id(info.bus_id)});
+            locations.push_back(
+                {info.host_hash, info.process_nonce, info.pid, topo::normal_bus_id(info.bus_id)});
           }
-          check_shared_gpus(locations, member_ranks, devices);
           sharing = start_sharing(r, locations, processes->where);
-          for (std::size_t k = 0; k < locations.size(); ++k) processes->gpu[k] = gpu_key(locations[k]);
+          for (std::size_t k = 0; k < locations.size(); ++k)
+            processes->gpu[k] = gpu_key(locations[k]);
           // Where another process reaches a local rank's registered buffer (direct transfers
           // between processes on one GPU).
           processes->translate = [sharing](int rank, const void* p, std::size_t bytes,
@@ -422,6 +422,10 @@ void build_locked(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
                          *boots.front(), it != sharing.end() ? it->second : nullptr, **created,
                          net::Deadline(build_deadline), &r.abort);
     }
+    // Ranks of other processes on this process's GPUs: a warning unless MPS serves the GPU or
+    // this process's calls are served (after serve_gpu, which knows).
+    if (status && created && !single_process && !(*created)->served())
+      check_shared_gpus(locations, member_ranks, devices);
     if (status && created) {
       std::shared_ptr<NcclFallback> fallback;
       status = create_fallback(fallback_plan, &fallback);

@@ -111,6 +111,8 @@ class Clique {
   void set_served(std::shared_ptr<ServedCalls> served);
   /// Collectives served so far (tests; 0 without a served GPU).
   uint64_t served_calls() const;
+  /// Whether one process serves the clique's GPU (set_served was given one).
+  bool served() const { return served_ != nullptr; }
   /// The communicator's machine graph (comm/machine_graph.h), set once before the clique is
   /// used; every rank's GPU node in it. `every_process_sees_every_gpu`: across processes,
   /// whether each process sees every GPU of its host (agreed at init; relays as slot devices
