@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fstream>
+#include <random>
 #include <thread>
 
 namespace efccl::net {
@@ -140,7 +142,31 @@ StatusOr<SocketAddress> local_address(int fd) {
   return a;
 }
 
+uint16_t first_ephemeral_port() {
+  constexpr uint16_t kLinuxDefault = 32768;
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  long low = 0, high = 0;
+  if (!(range >> low >> high) || low < 1 || low > 65535) return kLinuxDefault;
+  return static_cast<uint16_t>(low);
+}
+
 StatusOr<uint16_t> free_port(const SocketAddress& host) {
+  // Below the kernel's ephemeral range where there is room: the port bound here is released
+  // before the job binds it again, and a port in that range may meanwhile become the local
+  // port of any outgoing connection on the host (efccl-mprun's ranks connect to each other
+  // while rank 0 starts torch's store on MASTER_PORT: EADDRINUSE).
+  constexpr uint16_t kLowest = 10000;
+  const uint16_t ephemeral = first_ephemeral_port();
+  if (ephemeral > kLowest + 1) {
+    std::random_device rd;
+    std::uniform_int_distribution<int> pick(kLowest, ephemeral - 1);
+    for (int attempt = 0; attempt < 64; ++attempt) {
+      SocketAddress at = host;
+      at.set_port(static_cast<uint16_t>(pick(rd)));
+      SocketAddress bound;
+      if (auto fd = listen_on(at, true, &bound, 1)) return bound.port();
+    }
+  }
   SocketAddress any_port = host;
   any_port.set_port(0);
   SocketAddress bound;

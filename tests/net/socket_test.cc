@@ -78,6 +78,22 @@ TEST(Socket, ListenAcceptConnectAndTalk) {
   EXPECT_TRUE(contains(eof.message(), "closed by the other side")) << eof.message();
 }
 
+TEST(Socket, AFreePortLiesBelowTheEphemeralRangeAndCanBeBound) {
+  // efccl-mprun's MASTER_PORT: outside the range the kernel takes outgoing connections' local
+  // ports from, so that none of them takes it before torch's store binds it.
+  const uint16_t ephemeral = efccl::net::first_ephemeral_port();
+  for (int i = 0; i < 20; ++i) {
+    auto port = efccl::net::free_port(loopback());
+    ASSERT_TRUE(port) << port.status().message();
+    if (ephemeral > 10001) {
+      EXPECT_GE(*port, 10000);
+      EXPECT_LT(*port, ephemeral);
+    }
+    SocketAddress bound;
+    EXPECT_TRUE(efccl::net::listen_on(loopback(*port), true, &bound)) << *port;
+  }
+}
+
 TEST(Socket, ConnectRetriesUntilSomeoneListensOrTheDeadline) {
   auto port = efccl::net::free_port(loopback());
   ASSERT_TRUE(port) << port.status().message();

@@ -132,17 +132,20 @@ int served_collectives(int proc, int nprocs, const ncclUniqueId& id) {
   return 0;
 }
 
-TEST(ServedGpu, CollectivesOfTwoAndFourProcessesAreServedAndExact) {
+/// `body(proc, nprocs, id)` in jobs of 2 and 4 processes, served.
+void in_two_and_four_processes(int (*body)(int proc, int nprocs, const ncclUniqueId& id)) {
   for (const int nprocs : {2, 4}) {
     SCOPED_TRACE(std::to_string(nprocs) + " processes");
     Job job;
     job.nprocs = nprocs;
     job.env = {"EFCCL_DIRECT_PROCESSES=1", "EFCCL_SERVE_PROCESSES=1"};
-    job.body = [nprocs](int proc, const ncclUniqueId& id) {
-      return served_collectives(proc, nprocs, id);
-    };
+    job.body = [nprocs, body](int proc, const ncclUniqueId& id) { return body(proc, nprocs, id); };
     EXPECT_JOB_PASSED(run_job(job));
   }
+}
+
+TEST(ServedGpu, CollectivesOfTwoAndFourProcessesAreServedAndExact) {
+  in_two_and_four_processes(served_collectives);
 }
 
 TEST(ServedGpu, NothingIsServedWhenTheSettingSaysNo) {
@@ -359,16 +362,7 @@ int captured_collectives(int proc, int nprocs, const ncclUniqueId& id) {
 }
 
 TEST(ServedGpu, CapturedCollectivesAreServedAndExactOnEveryReplay) {
-  for (const int nprocs : {2, 4}) {
-    SCOPED_TRACE(std::to_string(nprocs) + " processes");
-    Job job;
-    job.nprocs = nprocs;
-    job.env = {"EFCCL_DIRECT_PROCESSES=1", "EFCCL_SERVE_PROCESSES=1"};
-    job.body = [nprocs](int proc, const ncclUniqueId& id) {
-      return captured_collectives(proc, nprocs, id);
-    };
-    EXPECT_JOB_PASSED(run_job(job));
-  }
+  in_two_and_four_processes(captured_collectives);
 }
 
 TEST(ServedGpu, AReplayTheOtherProcessNeverMatchesFailsAtTheTimeout) {

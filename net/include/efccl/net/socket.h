@@ -48,8 +48,12 @@ Status accept_pending(
 
 /// The local address of a socket (for a connected one: the interface that reaches the peer).
 StatusOr<SocketAddress> local_address(int fd);
-/// A port that was free a moment ago on `host`'s address (bound then released: may be taken later).
+/// A port that was free a moment ago on `host`'s address (bound then released: may be taken
+/// later), chosen below the kernel's ephemeral range (ip_local_port_range) where there is room,
+/// so that no outgoing connection's local port takes it meanwhile.
 StatusOr<uint16_t> free_port(const SocketAddress& host);
+/// The first port of the kernel's ephemeral range (32768 when it cannot be read).
+uint16_t first_ephemeral_port();
 
 /// Sends all `size` bytes; fails when the peer closed or `deadline` passed.
 Status send_all(int fd, const void* data, std::size_t size, Deadline deadline);
