@@ -1,6 +1,5 @@
 // The runtime's own programs and its selection, checked on the host reference executor (no GPU).
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <cstdlib>
@@ -18,8 +17,8 @@
 #include "efccl/runtime/observer.h"
 #include "select/p2p_plan.h"
 #include "select/program_registry.h"
-#include "select/user_programs.h"
 #include "select/tuning.h"
+#include "select/user_programs.h"
 
 namespace efccl::runtime {
 namespace {
@@ -32,7 +31,8 @@ void expect_verifies(const ef::Program& p, uint64_t count, ef::DataType dtype, e
     o.op = op;
     o.inplace = inplace;
     const auto r = host::run_and_verify(p, o, 7);
-    EXPECT_TRUE(r.pass) << p.name << " count " << count << " inplace " << inplace << ": " << r.message;
+    EXPECT_TRUE(r.pass) << p.name << " count " << count << " inplace " << inplace << ": "
+                        << r.message;
   }
 }
 
@@ -116,7 +116,9 @@ TEST(RuntimePrograms, P2pRoundsPlannedWithoutProgramsBuildTheSameOnes) {
       if (q != r) t.push_back({r, q, at(r * 4096 + q * 512), at(100000 + q * 4096 + r * 512), 512});
   t.push_back({0, 2, at(300001), at(400003), 96});  // another size: a second round
   const auto channels = [](uint64_t bytes) { return bytes >= 512 ? 4 : 2; };
-  const auto protocol = [](uint64_t bytes) { return bytes >= 512 ? ef::Protocol::kSimple : ef::Protocol::kLL128; };
+  const auto protocol = [](uint64_t bytes) {
+    return bytes >= 512 ? ef::Protocol::kSimple : ef::Protocol::kLL128;
+  };
   const auto full = plan_p2p_rounds(t, channels, protocol);
   auto lazy = plan_p2p_rounds(t, channels, protocol, /*build_programs=*/false);
   ASSERT_EQ(full.size(), 2u);
@@ -140,10 +142,12 @@ TEST(RuntimePrograms, P2pRoundsPlannedWithoutProgramsBuildTheSameOnes) {
   EXPECT_EQ(full[0].slot_bytes, std::size_t{32} << 10);
   EXPECT_NE(full[0].signature.find(":slot32768"), std::string::npos) << full[0].signature;
   EXPECT_EQ(full[1].slot_bytes, 0u);
-  const auto big = plan_p2p_rounds({{0, 1, at(0), at(1 << 24), 3u << 20}}, [](uint64_t) { return 4; });
+  const auto big =
+      plan_p2p_rounds({{0, 1, at(0), at(1 << 24), 3u << 20}}, [](uint64_t) { return 4; });
   ASSERT_EQ(big.size(), 1u);
   EXPECT_EQ(big[0].slot_bytes, std::size_t{512} << 10);  // 768 KiB chunks: the Simple default
-  const auto mid = plan_p2p_rounds({{0, 1, at(0), at(1 << 24), 400u << 10}}, [](uint64_t) { return 4; });
+  const auto mid =
+      plan_p2p_rounds({{0, 1, at(0), at(1 << 24), 400u << 10}}, [](uint64_t) { return 4; });
   ASSERT_EQ(mid.size(), 1u);
   EXPECT_EQ(mid[0].slot_bytes, std::size_t{128} << 10);  // 100 KiB chunks
 }
@@ -160,9 +164,10 @@ TEST(RuntimePrograms, P2pUnrelatedBuffersAndSizesSplitRounds) {
 }
 
 TEST(RuntimePrograms, TuningTableCoversEveryCollective) {
-  for (auto c : {ef::Collective::kAllReduce, ef::Collective::kAllGather, ef::Collective::kReduceScatter,
-                 ef::Collective::kBroadcast, ef::Collective::kReduce, ef::Collective::kAllToAll,
-                 ef::Collective::kGather, ef::Collective::kScatter})
+  for (auto c :
+       {ef::Collective::kAllReduce, ef::Collective::kAllGather, ef::Collective::kReduceScatter,
+        ef::Collective::kBroadcast, ef::Collective::kReduce, ef::Collective::kAllToAll,
+        ef::Collective::kGather, ef::Collective::kScatter})
     for (int n : {1, 2, 8, 16})
       for (uint64_t bytes : {uint64_t{0}, uint64_t{4} << 10, uint64_t{4} << 20, uint64_t{1} << 30})
         EXPECT_FALSE(choose_builtin(c, n, bytes).algorithm.empty()) << ef::to_string(c) << " " << n;
@@ -192,8 +197,7 @@ TEST(RuntimePrograms, RanksSharingALaunchReduceInOnePass) {
             "ring_allreduce");
   EXPECT_EQ(choose_builtin(ef::Collective::kAllReduce, 17, 64 << 20, one_host, true).algorithm,
             "ring_allreduce");
-  for (auto [collective, name] :
-       std::vector<std::pair<ef::Collective, std::string>>{
+  for (auto [collective, name] : std::vector<std::pair<ef::Collective, std::string>>{
            {ef::Collective::kAllGather, "shared_gpu_allgather"},
            {ef::Collective::kReduceScatter, "shared_gpu_reducescatter"},
            {ef::Collective::kBroadcast, "shared_gpu_broadcast"},
@@ -238,6 +242,13 @@ TEST(RuntimePrograms, RanksSharingALaunchReduceInOnePass) {
         EXPECT_EQ(covered, count) << name;
         if (count > 7) {
           EXPECT_EQ(plan->pieces.front().program->name, name);
+        }
+        // Below the mrc program's granularity: all of it in its one-threadblock variant (one
+        // pass), not through a program of connections.
+        if (count == 1 && collective != ef::Collective::kAllGather &&
+            collective != ef::Collective::kReduceScatter) {
+          ASSERT_EQ(plan->pieces.size(), 1u) << name;
+          EXPECT_EQ(plan->pieces.front().program->name, name + "_single");
         }
       }
     }
@@ -288,7 +299,8 @@ TEST(RuntimePrograms, LargeChunksOfElementWiseCollectivesHoldWhole16BytePacks) {
   };
   for (const Case& c : std::vector<Case>{
            {ef::Collective::kAllReduce, 3, uint64_t{1} << 20, ef::DataType::kFloat32},
-           {ef::Collective::kAllReduce, 3, 96 * 10923, ef::DataType::kFloat32},  // divides, odd chunks
+           {ef::Collective::kAllReduce, 3, 96 * 10923,
+            ef::DataType::kFloat32},  // divides, odd chunks
            {ef::Collective::kAllReduce, 6, (uint64_t{1} << 24) + 3, ef::DataType::kInt8},
            {ef::Collective::kAllReduce, 5, (uint64_t{1} << 22) + 1, ef::DataType::kFloat64},
            {ef::Collective::kBroadcast, 3, (uint64_t{1} << 20) + 2, ef::DataType::kFloat32},
@@ -346,7 +358,8 @@ TEST(RuntimePrograms, RingsOnGpusSharedBetweenProcessesTake128CtasPerGpu) {
     for (uint64_t bytes : {4 * kMiB, 64 * kMiB}) {
       const BuiltinChoice a =
           choose_builtin(ef::Collective::kAllReduce, per_gpu, bytes, one_host, false, per_gpu);
-      const BuiltinChoice b = choose_builtin(ef::Collective::kAllReduce, per_gpu, bytes, one_host, false);
+      const BuiltinChoice b =
+          choose_builtin(ef::Collective::kAllReduce, per_gpu, bytes, one_host, false);
       EXPECT_EQ(a.instances, b.instances) << per_gpu << " " << bytes;
       EXPECT_EQ(a.channels, b.channels) << per_gpu << " " << bytes;
     }
@@ -382,9 +395,10 @@ TEST(RuntimePrograms, RingsOnGpusSharedBetweenProcessesTake128CtasPerGpu) {
 
 TEST(RuntimePrograms, BuiltinPlansRunEveryCount) {
   ProgramRegistry registry({}, ProtocolFilter{});
-  for (auto c : {ef::Collective::kAllReduce, ef::Collective::kAllGather, ef::Collective::kReduceScatter,
-                 ef::Collective::kBroadcast, ef::Collective::kReduce, ef::Collective::kAllToAll,
-                 ef::Collective::kGather, ef::Collective::kScatter}) {
+  for (auto c :
+       {ef::Collective::kAllReduce, ef::Collective::kAllGather, ef::Collective::kReduceScatter,
+        ef::Collective::kBroadcast, ef::Collective::kReduce, ef::Collective::kAllToAll,
+        ef::Collective::kGather, ef::Collective::kScatter}) {
     for (int n : {1, 3, 4}) {
       for (uint64_t count : {uint64_t{1}, uint64_t{7}, uint64_t{(1 << 18) + 3}}) {
         for (bool inplace : {false, true}) {
@@ -398,7 +412,8 @@ TEST(RuntimePrograms, BuiltinPlansRunEveryCount) {
             covered += p.count;
             EXPECT_TRUE(ef::chunk_elements(*p.program, p.count)) << p.program->name;
             EXPECT_TRUE(inplace ? p.program->inplace : p.program->outofplace);
-            for (const auto& rank : p.program->ranks) EXPECT_FALSE(rank.threadblocks.empty()) << p.program->name;
+            for (const auto& rank : p.program->ranks)
+              EXPECT_FALSE(rank.threadblocks.empty()) << p.program->name;
           }
           EXPECT_EQ(covered, count) << plan->reason;
           if (count < 100)
@@ -563,7 +578,8 @@ TEST(RuntimePrograms, P2pChannelsFollowTheTableWithinNcclBounds) {
   EXPECT_EQ(p2p_channels(1 << 30, bounds), 6);
   for (const char* bad : {"0", "65", "-3", "4x", "", "lots"}) {
     ASSERT_EQ(setenv("NCCL_MIN_P2P_NCHANNELS", bad, 1), 0);
-    EXPECT_EQ(p2p_channel_bounds(), std::make_pair(1, 6)) << "NCCL_MIN_P2P_NCHANNELS='" << bad << "'";
+    EXPECT_EQ(p2p_channel_bounds(), std::make_pair(1, 6))
+        << "NCCL_MIN_P2P_NCHANNELS='" << bad << "'";
   }
   ASSERT_EQ(unsetenv("NCCL_MIN_P2P_NCHANNELS"), 0);
   ASSERT_EQ(unsetenv("NCCL_MAX_P2P_NCHANNELS"), 0);
@@ -582,7 +598,8 @@ TEST(RuntimePrograms, ProtocolsFollowTheTuningTableAndNcclProto) {
   EXPECT_EQ(p2p_protocol(1 << 30), ef::Protocol::kSimple);
   // Two ranks: all-pairs with more lanes as messages grow, then the ring.
   EXPECT_EQ(choose_builtin(ef::Collective::kAllReduce, 2, 8).instances, 1);
-  EXPECT_EQ(choose_builtin(ef::Collective::kAllReduce, 2, 512 << 10).algorithm, "allpairs_allreduce");
+  EXPECT_EQ(choose_builtin(ef::Collective::kAllReduce, 2, 512 << 10).algorithm,
+            "allpairs_allreduce");
   EXPECT_EQ(choose_builtin(ef::Collective::kAllReduce, 2, 512 << 10).instances, 8);
   EXPECT_EQ(choose_builtin(ef::Collective::kAllReduce, 2, 1 << 20).algorithm, "ring_allreduce");
 

@@ -3,14 +3,14 @@
 // copies into its output. Sends to different peers use different connections, so they all
 // proceed at once; peer q's data travels on channel (q - r) mod channels. Two ranks: see
 // two_ranks() below.
-#include "library.h"
-
 #include "efccl/ef/validate.h"
+#include "library.h"
 
 namespace efccl::algorithms::detail {
 namespace {
 
-ef::Op make_op(ef::OpCode code, std::optional<ef::BufferRef> src, std::optional<ef::BufferRef> dst) {
+ef::Op make_op(ef::OpCode code, std::optional<ef::BufferRef> src,
+               std::optional<ef::BufferRef> dst) {
   ef::Op op;
   op.code = code;
   op.src = src;
@@ -48,7 +48,8 @@ StatusOr<ef::Program> two_ranks(const AlgorithmParams& p, const compiler::Compil
       tb.send_peer = 1 - r;
       tb.recv_peer = 1 - r;
       tb.channel = k;
-      tb.ops.push_back(make_op(ef::OpCode::kSend, ef::BufferRef{BufferKind::kInput, k}, std::nullopt));
+      tb.ops.push_back(
+          make_op(ef::OpCode::kSend, ef::BufferRef{BufferKind::kInput, k}, std::nullopt));
       tb.ops.push_back(make_op(ef::OpCode::kRecvReduceCopy, ef::BufferRef{BufferKind::kInput, k},
                                ef::BufferRef{BufferKind::kOutput, k}));
       rank.threadblocks.push_back(std::move(tb));
@@ -56,7 +57,8 @@ StatusOr<ef::Program> two_ranks(const AlgorithmParams& p, const compiler::Compil
   }
   std::string problems;
   for (const auto& d : ef::validate(prog)) problems += "\n  " + d.to_string();
-  if (!problems.empty()) return Status::error("allpairs_allreduce (2 ranks) is not valid:" + problems);
+  if (!problems.empty())
+    return Status::error("allpairs_allreduce (2 ranks) is not valid:" + problems);
   return prog;
 }
 

@@ -34,6 +34,13 @@ StatusOr<ef::Program> shared_gpu_broadcast(const AlgorithmParams& p,
                                            const compiler::CompileOptions& o);
 StatusOr<ef::Program> shared_gpu_reduce(const AlgorithmParams& p,
                                         const compiler::CompileOptions& o);
+// One threadblock of one rank, one chunk: any count (the tails of the three above).
+StatusOr<ef::Program> shared_gpu_allreduce_single(const AlgorithmParams& p,
+                                                  const compiler::CompileOptions& o);
+StatusOr<ef::Program> shared_gpu_broadcast_single(const AlgorithmParams& p,
+                                                  const compiler::CompileOptions& o);
+StatusOr<ef::Program> shared_gpu_reduce_single(const AlgorithmParams& p,
+                                               const compiler::CompileOptions& o);
 // Hierarchical: nodes x gpus_per_node, nodes divides ranks (checked).
 StatusOr<ef::Program> two_step_alltoall(const AlgorithmParams& p,
                                         const compiler::CompileOptions& o);

@@ -10,9 +10,8 @@
 // and where in-place aliasing makes a source and a target one range, each element is read
 // before the same thread writes it). They run only where every rank shares the launch; the
 // runtime picks them only there (select/tuning.h).
-#include "library.h"
-
 #include "efccl/ef/validate.h"
+#include "library.h"
 
 namespace efccl::algorithms::detail {
 namespace {
@@ -20,21 +19,24 @@ namespace {
 /// Rank r's lane k handles chunk j = r * lanes + k of the collective's "big" buffer (every
 /// rank's buffer for allreduce, broadcast and reduce; the concatenation of the ranks' blocks
 /// for allgather's output and reduce-scatter's input, so that block r is rank r's own).
+/// `single` (allreduce, broadcast, reduce): one chunk, one threadblock of one rank (the root;
+/// rank 0 for allreduce), so that any count fits — the tail of a count the others do not divide.
 StatusOr<ef::Program> shared_gpu_program(const AlgorithmParams& p,
                                          const compiler::CompileOptions& o,
-                                         ef::Collective collective, const char* name) {
+                                         ef::Collective collective, const char* name,
+                                         bool single = false) {
   const int32_t n = p.ranks;
-  const int32_t lanes = p.channels * p.instances;
+  const int32_t lanes = single ? 1 : p.channels * p.instances;
   const int32_t root = o.root;
-  const int64_t all = static_cast<int64_t>(n) * lanes;
+  const int64_t all = single ? 1 : static_cast<int64_t>(n) * lanes;
+  const int32_t owner = collective == ef::Collective::kAllReduce ? 0 : root;
   ef::Program prog;
   prog.name = name;
   prog.collective = collective;
   prog.protocol = p.protocol;
   prog.nranks = n;
-  prog.root = collective == ef::Collective::kBroadcast || collective == ef::Collective::kReduce
-                  ? root
-                  : 0;
+  prog.root =
+      collective == ef::Collective::kBroadcast || collective == ef::Collective::kReduce ? root : 0;
   prog.nchunksperloop = all;
   prog.nchannels = 1;
   prog.inplace = true;
@@ -69,8 +71,9 @@ StatusOr<ef::Program> shared_gpu_program(const AlgorithmParams& p,
   }
   for (int32_t r = 0; r < n; ++r) {
     ef::Rank& rank = prog.ranks[static_cast<std::size_t>(r)];
+    if (single && r != owner) continue;  // no threadblocks
     for (int32_t k = 0; k < lanes; ++k) {
-      const int64_t j = static_cast<int64_t>(r) * lanes + k;
+      const int64_t j = single ? 0 : static_cast<int64_t>(r) * lanes + k;
       ef::Op op;
       op.code = ef::OpCode::kMultiReduceCopy;
       op.count = 1;
@@ -114,6 +117,21 @@ StatusOr<ef::Program> shared_gpu_program(const AlgorithmParams& p,
 StatusOr<ef::Program> shared_gpu_allreduce(const AlgorithmParams& p,
                                            const compiler::CompileOptions& o) {
   return shared_gpu_program(p, o, ef::Collective::kAllReduce, "shared_gpu_allreduce");
+}
+
+StatusOr<ef::Program> shared_gpu_allreduce_single(const AlgorithmParams& p,
+                                                  const compiler::CompileOptions& o) {
+  return shared_gpu_program(p, o, ef::Collective::kAllReduce, "shared_gpu_allreduce_single", true);
+}
+
+StatusOr<ef::Program> shared_gpu_broadcast_single(const AlgorithmParams& p,
+                                                  const compiler::CompileOptions& o) {
+  return shared_gpu_program(p, o, ef::Collective::kBroadcast, "shared_gpu_broadcast_single", true);
+}
+
+StatusOr<ef::Program> shared_gpu_reduce_single(const AlgorithmParams& p,
+                                               const compiler::CompileOptions& o) {
+  return shared_gpu_program(p, o, ef::Collective::kReduce, "shared_gpu_reduce_single", true);
 }
 
 StatusOr<ef::Program> shared_gpu_allgather(const AlgorithmParams& p,

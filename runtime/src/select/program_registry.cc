@@ -169,9 +169,8 @@ StatusOr<Plan> ProgramRegistry::select_uncached(const CallShape& call,
         std::string(ef::to_string(call.dtype)) + " (" + std::to_string(api_bytes) + " bytes, " +
         std::to_string(call.nranks) + " ranks, " + (call.inplace ? "in place" : "out of place") +
         ") and the built-in algorithms are disabled (EFCCL_BUILTINS=0)" + skipped);
-  const BuiltinChoice choice =
-      choose_builtin(call.collective, call.nranks, call_bytes(call), hosts_, shared_launch_,
-                     ranks_per_shared_gpu_);
+  const BuiltinChoice choice = choose_builtin(call.collective, call.nranks, call_bytes(call),
+                                              hosts_, shared_launch_, ranks_per_shared_gpu_);
   if (choice.algorithm.empty())
     return Status::error("no built-in algorithm for " + collective + " with " +
                          std::to_string(call.nranks) + " ranks");
@@ -223,15 +222,13 @@ StatusOr<Plan> ProgramRegistry::select_uncached(const CallShape& call,
     // Element-wise collectives: the largest multiple of the step through the chosen program,
     // the remaining elements through a program of granularity 1.
     const uint64_t body = call.count - call.count % step;
-    // A program of mrc ops gives every rank at least one chunk, so its tail is the usual
-    // table's program (allreduce: all-pairs).
+    // A program of mrc ops gives every rank at least one chunk: its tail is its one-threadblock
+    // variant (shared_gpu_*_single: one pass, any count). Otherwise allreduce's tail is
+    // all-pairs, the others' their own program with one instance.
     const std::string tail_algorithm =
-        call.collective == ef::Collective::kAllReduce && call.nranks > 1 ? "allpairs_allreduce"
-        : choice.shared_launch
-            ? std::string(choose_builtin(call.collective, call.nranks,
-                                         (call.count - body) * ef::size_of(call.dtype), hosts_)
-                              .algorithm)
-            : algorithm;
+        choice.shared_launch                                               ? algorithm + "_single"
+        : call.collective == ef::Collective::kAllReduce && call.nranks > 1 ? "allpairs_allreduce"
+                                                                           : algorithm;
     auto tail = get(tail_algorithm, 1);
     if (!tail) return tail.status();
     if (ef::count_granularity(**tail) != 1)
@@ -240,9 +237,8 @@ StatusOr<Plan> ProgramRegistry::select_uncached(const CallShape& call,
     plan.pieces.push_back({*tail, body, call.count - body});
     plan.reason += "; count " + std::to_string(call.count) + " is not a multiple of " +
                    std::to_string(step) +
-                   (step != granularity ? " (chunks of whole 16-byte packs)" : "") +
-                   ": the last " + std::to_string(call.count - body) + " element(s) run through " +
-                   tail_algorithm;
+                   (step != granularity ? " (chunks of whole 16-byte packs)" : "") + ": the last " +
+                   std::to_string(call.count - body) + " element(s) run through " + tail_algorithm;
   } else {
     // Per-block collectives cannot be split by offset: fewer instances until the count fits
     // (one instance takes every count).
@@ -262,11 +258,11 @@ StatusOr<Plan> ProgramRegistry::select_uncached(const CallShape& call,
       return Status::error(algorithm + " cannot take count " + std::to_string(call.count));
     plan.pieces.push_back({*program, 0, call.count});
     if (instances != choice.instances || channels != choice.channels)
-      plan.reason += "; " + std::to_string(instances) + " instance(s)" +
-                     (channels != choice.channels
-                          ? " x " + std::to_string(channels) + " lane(s) per rank"
-                          : std::string()) +
-                     " so that count " + std::to_string(call.count) + " divides";
+      plan.reason +=
+          "; " + std::to_string(instances) + " instance(s)" +
+          (channels != choice.channels ? " x " + std::to_string(channels) + " lane(s) per rank"
+                                       : std::string()) +
+          " so that count " + std::to_string(call.count) + " divides";
   }
   SelectionRecord record{collective, (*program)->name, "builtin",  plan.reason,
                          false,      call.count,       call.nranks};

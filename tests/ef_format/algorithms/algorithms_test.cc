@@ -30,13 +30,29 @@ TEST(Registry, ListsTheAlgorithmsSorted) {
   const auto list = list_algorithms();
   std::vector<std::string> got;
   for (const auto& info : list) got.push_back(info.name);
-  EXPECT_EQ(got, (std::vector<std::string>{
-                     "allpairs_allgather", "allpairs_allreduce", "alltonext", "direct_alltoall",
-                     "direct_gather", "direct_scatter", "hierarchical_allreduce",
-                     "multilane_allreduce", "ring_allgather", "ring_allreduce", "ring_broadcast",
-                     "ring_reduce", "ring_reducescatter", "send_recv", "shared_gpu_allgather",
-                     "shared_gpu_allreduce", "shared_gpu_broadcast", "shared_gpu_reduce",
-                     "shared_gpu_reducescatter", "two_step_alltoall"}));
+  EXPECT_EQ(got, (std::vector<std::string>{"allpairs_allgather",
+                                           "allpairs_allreduce",
+                                           "alltonext",
+                                           "direct_alltoall",
+                                           "direct_gather",
+                                           "direct_scatter",
+                                           "hierarchical_allreduce",
+                                           "multilane_allreduce",
+                                           "ring_allgather",
+                                           "ring_allreduce",
+                                           "ring_broadcast",
+                                           "ring_reduce",
+                                           "ring_reducescatter",
+                                           "send_recv",
+                                           "shared_gpu_allgather",
+                                           "shared_gpu_allreduce",
+                                           "shared_gpu_allreduce_single",
+                                           "shared_gpu_broadcast",
+                                           "shared_gpu_broadcast_single",
+                                           "shared_gpu_reduce",
+                                           "shared_gpu_reduce_single",
+                                           "shared_gpu_reducescatter",
+                                           "two_step_alltoall"}));
   for (const auto& info : list) {
     EXPECT_FALSE(info.description.empty()) << info.name;
     EXPECT_LE(info.min_ranks, info.max_ranks) << info.name;
@@ -47,9 +63,10 @@ TEST(Registry, ListsTheAlgorithmsSorted) {
   EXPECT_TRUE(info_of("multilane_allreduce").hierarchical);
   EXPECT_TRUE(info_of("alltonext").hierarchical);
   EXPECT_FALSE(info_of("ring_allreduce").hierarchical);
-  for (const char* name : {"shared_gpu_allreduce", "shared_gpu_allgather",
-                           "shared_gpu_reducescatter", "shared_gpu_broadcast",
-                           "shared_gpu_reduce"}) {
+  for (const char* name :
+       {"shared_gpu_allreduce", "shared_gpu_allgather", "shared_gpu_reducescatter",
+        "shared_gpu_broadcast", "shared_gpu_reduce", "shared_gpu_allreduce_single",
+        "shared_gpu_broadcast_single", "shared_gpu_reduce_single"}) {
     EXPECT_TRUE(info_of(name).shared_launch) << name;
     EXPECT_EQ(info_of(name).max_ranks, 16) << name;
   }
