@@ -196,7 +196,8 @@ TEST_F(CliTest, ListsAndGeneratesLibraryAlgorithms) {
   EXPECT_NE(o.out.find("ring_allreduce"), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("direct_alltoall"), std::string::npos) << o.out;
   // The name column fits the longest name: a space after each.
-  EXPECT_NE(o.out.find("shared_gpu_reducescatter reducescatter"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("shared_gpu_allreduce_single allreduce"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("shared_gpu_reducescatter    reducescatter"), std::string::npos) << o.out;
 
   const auto json = dir_ / "ring.json", xml = dir_ / "ring.xml";
   o = run("generate ring_allreduce --ranks 5 --instances 2 -o " + json.string());
