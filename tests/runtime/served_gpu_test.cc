@@ -6,8 +6,9 @@
 // them run in call order; with EFCCL_SERVE_PROCESSES=0 nothing is served; a call that another
 // process never issues fails at EFCCL_TIMEOUT_MS instead of hanging, and so does a served call
 // whose stream another process holds back (the watchdog), in both processes. Calls captured into
-// CUDA graphs by every process are served on every replay, exact; a replay the other process
-// never matches fails at the timeout and ends, as do replays after it.
+// CUDA graphs by every process are served on every replay, exact, also back to back for longer
+// than the timeout; a replay the other process never matches fails at the timeout and ends, as
+// do replays after it; a replay waiting for a process that aborts ends without the timeout.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -15,6 +16,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <string>
 #include <thread>
@@ -280,8 +282,8 @@ TEST(ServedGpu, CallsOnTwoStreamsRunInCallOrder) {
 /// Process `proc`'s part of graphs captured by every process: allreduce, allgather,
 /// reduce-scatter and broadcast of `count` elements per rank into separate parts of one
 /// registered pool, captured in global mode while the served GPU's watchdog runs; each graph
-/// served (counted at capture) and exact on every replay, with other inputs each time, and an
-/// eager call between replays still served.
+/// served (counted at capture) and exact on every replay, with other inputs each time, also
+/// after 50 replays back to back, and an eager call between replays still served.
 int captured_collectives(int proc, int nprocs, const ncclUniqueId& id) {
   if (gpus_in_child() < 1) return kSkip;
   CHILD_CUDA(cudaSetDevice(0));
@@ -319,12 +321,17 @@ int captured_collectives(int proc, int nprocs, const ncclUniqueId& id) {
                 static_cast<unsigned long long>(comm->clique->served_calls()),
                 static_cast<unsigned long long>(served));
     std::vector<float> host(big);
-    for (int replay = 0; replay < 5; ++replay) {
+    for (int replay = 0; replay < 6; ++replay) {
       const float r = static_cast<float>(replay + 1);
       const auto v = [&](int rank, std::size_t i) { return value(rank, i) * r; };
       for (std::size_t i = 0; i < big; ++i) host[i] = v(proc, i);
-      CHILD_CUDA(cudaMemcpy(in, host.data(), big * sizeof(float), cudaMemcpyHostToDevice));
-      CHILD_CUDA(cudaGraphLaunch(exec, stream));
+      // On the graph's stream: the copy ends before this process's arrival is written.
+      CHILD_CUDA(
+          cudaMemcpyAsync(in, host.data(), big * sizeof(float), cudaMemcpyHostToDevice, stream));
+      // The last round: 50 replays back to back (each handshake of a slot after the other,
+      // several queued), same inputs, same results.
+      for (int launch = 0; launch < (replay == 5 ? 50 : 1); ++launch)
+        CHILD_CUDA(cudaGraphLaunch(exec, stream));
       CHILD_CUDA(cudaStreamSynchronize(stream));
       const auto expect = [&](const float* d, std::size_t n,
                               const std::function<float(std::size_t)>& want, const char* what) {
@@ -363,6 +370,98 @@ int captured_collectives(int proc, int nprocs, const ncclUniqueId& id) {
 
 TEST(ServedGpu, CapturedCollectivesAreServedAndExactOnEveryReplay) {
   in_two_and_four_processes(captured_collectives);
+}
+
+TEST(ServedGpu, ReplaysBackToBackForLongerThanTheTimeoutDoNotTimeOut) {
+  // EFCCL_TIMEOUT_MS=300; both processes replay a graph of one served 64 MiB allreduce 30000
+  // times back to back (a few seconds): a stream waits in the slot almost all the time (the
+  // flag is down only between two replays), but no replay waits long, so the watchdog must not
+  // fail the communicator.
+  Job job;
+  job.env = {"EFCCL_DIRECT_PROCESSES=1", "EFCCL_SERVE_PROCESSES=1", "EFCCL_TIMEOUT_MS=300"};
+  job.body = [](int proc, const ncclUniqueId& id) {
+    if (gpus_in_child() < 1) return kSkip;
+    CHILD_CUDA(cudaSetDevice(0));
+    ncclComm_t comm = nullptr;
+    CHILD_NCCL(ncclCommInitRank(&comm, 2, id, proc));
+    cudaStream_t stream = nullptr;
+    CHILD_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    constexpr std::size_t kCount = std::size_t{16} << 20;  // 64 MiB of floats
+    float* in = nullptr;
+    float* out = nullptr;
+    void* handles[2] = {};
+    CHILD_CUDA(cudaMalloc(&in, kCount * sizeof(float)));
+    CHILD_CUDA(cudaMalloc(&out, kCount * sizeof(float)));
+    CHILD_NCCL(ncclCommRegister(comm, in, kCount * sizeof(float), &handles[0]));
+    CHILD_NCCL(ncclCommRegister(comm, out, kCount * sizeof(float), &handles[1]));
+    std::vector<float> host(kCount, static_cast<float>(proc + 1));
+    CHILD_CUDA(cudaMemcpy(in, host.data(), kCount * sizeof(float), cudaMemcpyHostToDevice));
+    cudaGraph_t graph = nullptr;
+    CHILD_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    CHILD_NCCL(ncclAllReduce(in, out, kCount, ncclFloat, ncclSum, comm, stream));
+    CHILD_CUDA(cudaStreamEndCapture(stream, &graph));
+    CHILD_CHECK(comm->clique->served_calls() == 1, "the captured call was not served");
+    cudaGraphExec_t exec = nullptr;
+    CHILD_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 30000; ++i) CHILD_CUDA(cudaGraphLaunch(exec, stream));
+    CHILD_CUDA(cudaStreamSynchronize(stream));
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ncclResult_t async = ncclSuccess;
+    CHILD_NCCL(ncclCommGetAsyncError(comm, &async));
+    CHILD_CHECK(async == ncclSuccess, "the communicator failed after %.2f s of replays: %s", s,
+                ncclGetLastError(comm));
+    CHILD_CUDA(cudaMemcpy(host.data(), out, kCount * sizeof(float), cudaMemcpyDeviceToHost));
+    for (std::size_t i = 0; i < kCount; i += 4099)
+      CHILD_CHECK(host[i] == 3.0f, "element %zu is %g, expected 3", i, host[i]);
+    std::fprintf(stderr, "[rank %d] 30000 replays in %.2f s\n", proc, s);
+    CHILD_CUDA(cudaGraphExecDestroy(exec));
+    CHILD_CUDA(cudaGraphDestroy(graph));
+    for (void* h : handles) CHILD_NCCL(ncclCommDeregister(comm, h));
+    CHILD_NCCL(ncclCommDestroy(comm));
+    return 0;
+  };
+  EXPECT_JOB_PASSED(run_job(job));
+}
+
+TEST(ServedGpu, AReplayWaitingForAProcessThatAbortsEndsWithoutTheTimeout) {
+  // EFCCL_TIMEOUT_MS=60000. Rank 1 replays a captured served allreduce; rank 0 never replays
+  // it and aborts after 1 s, then stays alive for 3 s: rank 1's replay must end and its
+  // communicator report the failure well before its own timeout.
+  Job job;
+  job.env = {"EFCCL_DIRECT_PROCESSES=1", "EFCCL_SERVE_PROCESSES=1", "EFCCL_TIMEOUT_MS=60000"};
+  job.body = [](int proc, const ncclUniqueId& id) {
+    if (gpus_in_child() < 1) return kSkip;
+    const Member m = join_with_buffer(proc, id);
+    cudaStream_t stream = nullptr;
+    CHILD_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaGraph_t graph = nullptr;
+    CHILD_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    CHILD_NCCL(ncclAllReduce(m.buffer, m.buffer, 1024, ncclFloat, ncclSum, m.comm, stream));
+    CHILD_CUDA(cudaStreamEndCapture(stream, &graph));
+    CHILD_CHECK(m.comm->clique->served_calls() == 1, "the captured call was not served");
+    cudaGraphExec_t exec = nullptr;
+    CHILD_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    if (proc == 0) {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      (void)ncclCommAbort(m.comm);
+      std::this_thread::sleep_for(std::chrono::seconds(3));
+      return 0;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    CHILD_CUDA(cudaGraphLaunch(exec, stream));
+    CHILD_CUDA(cudaStreamSynchronize(stream));
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHILD_CHECK(s < 3.0, "the replay ended after %.2f s", s);
+    ncclResult_t async = ncclSuccess;
+    CHILD_NCCL(ncclCommGetAsyncError(m.comm, &async));
+    CHILD_CHECK(async != ncclSuccess, "no failure reported after the other process aborted");
+    CHILD_CUDA(cudaGraphExecDestroy(exec));
+    CHILD_CUDA(cudaGraphDestroy(graph));
+    (void)ncclCommAbort(m.comm);
+    return 0;
+  };
+  EXPECT_JOB_PASSED(run_job(job));
 }
 
 TEST(ServedGpu, AReplayTheOtherProcessNeverMatchesFailsAtTheTimeout) {

@@ -50,7 +50,7 @@ bool served_together(const std::vector<ServedCall>& calls);
 class ServedBoard {
  public:
   static constexpr uint32_t kRing = 256;
-  static constexpr uint64_t kMagic = 0xefcc15e7'0ead0001ull;
+  static constexpr uint64_t kMagic = 0xefcc15e7'0ead0002ull;  ///< 2: records with graph slots
 
   /// Bytes a board of `nranks` rows takes.
   static std::size_t bytes_for(int nranks);

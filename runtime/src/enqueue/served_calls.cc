@@ -99,6 +99,7 @@ class MemOps {
     op.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
     ops_.push_back(op);
   }
+  void clear() { ops_.clear(); }
   /// Enqueues them on `s` and forgets them.
   ApiStatus issue(cudaStream_t s) {
     if (ops_.empty()) return ApiStatus::ok();
@@ -553,31 +554,37 @@ ApiStatus ServedCalls::launch_for_all(const Call& c, const std::vector<ServedCal
 
 ApiStatus ServedCalls::run_captured(const Call& c, const std::vector<ServedCall>& all,
                                     uint32_t slot) {
-  DeviceGuard guard;
-  if (cudaError_t e = cudaSetDevice(options_.device); e != cudaSuccess)
-    return ApiStatus::cuda("cudaSetDevice: " + cuda_text(e));
   // The slot is taken whatever happens below: every process counts it alike.
   ++next_slot_;
   slots_used_.store(next_slot_);
-  // Each replay: the waiting side raises its host flag, waits for the others' flags (>= 1),
-  // lowers them, and lowers its host flag; fixed values, so the graph replays as captured.
-  uint32_t* const waiting = waiting_device_ + slot;
+  served_count_.fetch_add(1);
+  DeviceGuard guard;
   ApiStatus outcome;
+  if (cudaError_t e = cudaSetDevice(options_.device); e != cudaSuccess)
+    outcome = ApiStatus::cuda("cudaSetDevice: " + cuda_text(e));
+  // Each replay: the waiting side raises its host flag, waits for the others' flags (>= 1),
+  // lowers them, and lowers its host flag once its part of the call is done; fixed values, so
+  // the graph replays as captured.
+  uint32_t* const waiting = waiting_device_ + slot;
   MemOps ops;
-  if (is_server()) {
+  if (!outcome) {
+    // Nothing enqueued: the communicator fails below.
+  } else if (is_server()) {
     outcome = check_addresses(c, all, seq_);
     ops.write(waiting, 1);
     for (int q = 0; q < options_.nranks; ++q)
       if (q != options_.rank) ops.wait(slot_arrived(slot, q), 1);
     for (int q = 0; q < options_.nranks; ++q)
       if (q != options_.rank) ops.write(slot_arrived(slot, q), 0);
-    ops.write(waiting, 0);
     if (outcome) outcome = ops.issue(c.stream);
+    ops.clear();
     if (outcome) outcome = launch_for_all(c, all);
-    // The clients' replays wait for these whatever happened above.
+    // The clients' replays wait for these whatever happened above; the host flag comes down
+    // last, so that destroy does not unmap the clients' words under these writes.
     for (int q = 0; q < options_.nranks; ++q)
       if (q != options_.rank)
         ops.write(slot_done(client_words_[static_cast<std::size_t>(q)], slot), 1);
+    ops.write(waiting, 0);
     if (ApiStatus s = ops.issue(c.stream); !s && outcome) outcome = s;
   } else {
     ops.write(waiting, 1);
@@ -587,7 +594,6 @@ ApiStatus ServedCalls::run_captured(const Call& c, const std::vector<ServedCall>
     ops.write(waiting, 0);
     outcome = ops.issue(c.stream);
   }
-  served_count_.fetch_add(1);
   if (!outcome) {
     // The capture holds a graph that cannot serve: the communicator fails, as for an eager call.
     fail(outcome.message());
@@ -613,6 +619,7 @@ ApiStatus ServedCalls::run(const Call& c, const std::vector<ServedCall>& all, ui
     for (int q = 0; q < options_.nranks; ++q)
       if (q != options_.rank) ops.wait(arrived_word(q), word);
     if (outcome) outcome = ops.issue(c.stream);
+    ops.clear();
     if (outcome) outcome = launch_for_all(c, all);
     // The clients' streams wait for these whatever happened above.
     for (int q = 0; q < options_.nranks; ++q)
@@ -658,6 +665,13 @@ void ServedCalls::watch() {
   while (!stopping_) {
     watch_cv_.wait_for(lock, std::chrono::milliseconds(10));
     if (stopping_) break;
+    if (!released_.load() && board_ && board_->failed_by() != 0) {
+      // Another process failed: this process's graph replays may wait for it (eager calls
+      // learn it at their next submit, replays never call in).
+      lock.unlock();
+      release("rank " + std::to_string(board_->failed_by() - 1) + "'s served calls failed");
+      lock.lock();
+    }
     if (released_.load()) {
       // A graph replayed after the failure waits in its slots again (it lowers the flags it
       // waited for): let it through too.
@@ -681,12 +695,20 @@ void ServedCalls::watch() {
     slot_waiting_since.resize(used, kNever);
     std::optional<uint32_t> stuck;
     for (uint32_t k = 0; k < used; ++k) {
-      if (reinterpret_cast<const volatile uint32_t*>(waiting_)[k] == 0) {
+      // A replay raises the flag to 1; the watchdog marks what it saw with 2 (a replay that
+      // ends writes 0, the next one 1 again), so that only one replay waiting all along counts.
+      std::atomic_ref<uint32_t> flag(waiting_[k]);
+      uint32_t seen = 1;
+      if (flag.compare_exchange_strong(seen, 2)) {
+        slot_waiting_since[k] = now;  // a replay that started since the last look
+      } else if (seen == 0) {
         slot_waiting_since[k] = kNever;
-        continue;
+      } else if (slot_waiting_since[k] == kNever) {
+        slot_waiting_since[k] = now;
       }
-      if (slot_waiting_since[k] == kNever) slot_waiting_since[k] = now;
-      if (now - slot_waiting_since[k] > options_.timeout && !stuck) stuck = k;
+      if (slot_waiting_since[k] != kNever && now - slot_waiting_since[k] > options_.timeout &&
+          !stuck)
+        stuck = k;
     }
     if (stuck) {
       timed_out("the replay of captured served collective (graph slot " + std::to_string(*stuck) +
