@@ -424,6 +424,24 @@ TEST(ServedGpu, ReplaysBackToBackForLongerThanTheTimeoutDoNotTimeOut) {
   EXPECT_JOB_PASSED(run_job(job));
 }
 
+/// A served allreduce of 1024 floats in place on `m`'s buffer, captured on a stream of its own
+/// and instantiated (every process captures it).
+struct Captured {
+  cudaStream_t stream = nullptr;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+};
+Captured capture_served_allreduce(const Member& m) {
+  Captured g;
+  CHILD_CUDA(cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking));
+  CHILD_CUDA(cudaStreamBeginCapture(g.stream, cudaStreamCaptureModeGlobal));
+  CHILD_NCCL(ncclAllReduce(m.buffer, m.buffer, 1024, ncclFloat, ncclSum, m.comm, g.stream));
+  CHILD_CUDA(cudaStreamEndCapture(g.stream, &g.graph));
+  CHILD_CHECK(m.comm->clique->served_calls() == 1, "the captured call was not served");
+  CHILD_CUDA(cudaGraphInstantiate(&g.exec, g.graph, 0));
+  return g;
+}
+
 TEST(ServedGpu, AReplayWaitingForAProcessThatAbortsEndsWithoutTheTimeout) {
   // EFCCL_TIMEOUT_MS=60000. Rank 1 replays a captured served allreduce; rank 0 never replays
   // it and aborts after 1 s, then stays alive for 3 s: rank 1's replay must end and its
@@ -433,15 +451,9 @@ TEST(ServedGpu, AReplayWaitingForAProcessThatAbortsEndsWithoutTheTimeout) {
   job.body = [](int proc, const ncclUniqueId& id) {
     if (gpus_in_child() < 1) return kSkip;
     const Member m = join_with_buffer(proc, id);
-    cudaStream_t stream = nullptr;
-    CHILD_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    cudaGraph_t graph = nullptr;
-    CHILD_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    CHILD_NCCL(ncclAllReduce(m.buffer, m.buffer, 1024, ncclFloat, ncclSum, m.comm, stream));
-    CHILD_CUDA(cudaStreamEndCapture(stream, &graph));
-    CHILD_CHECK(m.comm->clique->served_calls() == 1, "the captured call was not served");
-    cudaGraphExec_t exec = nullptr;
-    CHILD_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    const Captured g = capture_served_allreduce(m);
+    cudaStream_t stream = g.stream;
+    cudaGraphExec_t exec = g.exec;
     if (proc == 0) {
       std::this_thread::sleep_for(std::chrono::seconds(1));
       (void)ncclCommAbort(m.comm);
@@ -457,7 +469,7 @@ TEST(ServedGpu, AReplayWaitingForAProcessThatAbortsEndsWithoutTheTimeout) {
     CHILD_NCCL(ncclCommGetAsyncError(m.comm, &async));
     CHILD_CHECK(async != ncclSuccess, "no failure reported after the other process aborted");
     CHILD_CUDA(cudaGraphExecDestroy(exec));
-    CHILD_CUDA(cudaGraphDestroy(graph));
+    CHILD_CUDA(cudaGraphDestroy(g.graph));
     (void)ncclCommAbort(m.comm);
     return 0;
   };
@@ -475,15 +487,9 @@ TEST(ServedGpu, AReplayTheOtherProcessNeverMatchesFailsAtTheTimeout) {
     job.body = [waiter](int proc, const ncclUniqueId& id) {
       if (gpus_in_child() < 1) return kSkip;
       const Member m = join_with_buffer(proc, id);
-      cudaStream_t stream = nullptr;
-      CHILD_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-      cudaGraph_t graph = nullptr;
-      CHILD_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-      CHILD_NCCL(ncclAllReduce(m.buffer, m.buffer, 1024, ncclFloat, ncclSum, m.comm, stream));
-      CHILD_CUDA(cudaStreamEndCapture(stream, &graph));
-      CHILD_CHECK(m.comm->clique->served_calls() == 1, "the captured call was not served");
-      cudaGraphExec_t exec = nullptr;
-      CHILD_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+      const Captured g = capture_served_allreduce(m);
+      cudaStream_t stream = g.stream;
+      cudaGraphExec_t exec = g.exec;
       if (proc != waiter) {
         std::this_thread::sleep_for(std::chrono::seconds(5));
         (void)ncclCommAbort(m.comm);
@@ -511,7 +517,7 @@ TEST(ServedGpu, AReplayTheOtherProcessNeverMatchesFailsAtTheTimeout) {
       CHILD_CHECK(seconds() - before < 1.0, "a replay after the failure took %.2f s",
                   seconds() - before);
       CHILD_CUDA(cudaGraphExecDestroy(exec));
-      CHILD_CUDA(cudaGraphDestroy(graph));
+      CHILD_CUDA(cudaGraphDestroy(g.graph));
       (void)ncclCommAbort(m.comm);
       return 0;
     };
