@@ -3,12 +3,14 @@
 // MPS daemon): every data-moving collective on registered buffers, in and out of place, small
 // and large, is served (rank 0's process runs it for all) and exact; a call on a buffer that is
 // not registered runs the usual way, also exact; calls on two streams without the user ordering
-// them run in call order; with EFCCL_SERVE_PROCESSES=0 nothing is served; a call that another
-// process never issues fails at EFCCL_TIMEOUT_MS instead of hanging, and so does a served call
-// whose stream another process holds back (the watchdog), in both processes. Calls captured into
-// CUDA graphs by every process are served on every replay, exact, also back to back for longer
-// than the timeout; a replay the other process never matches fails at the timeout and ends, as
-// do replays after it; a replay waiting for a process that aborts ends without the timeout.
+// them run in call order; with EFCCL_SERVE_PROCESSES=0 nothing is served, and calls smaller than
+// EFCCL_SERVE_MIN_BYTES run the usual way; a call that another process never issues fails at
+// EFCCL_TIMEOUT_MS instead of hanging, and so does a served call whose stream another process
+// holds back (the watchdog), in both processes. Calls captured into CUDA graphs by every process
+// are served on every replay, exact; eager calls and replays back to back for longer than the
+// timeout do not time out; a replay the other process never matches fails at the timeout and
+// ends, as do replays after it; a replay waiting for a process that aborts ends without the
+// timeout.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -192,6 +194,66 @@ Member join_with_buffer(int proc, const ncclUniqueId& id) {
   return m;
 }
 
+TEST(ServedGpu, CallsSmallerThanTheServedMinimumRunTheUsualWay) {
+  // EFCCL_SERVE_MIN_BYTES=65536: a call is served when its larger buffer holds 64 KiB or more
+  // (an allgather's output counts), else it runs the usual way; exact either way, captured too.
+  Job job;
+  job.env = {"EFCCL_DIRECT_PROCESSES=1", "EFCCL_SERVE_PROCESSES=1", "EFCCL_SERVE_MIN_BYTES=65536"};
+  job.body = [](int proc, const ncclUniqueId& id) {
+    if (gpus_in_child() < 1) return kSkip;
+    const Member m = join_with_buffer(proc, id);  // 1 MiB, registered
+    float* in = m.buffer;
+    float* out = m.buffer + (std::size_t{1} << 17);
+    std::vector<float> host(std::size_t{1} << 17);
+    uint64_t served = 0;
+    const auto call = [&](const char* what, bool allgather, std::size_t count, bool want_served,
+                          bool captured) {
+      for (std::size_t i = 0; i < count; ++i) host[i] = static_cast<float>(proc + 1 + i % 5);
+      CHILD_CUDA(cudaMemcpy(in, host.data(), count * sizeof(float), cudaMemcpyHostToDevice));
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      if (captured) CHILD_CUDA(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeGlobal));
+      if (allgather)
+        CHILD_NCCL(ncclAllGather(in, out, count, ncclFloat, m.comm, m.stream));
+      else
+        CHILD_NCCL(ncclAllReduce(in, out, count, ncclFloat, ncclSum, m.comm, m.stream));
+      if (captured) {
+        CHILD_CUDA(cudaStreamEndCapture(m.stream, &graph));
+        CHILD_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+        CHILD_CUDA(cudaGraphLaunch(exec, m.stream));
+      }
+      CHILD_CUDA(cudaStreamSynchronize(m.stream));
+      if (want_served) ++served;
+      CHILD_CHECK(m.comm->clique->served_calls() == served, "%s: %llu calls served, expected %llu",
+                  what, static_cast<unsigned long long>(m.comm->clique->served_calls()),
+                  static_cast<unsigned long long>(served));
+      const std::size_t n = allgather ? 2 * count : count;
+      std::vector<float> got(n);
+      CHILD_CUDA(cudaMemcpy(got.data(), out, n * sizeof(float), cudaMemcpyDeviceToHost));
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::size_t j = i % count;
+        const float want = allgather ? static_cast<float>(i / count + 1 + j % 5)
+                                     : static_cast<float>(3 + 2 * (j % 5));
+        CHILD_CHECK(got[i] == want, "%s: element %zu is %g, expected %g", what, i, got[i], want);
+      }
+      if (captured) {
+        CHILD_CUDA(cudaGraphExecDestroy(exec));
+        CHILD_CUDA(cudaGraphDestroy(graph));
+      }
+    };
+    call("allreduce of 1000 floats", false, 1000, false, false);
+    call("allreduce of 16383 floats", false, 16383, false, false);
+    call("allreduce of 16384 floats (64 KiB)", false, 16384, true, false);
+    call("allgather of 4096 floats per rank (32 KiB out)", true, 4096, false, false);
+    call("allgather of 8192 floats per rank (64 KiB out)", true, 8192, true, false);
+    call("captured allreduce of 1000 floats", false, 1000, false, true);
+    call("captured allreduce of 32768 floats", false, 32768, true, true);
+    CHILD_NCCL(ncclCommDestroy(m.comm));
+    return 0;
+  };
+  EXPECT_JOB_PASSED(run_job(job));
+}
+
 TEST(ServedGpu, ACallAnotherProcessNeverIssuesFailsAtTheTimeout) {
   Job job;
   job.env = {"EFCCL_DIRECT_PROCESSES=1", "EFCCL_SERVE_PROCESSES=1", "EFCCL_TIMEOUT_MS=2000"};
@@ -372,14 +434,14 @@ TEST(ServedGpu, CapturedCollectivesAreServedAndExactOnEveryReplay) {
   in_two_and_four_processes(captured_collectives);
 }
 
-TEST(ServedGpu, ReplaysBackToBackForLongerThanTheTimeoutDoNotTimeOut) {
-  // EFCCL_TIMEOUT_MS=300; both processes replay a graph of one served 64 MiB allreduce 30000
-  // times back to back (a few seconds): a stream waits in the slot almost all the time (the
-  // flag is down only between two replays), but no replay waits long, so the watchdog must not
-  // fail the communicator.
+/// Both processes run one served 64 MiB allreduce 30000 times back to back (a few seconds),
+/// captured in a graph or eager, with EFCCL_TIMEOUT_MS=300, and synchronise once at the end.
+/// The stream is busy with served calls (or waits in the graph's slot) almost all the time,
+/// but no call waits long, so the watchdog must not fail the communicator.
+void calls_back_to_back(bool captured) {
   Job job;
   job.env = {"EFCCL_DIRECT_PROCESSES=1", "EFCCL_SERVE_PROCESSES=1", "EFCCL_TIMEOUT_MS=300"};
-  job.body = [](int proc, const ncclUniqueId& id) {
+  job.body = [captured](int proc, const ncclUniqueId& id) {
     if (gpus_in_child() < 1) return kSkip;
     CHILD_CUDA(cudaSetDevice(0));
     ncclComm_t comm = nullptr;
@@ -387,6 +449,7 @@ TEST(ServedGpu, ReplaysBackToBackForLongerThanTheTimeoutDoNotTimeOut) {
     cudaStream_t stream = nullptr;
     CHILD_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     constexpr std::size_t kCount = std::size_t{16} << 20;  // 64 MiB of floats
+    constexpr int kCalls = 30000;
     float* in = nullptr;
     float* out = nullptr;
     void* handles[2] = {};
@@ -397,31 +460,51 @@ TEST(ServedGpu, ReplaysBackToBackForLongerThanTheTimeoutDoNotTimeOut) {
     std::vector<float> host(kCount, static_cast<float>(proc + 1));
     CHILD_CUDA(cudaMemcpy(in, host.data(), kCount * sizeof(float), cudaMemcpyHostToDevice));
     cudaGraph_t graph = nullptr;
-    CHILD_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    CHILD_NCCL(ncclAllReduce(in, out, kCount, ncclFloat, ncclSum, comm, stream));
-    CHILD_CUDA(cudaStreamEndCapture(stream, &graph));
-    CHILD_CHECK(comm->clique->served_calls() == 1, "the captured call was not served");
     cudaGraphExec_t exec = nullptr;
-    CHILD_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    if (captured) {
+      CHILD_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+      CHILD_NCCL(ncclAllReduce(in, out, kCount, ncclFloat, ncclSum, comm, stream));
+      CHILD_CUDA(cudaStreamEndCapture(stream, &graph));
+      CHILD_CHECK(comm->clique->served_calls() == 1, "the captured call was not served");
+      CHILD_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    }
     const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < 30000; ++i) CHILD_CUDA(cudaGraphLaunch(exec, stream));
+    for (int i = 0; i < kCalls; ++i) {
+      if (captured)
+        CHILD_CUDA(cudaGraphLaunch(exec, stream));
+      else
+        CHILD_NCCL(ncclAllReduce(in, out, kCount, ncclFloat, ncclSum, comm, stream));
+    }
     CHILD_CUDA(cudaStreamSynchronize(stream));
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!captured)
+      CHILD_CHECK(comm->clique->served_calls() == static_cast<uint64_t>(kCalls),
+                  "%llu of %d eager calls served",
+                  static_cast<unsigned long long>(comm->clique->served_calls()), kCalls);
     ncclResult_t async = ncclSuccess;
     CHILD_NCCL(ncclCommGetAsyncError(comm, &async));
-    CHILD_CHECK(async == ncclSuccess, "the communicator failed after %.2f s of replays: %s", s,
+    CHILD_CHECK(async == ncclSuccess, "the communicator failed after %.2f s of calls: %s", s,
                 ncclGetLastError(comm));
     CHILD_CUDA(cudaMemcpy(host.data(), out, kCount * sizeof(float), cudaMemcpyDeviceToHost));
     for (std::size_t i = 0; i < kCount; i += 4099)
       CHILD_CHECK(host[i] == 3.0f, "element %zu is %g, expected 3", i, host[i]);
-    std::fprintf(stderr, "[rank %d] 30000 replays in %.2f s\n", proc, s);
-    CHILD_CUDA(cudaGraphExecDestroy(exec));
-    CHILD_CUDA(cudaGraphDestroy(graph));
+    std::fprintf(stderr, "[rank %d] %d %s calls in %.2f s\n", proc, kCalls,
+                 captured ? "replayed" : "eager", s);
+    if (captured) {
+      CHILD_CUDA(cudaGraphExecDestroy(exec));
+      CHILD_CUDA(cudaGraphDestroy(graph));
+    }
     for (void* h : handles) CHILD_NCCL(ncclCommDeregister(comm, h));
     CHILD_NCCL(ncclCommDestroy(comm));
     return 0;
   };
   EXPECT_JOB_PASSED(run_job(job));
+}
+
+TEST(ServedGpu, ReplaysBackToBackForLongerThanTheTimeoutDoNotTimeOut) { calls_back_to_back(true); }
+
+TEST(ServedGpu, EagerCallsBackToBackForLongerThanTheTimeoutDoNotTimeOut) {
+  calls_back_to_back(false);
 }
 
 /// A served allreduce of 1024 floats in place on `m`'s buffer, captured on a stream of its own

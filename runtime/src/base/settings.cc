@@ -10,17 +10,26 @@
 namespace efccl::runtime {
 namespace {
 
-/// A decimal integer in [1, `max`] from `name`, else `fallback` (unset silently, bad values
-/// with a warning saying what the variable takes).
-uint64_t positive_integer(const char* name, uint64_t fallback, uint64_t max, const char* unit) {
+/// A decimal integer in [`min`, `max`] from `name`, else `fallback` (unset silently, bad
+/// values with a warning saying what the variable takes).
+uint64_t integer_setting(const char* name, uint64_t fallback, uint64_t min, uint64_t max,
+                         const char* unit) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
   char* end = nullptr;
   const unsigned long long parsed = std::strtoull(v, &end, 10);
-  if (end != nullptr && *end == '\0' && v[0] != '-' && parsed > 0 && parsed <= max) return parsed;
-  EFCCL_WARN(-1, std::string(name) + "=" + v + " is not a number of " + unit + " in 1.." +
-                     std::to_string(max) + "; using " + std::to_string(fallback));
+  if (end != nullptr && *end == '\0' && v[0] >= '0' && v[0] <= '9' && parsed >= min &&
+      parsed <= max)
+    return parsed;
+  EFCCL_WARN(-1, std::string(name) + "=" + v + " is not a number of " + unit + " in " +
+                     std::to_string(min) + ".." + std::to_string(max) + "; using " +
+                     std::to_string(fallback));
   return fallback;
+}
+
+/// A decimal integer in [1, `max`] from `name`, else `fallback`.
+uint64_t positive_integer(const char* name, uint64_t fallback, uint64_t max, const char* unit) {
+  return integer_setting(name, fallback, 1, max, unit);
 }
 
 /// 0 or 1 from `name`, else `fallback` (unset silently, anything else with a warning).
@@ -29,8 +38,8 @@ bool switch_setting(const char* name, bool fallback) {
   if (v == nullptr || *v == '\0') return fallback;
   if (std::strcmp(v, "1") == 0) return true;
   if (std::strcmp(v, "0") == 0) return false;
-  EFCCL_WARN(-1, std::string(name) + "=" + v + " is neither 0 nor 1; using " +
-                     (fallback ? "1" : "0"));
+  EFCCL_WARN(-1,
+             std::string(name) + "=" + v + " is neither 0 nor 1; using " + (fallback ? "1" : "0"));
   return fallback;
 }
 
@@ -71,6 +80,15 @@ int serve_processes_setting() {
   if (std::strcmp(v, "0") == 0) return 0;
   EFCCL_WARN(-1, std::string("EFCCL_SERVE_PROCESSES=") + v + " is not 0, 1 or auto; using auto");
   return -1;
+}
+
+std::size_t serve_min_bytes(bool under_mps_auto) {
+  // Under MPS, launches of calls below a few MiB beat the served path's stream handshake; from
+  // 4 MiB served calls were as fast or faster for every collective measured, 2 and 4 processes
+  // (docs/performance.md, "Served under MPS from 4 MiB").
+  constexpr uint64_t kUnderMps = uint64_t{4} << 20;
+  return static_cast<std::size_t>(integer_setting(
+      "EFCCL_SERVE_MIN_BYTES", under_mps_auto ? kUnderMps : 0, 0, uint64_t{1} << 40, "bytes"));
 }
 
 uint32_t resident_ctas() {

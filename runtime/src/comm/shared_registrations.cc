@@ -9,6 +9,7 @@
 #include <system_error>
 #include <utility>
 
+#include "base/driver_entry.h"
 #include "base/pointer_text.h"
 #include "comm/registration_wire.h"
 #include "efccl/common/log.h"
@@ -33,17 +34,7 @@ using AddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
 
 /// The driver's cuMemGetAddressRange (through the runtime: no -lcuda), or null.
 AddressRangeFn address_range_fn() {
-  static const AddressRangeFn fn = [] {
-    void* entry = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &entry, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      return static_cast<AddressRangeFn>(nullptr);
-    }
-    return reinterpret_cast<AddressRangeFn>(entry);
-  }();
+  static const auto fn = reinterpret_cast<AddressRangeFn>(driver_entry("cuMemGetAddressRange"));
   return fn;
 }
 
@@ -78,8 +69,9 @@ class IpcImports {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = by_key_.find(key);
     if (it != by_key_.end() && it->second.closing)
-      return Status::error("the allocation is still being unmapped here (unmapping waits for "
-                           "this process's running kernels); register it again later");
+      return Status::error(
+          "the allocation is still being unmapped here (unmapping waits for "
+          "this process's running kernels); register it again later");
     if (it == by_key_.end()) {
       cudaIpcMemHandle_t h;
       std::memcpy(&h, handle, sizeof(h));
@@ -97,10 +89,10 @@ class IpcImports {
         it = by_key_.emplace(key, Entry{base, device, bytes, 0, false}).first;
         by_base_[base] = key;
         retire_locked(it);  // not used: unmapped by the closer like any other
-        return Status::error(
-            !range ? "the mapped allocation's range: " + range.message()
-                   : "the mapped allocation has " + std::to_string(bytes) +
-                         " bytes, fewer than the " + std::to_string(alloc_bytes) + " announced");
+        return Status::error(!range ? "the mapped allocation's range: " + range.message()
+                                    : "the mapped allocation has " + std::to_string(bytes) +
+                                          " bytes, fewer than the " + std::to_string(alloc_bytes) +
+                                          " announced");
       }
       it = by_key_.emplace(key, Entry{base, device, bytes, 0, false}).first;
       by_base_[base] = key;
@@ -164,8 +156,8 @@ class IpcImports {
       if (e == cudaSuccess) e = cudaIpcCloseMemHandle(base);
       if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        EFCCL_INFO(kLogAlloc, device, "cudaIpcCloseMemHandle(" + pointer_text(base) + "): " +
-                                          cuda_text(e));
+        EFCCL_INFO(kLogAlloc, device,
+                   "cudaIpcCloseMemHandle(" + pointer_text(base) + "): " + cuda_text(e));
       }
       lock.lock();
       b = by_base_.find(base);
@@ -206,10 +198,9 @@ StatusOr<std::unique_ptr<SharedRegistrations>> SharedRegistrations::start(
   return s;
 }
 
-SharedRegistrations::SharedRegistrations(std::shared_ptr<net::Bootstrap> boot, int rank,
-                                         int device, std::vector<GpuPartner> partners,
-                                         std::vector<int> clients, Millis timeout,
-                                         std::vector<std::size_t> client_partner)
+SharedRegistrations::SharedRegistrations(std::shared_ptr<net::Bootstrap> boot, int rank, int device,
+                                         std::vector<GpuPartner> partners, std::vector<int> clients,
+                                         Millis timeout, std::vector<std::size_t> client_partner)
     : boot_(std::move(boot)),
       rank_(rank),
       device_(device),
@@ -240,8 +231,8 @@ void SharedRegistrations::serve() {
       if (stopping_.load()) break;
       if (slice.expired()) continue;
       EFCCL_INFO(kLogInit | kLogAlloc, device_,
-                 "rank " + std::to_string(rank_) + ": the registration service stops: " +
-                     m.status().message());
+                 "rank " + std::to_string(rank_) +
+                     ": the registration service stops: " + m.status().message());
       break;
     }
     const int from = clients_[m->first];
@@ -345,8 +336,8 @@ Status SharedRegistrations::await_reply(std::size_t i, uint8_t kind, uint64_t id
 uint64_t SharedRegistrations::share(void* buff, std::size_t size) {
   std::lock_guard<std::mutex> owner(owner_mu_);
   if (stopped_ || partners_.empty() || buff == nullptr || size == 0) return 0;
-  const std::string what = "registered buffer " + pointer_text(buff) + " (" +
-                           std::to_string(size) + " bytes) of rank " + std::to_string(rank_);
+  const std::string what = "registered buffer " + pointer_text(buff) + " (" + std::to_string(size) +
+                           " bytes) of rank " + std::to_string(rank_);
   const auto not_shared = [&](const std::string& why) {
     EFCCL_INFO(kLogInit | kLogAlloc, device_,
                what + " is not shared with the other processes on its GPU: " + why +
@@ -399,8 +390,8 @@ uint64_t SharedRegistrations::share(void* buff, std::size_t size) {
     if (Status s = boot_->send(p.rank, kRegistrationRequestTag, bytes,
                                net::Deadline::after(timeout_), nullptr);
         !s) {
-      failed = Status::error("rank " + std::to_string(p.rank) + " (" + p.where + "): " +
-                             s.message());
+      failed =
+          Status::error("rank " + std::to_string(p.rank) + " (" + p.where + "): " + s.message());
       break;
     }
     uint64_t mapped = 0;
@@ -412,9 +403,9 @@ uint64_t SharedRegistrations::share(void* buff, std::size_t size) {
     reg.partner_base[i] = mapped + offset;
   }
   if (!failed) {
-    EFCCL_WARN(device_, what + " is not shared with the other processes on its GPU: " +
-                            failed.message() +
-                            "; its transfers with them go through efccl's connection memory");
+    EFCCL_WARN(device_,
+               what + " is not shared with the other processes on its GPU: " + failed.message() +
+                   "; its transfers with them go through efccl's connection memory");
     // Whoever may have mapped it unmaps it again (answers are not awaited: a late one is
     // skipped by the next exchange).
     for (std::size_t i = 0; i < asked; ++i) send_close(i, id, false, nullptr);

@@ -6,10 +6,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 
 #include "base/device_guard.h"
+#include "base/driver_entry.h"
 #include "base/relaxed_capture.h"
 #include "efccl/common/log.h"
 #include "efccl/net/bootstrap.h"
@@ -33,22 +35,14 @@ constexpr uint32_t kGraphSlots =
     static_cast<uint32_t>((kWordsBytes - kSlotsOffset) / (kMaxServedRanks * sizeof(uint32_t)));
 /// What a failure writes into a graph slot's flags (the waits pass on >= 1).
 constexpr uint32_t kSlotReleased = uint32_t{1} << 30;
+/// The pinned words the host reads: a flag per graph slot ("this stream waits here"), then the
+/// last eager call whose stream operations have ended (its sequence number's low 32 bits).
+constexpr uint32_t kEagerDone = kGraphSlots;
+constexpr uint32_t kHostWords = kGraphSlots + 1;
 constexpr std::size_t kNameBytes = 64;
 
 using WriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 using BatchMemOp = CUresult (*)(CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int);
-
-void* driver_entry(const char* name) {
-  void* entry = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion(name, &entry, 12000, cudaEnableDefault, &found) !=
-          cudaSuccess ||
-      found != cudaDriverEntryPointSuccess) {
-    (void)cudaGetLastError();
-    return nullptr;
-  }
-  return entry;
-}
 
 WriteValue32 write_value32() {
   static const auto fn = reinterpret_cast<WriteValue32>(driver_entry("cuStreamWriteValue32"));
@@ -211,9 +205,9 @@ StatusOr<std::shared_ptr<ServedCalls>> ServedCalls::create(net::Bootstrap& boot,
       e = cudaStreamCreateWithFlags(&me->private_stream_, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&me->last_event_, cudaEventDisableTiming);
     if (e == cudaSuccess)
-      e = cudaHostAlloc(reinterpret_cast<void**>(&me->waiting_), kGraphSlots * sizeof(uint32_t),
+      e = cudaHostAlloc(reinterpret_cast<void**>(&me->waiting_), kHostWords * sizeof(uint32_t),
                         cudaHostAllocMapped);
-    if (e == cudaSuccess) std::memset(me->waiting_, 0, kGraphSlots * sizeof(uint32_t));
+    if (e == cudaSuccess) std::memset(me->waiting_, 0, kHostWords * sizeof(uint32_t));
     if (e == cudaSuccess)
       e = cudaHostGetDevicePointer(reinterpret_cast<void**>(&me->waiting_device_), me->waiting_, 0);
     if (e != cudaSuccess) problem = "its words: " + cuda_text(e);
@@ -430,6 +424,9 @@ bool ServedCalls::servable(const Call& c, ServedCall* record) const {
   record->count = c.count;
   record->premul = c.premul_scalar;
   if (c.count == 0 || is_p2p(c.kind)) return false;
+  const auto [send_bytes, recv_bytes] =
+      used_bytes(c.kind, call_bytes(c), options_.rank, c.root, options_.nranks);
+  if (std::max(send_bytes, recv_bytes) < options_.min_bytes) return false;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(c.stream, &capture) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -441,8 +438,6 @@ bool ServedCalls::servable(const Call& c, ServedCall* record) const {
     record->slot = next_slot_;
     if (next_slot_ >= kGraphSlots) return false;  // every slot given (submit says so once)
   }
-  const auto [send_bytes, recv_bytes] =
-      used_bytes(c.kind, call_bytes(c), options_.rank, c.root, options_.nranks);
   if (is_server()) {
     record->send = reinterpret_cast<uint64_t>(c.sendbuff);
     record->recv = reinterpret_cast<uint64_t>(c.recvbuff);
@@ -627,10 +622,12 @@ ApiStatus ServedCalls::run(const Call& c, const std::vector<ServedCall>& all, ui
         ops.write(
             static_cast<const char*>(client_words_[static_cast<std::size_t>(q)]) + kDoneOffset,
             word);
+    ops.write(waiting_device_ + kEagerDone, word);
     if (ApiStatus s = ops.issue(c.stream); !s && outcome) outcome = s;
   } else {
     ops.write(arrived_word(options_.rank), word);
     ops.wait(static_cast<const char*>(words_) + kDoneOffset, word);
+    ops.write(waiting_device_ + kEagerDone, word);
     if (outcome) outcome = ops.issue(c.stream);
   }
   if (cudaError_t e = cudaEventRecord(last_event_, c.stream); e != cudaSuccess && outcome)
@@ -652,6 +649,7 @@ void ServedCalls::watch() {
   constexpr Clock::time_point kNever = Clock::time_point::max();
   std::unique_lock<std::mutex> lock(watch_mu_);
   auto pending_since = kNever;
+  uint32_t last_ended = 0;  // the eager call last seen ending (its low 32 bits)
   std::vector<Clock::time_point> slot_waiting_since;  // per graph slot: its stream waits since
   const auto timed_out = [&](const std::string& what) {
     lock.unlock();
@@ -715,14 +713,17 @@ void ServedCalls::watch() {
                 ")");
       continue;
     }
-    const cudaError_t e = cudaEventQuery(last_event_);
-    if (e != cudaErrorNotReady) {
-      if (e != cudaSuccess) (void)cudaGetLastError();
+    // Eager calls: one is pending while the last one enqueued has not ended. The timer runs
+    // from the last call seen ending, not from a sample that saw the stream idle: a stream kept
+    // busy by calls that all end (a backlog of them) is not stuck.
+    const uint32_t ended = reinterpret_cast<const volatile uint32_t*>(waiting_)[kEagerDone];
+    if (ended == static_cast<uint32_t>(issued_.load())) {
       pending_since = kNever;
-      continue;
+    } else if (pending_since == kNever || ended != last_ended) {
+      pending_since = now;
     }
-    if (pending_since == kNever) pending_since = now;
-    if (now - pending_since > options_.timeout)
+    last_ended = ended;
+    if (pending_since != kNever && now - pending_since > options_.timeout)
       timed_out("served collective " + std::to_string(issued_.load()));
   }
 }

@@ -25,7 +25,9 @@
 //
 // Every stream wait has an abort path and a deadline: a watchdog thread fails the communicator
 // and writes the words this process's streams wait for itself (from a stream of its own) when
-// the last served call has not completed within EFCCL_TIMEOUT_MS; abort and a peer's death do
+// no pending served call has ended within EFCCL_TIMEOUT_MS (each eager call's stream writes
+// its number into pinned host memory when it ends, which the watchdog reads, so a stream kept
+// busy by a backlog of calls that all end is not stuck); abort and a peer's death do
 // the same. A failure anywhere (a timeout, a failed launch in the server, an abort) marks the
 // board, so every process's later calls and ncclCommGetAsyncError report it. Served calls of one
 // process on different streams are chained (an event), so the words only ever grow.
@@ -66,6 +68,8 @@ class ServedCalls {
     int nranks = 0;     ///< every rank of the communicator is on this process's GPU
     int device = 0;     ///< the CUDA device
     bool wish = false;  ///< this process wants to serve (all must)
+    /// Calls whose larger buffer is smaller than this run the usual way (EFCCL_SERVE_MIN_BYTES).
+    std::size_t min_bytes = 0;
     std::chrono::nanoseconds timeout{};  ///< EFCCL_TIMEOUT_MS
     /// Client: where the server's process reaches [p, p + bytes) of this rank (a shared
     /// registration), or nothing.
@@ -136,7 +140,7 @@ class ServedCalls {
   std::vector<void*> client_words_;        ///< server: each rank's words, mapped (null for itself)
   cudaStream_t private_stream_ = nullptr;  ///< release()'s writes
   /// Recorded after each served call's stream operations: the next served call on another
-  /// stream waits for it (so the words only ever grow), the watchdog and destroy query it.
+  /// stream waits for it (so the words only ever grow), destroy queries it.
   cudaEvent_t last_event_ = nullptr;
   cudaStream_t last_stream_ = nullptr;   ///< under mu_
   std::shared_ptr<Clique> shadow_;       ///< server: every rank of the GPU
@@ -144,7 +148,8 @@ class ServedCalls {
   uint32_t next_slot_ = 0;               ///< under mu_: the next captured call's graph slot
   std::atomic<uint32_t> slots_used_{0};  ///< graph slots given so far
   bool told_slots_out_ = false;          ///< under mu_: INFO said the slots are all given
-  /// Pinned, mapped: flag k is 1 while this process's stream waits in graph slot k.
+  /// Pinned, mapped: flag k is 1 while this process's stream waits in graph slot k; after the
+  /// flags, the last eager call whose stream operations ended (the watchdog reads it).
   uint32_t* waiting_ = nullptr;
   uint32_t* waiting_device_ = nullptr;  ///< the same, as streams write it
   std::atomic<uint64_t> served_count_{0};

@@ -1,0 +1,84 @@
+// The runtime's environment settings (base/settings.h): defaults, accepted values, and bad
+// values falling back to the default (with a warning) instead of being taken or ignored.
+#include "base/settings.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+
+namespace efccl::runtime {
+namespace {
+
+/// Sets `name` to `value` (unset when null) for the scope, restoring what it was.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    if (value != nullptr)
+      setenv(name, value, 1);
+    else
+      unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (had_)
+      setenv(name_.c_str(), old_.c_str(), 1);
+    else
+      unsetenv(name_.c_str());
+  }
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
+
+TEST(RuntimeSettings, ServeMinBytesDefaultsToEveryCallWithoutMpsAndFourMiBUnderIt) {
+  ScopedEnv unset("EFCCL_SERVE_MIN_BYTES", nullptr);
+  EXPECT_EQ(serve_min_bytes(false), 0u);
+  EXPECT_EQ(serve_min_bytes(true), std::size_t{4} << 20);
+}
+
+TEST(RuntimeSettings, ServeMinBytesTakesZeroAndAnyCountOfBytes) {
+  {
+    ScopedEnv zero("EFCCL_SERVE_MIN_BYTES", "0");
+    EXPECT_EQ(serve_min_bytes(true), 0u);  // serve every call, also under MPS
+  }
+  ScopedEnv some("EFCCL_SERVE_MIN_BYTES", "65536");
+  EXPECT_EQ(serve_min_bytes(false), 65536u);
+  EXPECT_EQ(serve_min_bytes(true), 65536u);
+}
+
+TEST(RuntimeSettings, BadServeMinBytesFallBackToTheDefault) {
+  for (const char* bad : {"-1", "abc", "12k", " 5", "+5", "2199023255553"}) {
+    SCOPED_TRACE(bad);
+    ScopedEnv env("EFCCL_SERVE_MIN_BYTES", bad);
+    EXPECT_EQ(serve_min_bytes(true), std::size_t{4} << 20);
+    EXPECT_EQ(serve_min_bytes(false), 0u);
+  }
+}
+
+TEST(RuntimeSettings, ServeProcessesIsOneZeroOrAuto) {
+  const struct {
+    const char* value;
+    int want;
+  } cases[] = {{nullptr, -1}, {"", -1}, {"auto", -1}, {"1", 1}, {"0", 0}, {"yes", -1}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.value == nullptr ? "(unset)" : c.value);
+    ScopedEnv env("EFCCL_SERVE_PROCESSES", c.value);
+    EXPECT_EQ(serve_processes_setting(), c.want);
+  }
+}
+
+TEST(RuntimeSettings, PositiveSettingsRefuseZeroAndSigns) {
+  for (const char* bad : {"0", "-5", "+5", "x"}) {
+    SCOPED_TRACE(bad);
+    ScopedEnv env("EFCCL_TIMEOUT_MS", bad);
+    EXPECT_EQ(call_timeout(), std::chrono::milliseconds(600000));
+  }
+  ScopedEnv good("EFCCL_TIMEOUT_MS", "250");
+  EXPECT_EQ(call_timeout(), std::chrono::milliseconds(250));
+}
+
+}  // namespace
+}  // namespace efccl::runtime
