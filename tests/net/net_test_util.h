@@ -29,6 +29,7 @@
 
 #include "efccl/common/log.h"
 #include "efccl/net/unique_id.h"
+#include "scoped_env.h"
 
 extern char** environ;
 
@@ -48,27 +49,7 @@ inline double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-/// Sets (or unsets) an environment variable for the scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value != nullptr)
-      setenv(name, value, 1);
-    else
-      unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (old_)
-      setenv(name_.c_str(), old_->c_str(), 1);
-    else
-      unsetenv(name_.c_str());
-  }
-
- private:
-  std::string name_;
-  std::optional<std::string> old_;
-};
+using ::ScopedEnv;  // scoped_env.h
 
 /// Collects log lines (every level) while alive.
 class LogCapture {

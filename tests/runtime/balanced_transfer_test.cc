@@ -14,6 +14,7 @@
 #include "efccl/ef/validate.h"
 #include "efccl/host/executor.h"
 #include "launch/balancer.h"
+#include "scoped_env.h"
 #include "select/balance_prediction.h"
 
 namespace efccl::runtime {
@@ -21,31 +22,9 @@ namespace {
 
 constexpr uint64_t MiB = uint64_t{1} << 20;
 
-/// Sets (or, with nullptr, unsets) an environment variable for a scope.
-class Env {
- public:
-  Env(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value != nullptr)
-      setenv(name, value, 1);
-    else
-      unsetenv(name);
-  }
-  ~Env() {
-    if (old_)
-      setenv(name_, old_->c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
-
 /// A balancer for `n` ranks on one real GPU planning on `preset`.
 std::unique_ptr<Balancer> balancer_on(const std::string& preset, int n, bool multiprocess = false) {
-  Env topology("EFCCL_BALANCE_TOPOLOGY", ("preset:" + preset).c_str());
+  ScopedEnv topology("EFCCL_BALANCE_TOPOLOGY", ("preset:" + preset).c_str());
   auto b = std::make_unique<Balancer>(nullptr, std::vector<int>(static_cast<std::size_t>(n), 0),
                                       multiprocess, true);
   EXPECT_TRUE(b->active());
@@ -197,8 +176,8 @@ TEST(Balancer, HostPathOnTwoGpusAndForcedSpreading) {
   {
     // Four ranks on two GPUs (0 and 2 on one, 1 and 3 on the other), small transfers forced
     // evenly over every candidate; pairs on one GPU have one path.
-    Env force("EFCCL_BALANCE_FORCE", "spread");
-    Env min("EFCCL_BALANCE_MIN_BYTES", "65536");
+    ScopedEnv force("EFCCL_BALANCE_FORCE", "spread");
+    ScopedEnv min("EFCCL_BALANCE_MIN_BYTES", "65536");
     auto b = balancer_on("h200-nv18-x2", 4);
     std::vector<Balancer::TransferKey> group;
     for (int32_t s = 0; s < 4; ++s)
@@ -232,19 +211,19 @@ TEST(Balancer, PredictionFavoursTheBalancedPlan) {
 
 TEST(Balancer, OffOrUnusableTopologiesLeaveEverythingAlone) {
   {
-    Env off("EFCCL_BALANCE", "0");
-    Env topology("EFCCL_BALANCE_TOPOLOGY", "preset:nimble-h100");
+    ScopedEnv off("EFCCL_BALANCE", "0");
+    ScopedEnv topology("EFCCL_BALANCE_TOPOLOGY", "preset:nimble-h100");
     Balancer b(nullptr, {0, 0}, false, true);
     EXPECT_FALSE(b.active());
   }
   for (const char* bad :
        {"preset:no-such-machine", "preset:nimble-h100:0", "/nonexistent/t.json"}) {
-    Env topology("EFCCL_BALANCE_TOPOLOGY", bad);
+    ScopedEnv topology("EFCCL_BALANCE_TOPOLOGY", bad);
     Balancer b(nullptr, {0, 0}, false, true);
     EXPECT_FALSE(b.active()) << bad;
   }
   {
-    Env topology("EFCCL_BALANCE_TOPOLOGY", nullptr);
+    ScopedEnv topology("EFCCL_BALANCE_TOPOLOGY", nullptr);
     Balancer b(nullptr, {0, 0}, false, true);  // no machine graph either
     EXPECT_FALSE(b.active());
   }
@@ -273,7 +252,7 @@ TEST(Balancer, TwoHostPresetsUseOnlyRoutesTheRuntimeRuns) {
 TEST(Balancer, TheGpuTestsDemandsSplitAsThoseTestsExpect) {
   // runtime_balance_test's skewed all-to-all-v (int32 counts; EFCCL_BALANCE_MIN_BYTES 65536)
   // must run multi-path plans with the host path and the relay kind each case names.
-  Env min("EFCCL_BALANCE_MIN_BYTES", "65536");
+  ScopedEnv min("EFCCL_BALANCE_MIN_BYTES", "65536");
   const auto count = [](int s, int d, int n) -> uint64_t {
     if (s == d) return 1000 + 17 * static_cast<uint64_t>(s);
     if (s == 0 && d == 1 % n) return 3 * MiB / 4 + 13;

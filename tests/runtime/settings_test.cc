@@ -8,30 +8,10 @@
 #include <cstdlib>
 #include <string>
 
+#include "scoped_env.h"
+
 namespace efccl::runtime {
 namespace {
-
-/// Sets `name` to `value` (unset when null) for the scope, restoring what it was.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-    if (value != nullptr)
-      setenv(name, value, 1);
-    else
-      unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (had_)
-      setenv(name_.c_str(), old_.c_str(), 1);
-    else
-      unsetenv(name_.c_str());
-  }
-
- private:
-  std::string name_, old_;
-  bool had_ = false;
-};
 
 TEST(RuntimeSettings, ServeMinBytesDefaultsToEveryCallWithoutMpsAndFourMiBUnderIt) {
   ScopedEnv unset("EFCCL_SERVE_MIN_BYTES", nullptr);
