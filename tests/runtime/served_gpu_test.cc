@@ -6,7 +6,8 @@
 // them run in call order; with EFCCL_SERVE_PROCESSES=0 nothing is served, and calls smaller than
 // EFCCL_SERVE_MIN_BYTES run the usual way; a call that another process never issues fails at
 // EFCCL_TIMEOUT_MS instead of hanging, and so does a served call whose stream another process
-// holds back (the watchdog), in both processes. Calls captured into CUDA graphs by every process
+// holds back (the watchdog), in both processes, while calls queued behind their own streams'
+// work or an idle communicator do not time out. Calls captured into CUDA graphs by every process
 // are served on every replay, exact; eager calls and replays back to back for longer than the
 // timeout do not time out; a replay the other process never matches fails at the timeout and
 // ends, as do replays after it; a replay waiting for a process that aborts ends without the
@@ -657,6 +658,62 @@ TEST(ServedGpu, AServedCallWhoseStreamAnotherProcessHoldsBackFailsAtTheTimeout) 
     *reinterpret_cast<volatile uint32_t*>(gate) = 1;
     CHILD_CUDA(cudaStreamSynchronize(stream));  // ends: the words were written
     (void)ncclCommAbort(comm);
+    return 0;
+  };
+  EXPECT_JOB_PASSED(run_job(job));
+}
+
+TEST(ServedGpu, ServedCallsQueuedBehindTheirOwnStreamsWorkOrIdleDoNotTimeOut) {
+  // EFCCL_TIMEOUT_MS=300. Each process's stream waits 1 s on a host word of its own before its
+  // served call: the call has not started, so neither watchdog may time it; then the
+  // communicator stays idle for 1 s after a call, and a last call is served, exact, no failure.
+  Job job;
+  job.env = {"EFCCL_DIRECT_PROCESSES=1", "EFCCL_SERVE_PROCESSES=1", "EFCCL_TIMEOUT_MS=300"};
+  job.body = [](int proc, const ncclUniqueId& id) {
+    if (gpus_in_child() < 1) return kSkip;
+    const Member m = join_with_buffer(proc, id);
+    uint32_t* gate = nullptr;
+    CHILD_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&gate), 64, cudaHostAllocMapped));
+    *gate = 0;
+    uint32_t* dgate = nullptr;
+    CHILD_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dgate), gate, 0));
+    void* entry = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    CHILD_CUDA(cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &entry, 12000,
+                                                cudaEnableDefault, &found));
+    CHILD_CHECK(found == cudaDriverEntryPointSuccess, "no cuStreamWaitValue32");
+    const auto fill = [&](float v) {
+      std::vector<float> host(1024, v);
+      CHILD_CUDA(cudaMemcpy(m.buffer, host.data(), sizeof(float) * 1024, cudaMemcpyHostToDevice));
+    };
+    const auto expect_sum = [&](const char* what) {
+      std::vector<float> host(1024);
+      CHILD_CUDA(cudaMemcpy(host.data(), m.buffer, sizeof(float) * 1024, cudaMemcpyDeviceToHost));
+      for (std::size_t i = 0; i < host.size(); ++i)
+        CHILD_CHECK(host[i] == 3.0f, "%s: element %zu is %g, expected 3", what, i, host[i]);
+      ncclResult_t async = ncclSuccess;
+      CHILD_NCCL(ncclCommGetAsyncError(m.comm, &async));
+      CHILD_CHECK(async == ncclSuccess, "%s: the communicator failed: %s", what,
+                  ncclGetLastError(m.comm));
+    };
+    fill(static_cast<float>(proc + 1));
+    CHILD_CHECK(reinterpret_cast<WaitValue32>(entry)(m.stream, reinterpret_cast<CUdeviceptr>(dgate),
+                                                     1, CU_STREAM_WAIT_VALUE_GEQ) == CUDA_SUCCESS,
+                "cuStreamWaitValue32");
+    CHILD_NCCL(ncclAllReduce(m.buffer, m.buffer, 1024, ncclFloat, ncclSum, m.comm, m.stream));
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    *reinterpret_cast<volatile uint32_t*>(gate) = 1;
+    CHILD_CUDA(cudaStreamSynchronize(m.stream));
+    expect_sum("a call behind 1 s of its stream's own work");
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    fill(static_cast<float>(proc + 1));
+    CHILD_NCCL(ncclAllReduce(m.buffer, m.buffer, 1024, ncclFloat, ncclSum, m.comm, m.stream));
+    CHILD_CUDA(cudaStreamSynchronize(m.stream));
+    expect_sum("a call after 1 s idle");
+    CHILD_CHECK(m.comm->clique->served_calls() == 2, "%llu calls served, expected 2",
+                static_cast<unsigned long long>(m.comm->clique->served_calls()));
+    CHILD_NCCL(ncclCommDestroy(m.comm));
+    CHILD_CUDA(cudaFreeHost(gate));
     return 0;
   };
   EXPECT_JOB_PASSED(run_job(job));

@@ -13,16 +13,20 @@
 namespace efccl::runtime {
 namespace {
 
-TEST(RuntimeSettings, ServeMinBytesDefaultsToEveryCallWithoutMpsAndFourMiBUnderIt) {
+TEST(RuntimeSettings, ServeMinBytesDefaultsToEveryCallWithoutMpsAnd64KiBUnderIt) {
   ScopedEnv unset("EFCCL_SERVE_MIN_BYTES", nullptr);
   EXPECT_EQ(serve_min_bytes(false), 0u);
-  EXPECT_EQ(serve_min_bytes(true), std::size_t{4} << 20);
+  EXPECT_EQ(serve_min_bytes(true), std::size_t{64} << 10);
 }
 
-TEST(RuntimeSettings, ServeMinBytesTakesZeroAndAnyCountOfBytes) {
+TEST(RuntimeSettings, ServeMinBytesTakesZeroUpToTwoToTheForty) {
   {
     ScopedEnv zero("EFCCL_SERVE_MIN_BYTES", "0");
     EXPECT_EQ(serve_min_bytes(true), 0u);  // serve every call, also under MPS
+  }
+  {
+    ScopedEnv most("EFCCL_SERVE_MIN_BYTES", "1099511627776");  // 2^40
+    EXPECT_EQ(serve_min_bytes(false), std::size_t{1} << 40);
   }
   ScopedEnv some("EFCCL_SERVE_MIN_BYTES", "65536");
   EXPECT_EQ(serve_min_bytes(false), 65536u);
@@ -30,10 +34,10 @@ TEST(RuntimeSettings, ServeMinBytesTakesZeroAndAnyCountOfBytes) {
 }
 
 TEST(RuntimeSettings, BadServeMinBytesFallBackToTheDefault) {
-  for (const char* bad : {"-1", "abc", "12k", " 5", "+5", "2199023255553"}) {
+  for (const char* bad : {"-1", "abc", "12k", " 5", "+5", "1099511627777"}) {  // 2^40 + 1
     SCOPED_TRACE(bad);
     ScopedEnv env("EFCCL_SERVE_MIN_BYTES", bad);
-    EXPECT_EQ(serve_min_bytes(true), std::size_t{4} << 20);
+    EXPECT_EQ(serve_min_bytes(true), std::size_t{64} << 10);
     EXPECT_EQ(serve_min_bytes(false), 0u);
   }
 }

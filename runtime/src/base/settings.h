@@ -37,12 +37,12 @@ bool direct_enabled();
 /// Every process of a job must set it alike (with EFCCL_DIRECT=1).
 bool direct_between_processes_enabled();
 /// EFCCL_SERVE_PROCESSES (docs/runtime.md, "A GPU served by one process"): 1 serve every call,
-/// 0 never, unset or "auto" (-1): serve every call where no MPS daemon serves the GPU, under MPS
-/// only calls of at least serve_min_bytes().
+/// 0 never, unset or "auto" (-1): serve every call where no MPS daemon serves the GPU; under MPS
+/// serve four or more processes' calls of at least serve_min_bytes(), not two or three.
 int serve_processes_setting();
-/// EFCCL_SERVE_MIN_BYTES (0..2^40): a served GPU serves calls whose larger buffer holds at least
-/// this many bytes, smaller ones run the usual way; unset: 4 MiB when `under_mps_auto` (MPS
-/// serves the GPU and EFCCL_SERVE_PROCESSES is auto), else 0.
+/// EFCCL_SERVE_MIN_BYTES (0..2^40): a served GPU serves calls whose largest buffer (on any rank)
+/// holds at least this many bytes, smaller ones run the usual way; unset: 64 KiB when
+/// `under_mps_auto` (MPS serves the GPU and EFCCL_SERVE_PROCESSES is auto), else 0.
 std::size_t serve_min_bytes(bool under_mps_auto);
 /// EFCCL_RESIDENT_CTAS (default 16, 1..128): CTAs of each GPU's resident grid; calls whose
 /// threadblocks on a GPU need more are launched.

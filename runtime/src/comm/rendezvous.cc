@@ -261,8 +261,9 @@ std::map<int, std::shared_ptr<SharedRegistrations>> start_sharing(
 /// is on one GPU, one rank per process (known alike in every process from the table), every
 /// process takes part in the setup's exchange; it serves when every process wishes it (direct
 /// transfers between processes on, so registrations are shared, and EFCCL_SERVE_PROCESSES not
-/// 0), calls of at least EFCCL_SERVE_MIN_BYTES (by default every call without MPS, calls of
-/// 4 MiB and more under MPS). `sharing`: the member's shared registrations.
+/// 0; under MPS, auto serves from four processes), calls of at least EFCCL_SERVE_MIN_BYTES (by
+/// default every call without MPS, calls of 64 KiB and more under MPS). `sharing`: the member's
+/// shared registrations.
 ApiStatus serve_gpu(const ProcessMap& pm, int rank, int device, net::Bootstrap& boot,
                     const std::shared_ptr<SharedRegistrations>& sharing, Clique& clique,
                     net::Deadline deadline, const std::atomic<bool>* abort) {
@@ -277,9 +278,12 @@ ApiStatus serve_gpu(const ProcessMap& pm, int rank, int device, net::Bootstrap& 
   o.device = device;
   o.timeout = call_timeout();
   const int setting = serve_processes_setting();
-  o.wish = sharing != nullptr && setting != 0;
-  // Under MPS the processes' own launches are faster for small calls: auto serves large ones.
-  o.min_bytes = serve_min_bytes(setting < 0 && mps_serves(device));
+  // Under MPS, auto serves four or more processes' calls from 64 KiB (faster than their own
+  // launches), and not two or three processes (their calls the usual way got slower on a
+  // served GPU, and large ones gained little).
+  const bool mps = setting < 0 && mps_serves(device);
+  o.wish = sharing != nullptr && setting != 0 && (!mps || n >= 4);
+  o.min_bytes = serve_min_bytes(mps);
   if (sharing != nullptr) {
     o.translate = [sharing](const void* p, std::size_t bytes) {
       return sharing->reader_address(p, bytes, ServedCalls::kServerRank);

@@ -35,10 +35,11 @@ constexpr uint32_t kGraphSlots =
     static_cast<uint32_t>((kWordsBytes - kSlotsOffset) / (kMaxServedRanks * sizeof(uint32_t)));
 /// What a failure writes into a graph slot's flags (the waits pass on >= 1).
 constexpr uint32_t kSlotReleased = uint32_t{1} << 30;
-/// The pinned words the host reads: a flag per graph slot ("this stream waits here"), then the
-/// last eager call whose stream operations have ended (its sequence number's low 32 bits).
-constexpr uint32_t kEagerDone = kGraphSlots;
-constexpr uint32_t kHostWords = kGraphSlots + 1;
+/// Pinned words the host reads: a flag per graph slot ("a stream waits here"), then the last eager
+/// call a stream reached and the last that ended (their sequence numbers' low 32 bits).
+constexpr uint32_t kEagerStarted = kGraphSlots;
+constexpr uint32_t kEagerDone = kGraphSlots + 1;
+constexpr uint32_t kHostWords = kGraphSlots + 2;
 constexpr std::size_t kNameBytes = 64;
 
 using WriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
@@ -424,9 +425,12 @@ bool ServedCalls::servable(const Call& c, ServedCall* record) const {
   record->count = c.count;
   record->premul = c.premul_scalar;
   if (c.count == 0 || is_p2p(c.kind)) return false;
+  // The root's view holds the call's largest buffer (a gather's): every rank decides alike.
+  const auto [root_send, root_recv] =
+      used_bytes(c.kind, call_bytes(c), c.root, c.root, options_.nranks);
+  if (std::max(root_send, root_recv) < options_.min_bytes) return false;
   const auto [send_bytes, recv_bytes] =
       used_bytes(c.kind, call_bytes(c), options_.rank, c.root, options_.nranks);
-  if (std::max(send_bytes, recv_bytes) < options_.min_bytes) return false;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(c.stream, &capture) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -611,6 +615,7 @@ ApiStatus ServedCalls::run(const Call& c, const std::vector<ServedCall>& all, ui
   MemOps ops;
   if (is_server()) {
     if (outcome) outcome = check_addresses(c, all, seq);
+    ops.write(waiting_device_ + kEagerStarted, word);
     for (int q = 0; q < options_.nranks; ++q)
       if (q != options_.rank) ops.wait(arrived_word(q), word);
     if (outcome) outcome = ops.issue(c.stream);
@@ -625,6 +630,7 @@ ApiStatus ServedCalls::run(const Call& c, const std::vector<ServedCall>& all, ui
     ops.write(waiting_device_ + kEagerDone, word);
     if (ApiStatus s = ops.issue(c.stream); !s && outcome) outcome = s;
   } else {
+    ops.write(waiting_device_ + kEagerStarted, word);
     ops.write(arrived_word(options_.rank), word);
     ops.wait(static_cast<const char*>(words_) + kDoneOffset, word);
     ops.write(waiting_device_ + kEagerDone, word);
@@ -713,18 +719,19 @@ void ServedCalls::watch() {
                 ")");
       continue;
     }
-    // Eager calls: one is pending while the last one enqueued has not ended. The timer runs
-    // from the last call seen ending, not from a sample that saw the stream idle: a stream kept
-    // busy by calls that all end (a backlog of them) is not stuck.
-    const uint32_t ended = reinterpret_cast<const volatile uint32_t*>(waiting_)[kEagerDone];
-    if (ended == static_cast<uint32_t>(issued_.load())) {
+    // Eager calls: timed from when a stream reaches one until it ends, restarting whenever one
+    // ends (work queued before a call, a backlog of calls that all end do not count; a call
+    // held back here is timed by the others, whose failure this process reads on the board).
+    const auto* host = reinterpret_cast<const volatile uint32_t*>(waiting_);
+    const uint32_t started = host[kEagerStarted];
+    const uint32_t ended = host[kEagerDone];
+    if (started == ended)
       pending_since = kNever;
-    } else if (pending_since == kNever || ended != last_ended) {
+    else if (pending_since == kNever || ended != last_ended)
       pending_since = now;
-    }
     last_ended = ended;
     if (pending_since != kNever && now - pending_since > options_.timeout)
-      timed_out("served collective " + std::to_string(issued_.load()));
+      timed_out("served collective " + std::to_string(started));
   }
 }
 

@@ -25,9 +25,10 @@
 //
 // Every stream wait has an abort path and a deadline: a watchdog thread fails the communicator
 // and writes the words this process's streams wait for itself (from a stream of its own) when
-// no pending served call has ended within EFCCL_TIMEOUT_MS (each eager call's stream writes
-// its number into pinned host memory when it ends, which the watchdog reads, so a stream kept
-// busy by a backlog of calls that all end is not stuck); abort and a peer's death do
+// a served call its stream has reached has not ended within EFCCL_TIMEOUT_MS while no other
+// call ended (each eager call's stream writes its number into pinned host memory when it
+// reaches the call and when the call ends, which the watchdog reads: neither work queued before
+// the call nor a backlog of calls that all end counts); abort and a peer's death do
 // the same. A failure anywhere (a timeout, a failed launch in the server, an abort) marks the
 // board, so every process's later calls and ncclCommGetAsyncError report it. Served calls of one
 // process on different streams are chained (an event), so the words only ever grow.
@@ -68,7 +69,7 @@ class ServedCalls {
     int nranks = 0;     ///< every rank of the communicator is on this process's GPU
     int device = 0;     ///< the CUDA device
     bool wish = false;  ///< this process wants to serve (all must)
-    /// Calls whose larger buffer is smaller than this run the usual way (EFCCL_SERVE_MIN_BYTES).
+    /// Calls whose largest buffer is smaller than this run the usual way (EFCCL_SERVE_MIN_BYTES).
     std::size_t min_bytes = 0;
     std::chrono::nanoseconds timeout{};  ///< EFCCL_TIMEOUT_MS
     /// Client: where the server's process reaches [p, p + bytes) of this rank (a shared
