@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -609,7 +610,37 @@ TEST(ServedGpu, AReplayTheOtherProcessNeverMatchesFailsAtTheTimeout) {
   }
 }
 
-using WaitValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+/// A word in pinned host memory that `stream`'s later work waits for (cuStreamWaitValue32 >= 1)
+/// until open() writes it.
+class StreamGate {
+ public:
+  explicit StreamGate(cudaStream_t stream) {
+    CHILD_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&word_), 64, cudaHostAllocMapped));
+    *word_ = 0;
+    uint32_t* device_word = nullptr;
+    CHILD_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_word), word_, 0));
+    void* entry = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    CHILD_CUDA(cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &entry, 12000,
+                                                cudaEnableDefault, &found));
+    CHILD_CHECK(found == cudaDriverEntryPointSuccess, "no cuStreamWaitValue32");
+    using WaitValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+    CHILD_CHECK(
+        reinterpret_cast<WaitValue32>(entry)(stream, reinterpret_cast<CUdeviceptr>(device_word), 1,
+                                             CU_STREAM_WAIT_VALUE_GEQ) == CUDA_SUCCESS,
+        "cuStreamWaitValue32");
+  }
+  ~StreamGate() {
+    open();
+    (void)cudaFreeHost(word_);  // after the stream passed: its owner synchronised it
+  }
+  StreamGate(const StreamGate&) = delete;
+  StreamGate& operator=(const StreamGate&) = delete;
+  void open() const { *reinterpret_cast<volatile uint32_t*>(word_) = 1; }
+
+ private:
+  uint32_t* word_ = nullptr;
+};
 
 TEST(ServedGpu, AServedCallWhoseStreamAnotherProcessHoldsBackFailsAtTheTimeout) {
   // Rank 1's stream waits (cuStreamWaitValue32) on a host word before its served call, for 4 s;
@@ -624,21 +655,8 @@ TEST(ServedGpu, AServedCallWhoseStreamAnotherProcessHoldsBackFailsAtTheTimeout) 
     ncclComm_t comm = m.comm;
     cudaStream_t stream = m.stream;
     float* d = m.buffer;
-    uint32_t* gate = nullptr;
-    CHILD_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&gate), 64, cudaHostAllocMapped));
-    *gate = 0;
-    if (proc == 1) {
-      void* entry = nullptr;
-      cudaDriverEntryPointQueryResult found;
-      CHILD_CUDA(cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &entry, 12000,
-                                                  cudaEnableDefault, &found));
-      CHILD_CHECK(found == cudaDriverEntryPointSuccess, "no cuStreamWaitValue32");
-      uint32_t* dgate = nullptr;
-      CHILD_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dgate), gate, 0));
-      CHILD_CHECK(reinterpret_cast<WaitValue32>(entry)(stream, reinterpret_cast<CUdeviceptr>(dgate),
-                                                       1, CU_STREAM_WAIT_VALUE_GEQ) == CUDA_SUCCESS,
-                  "cuStreamWaitValue32");
-    }
+    std::optional<StreamGate> gate;
+    if (proc == 1) gate.emplace(stream);
     const auto t0 = std::chrono::steady_clock::now();
     CHILD_NCCL(ncclAllReduce(d, d, 1024, ncclFloat, ncclSum, comm, stream));
     CHILD_CHECK(comm->clique->served_calls() == 1, "the call was not served");
@@ -646,7 +664,7 @@ TEST(ServedGpu, AServedCallWhoseStreamAnotherProcessHoldsBackFailsAtTheTimeout) 
     double failed_at = -1;
     while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(8)) {
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (proc == 1 && s > 4.0) *reinterpret_cast<volatile uint32_t*>(gate) = 1;
+      if (gate && s > 4.0) gate->open();
       CHILD_NCCL(ncclCommGetAsyncError(comm, &async));
       if (async != ncclSuccess && failed_at < 0) failed_at = s;
       if (failed_at >= 0 && (proc == 0 || s > 4.5)) break;
@@ -655,7 +673,7 @@ TEST(ServedGpu, AServedCallWhoseStreamAnotherProcessHoldsBackFailsAtTheTimeout) 
     CHILD_CHECK(async != ncclSuccess, "no failure reported within 8 s");
     CHILD_CHECK(failed_at >= 1.9 && failed_at < 4.0,
                 "failure reported after %.2f s, expected about 2", failed_at);
-    *reinterpret_cast<volatile uint32_t*>(gate) = 1;
+    if (gate) gate->open();
     CHILD_CUDA(cudaStreamSynchronize(stream));  // ends: the words were written
     (void)ncclCommAbort(comm);
     return 0;
@@ -672,16 +690,6 @@ TEST(ServedGpu, ServedCallsQueuedBehindTheirOwnStreamsWorkOrIdleDoNotTimeOut) {
   job.body = [](int proc, const ncclUniqueId& id) {
     if (gpus_in_child() < 1) return kSkip;
     const Member m = join_with_buffer(proc, id);
-    uint32_t* gate = nullptr;
-    CHILD_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&gate), 64, cudaHostAllocMapped));
-    *gate = 0;
-    uint32_t* dgate = nullptr;
-    CHILD_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dgate), gate, 0));
-    void* entry = nullptr;
-    cudaDriverEntryPointQueryResult found;
-    CHILD_CUDA(cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &entry, 12000,
-                                                cudaEnableDefault, &found));
-    CHILD_CHECK(found == cudaDriverEntryPointSuccess, "no cuStreamWaitValue32");
     const auto fill = [&](float v) {
       std::vector<float> host(1024, v);
       CHILD_CUDA(cudaMemcpy(m.buffer, host.data(), sizeof(float) * 1024, cudaMemcpyHostToDevice));
@@ -697,12 +705,10 @@ TEST(ServedGpu, ServedCallsQueuedBehindTheirOwnStreamsWorkOrIdleDoNotTimeOut) {
                   ncclGetLastError(m.comm));
     };
     fill(static_cast<float>(proc + 1));
-    CHILD_CHECK(reinterpret_cast<WaitValue32>(entry)(m.stream, reinterpret_cast<CUdeviceptr>(dgate),
-                                                     1, CU_STREAM_WAIT_VALUE_GEQ) == CUDA_SUCCESS,
-                "cuStreamWaitValue32");
+    StreamGate gate(m.stream);
     CHILD_NCCL(ncclAllReduce(m.buffer, m.buffer, 1024, ncclFloat, ncclSum, m.comm, m.stream));
     std::this_thread::sleep_for(std::chrono::seconds(1));
-    *reinterpret_cast<volatile uint32_t*>(gate) = 1;
+    gate.open();
     CHILD_CUDA(cudaStreamSynchronize(m.stream));
     expect_sum("a call behind 1 s of its stream's own work");
     std::this_thread::sleep_for(std::chrono::seconds(1));
@@ -713,7 +719,6 @@ TEST(ServedGpu, ServedCallsQueuedBehindTheirOwnStreamsWorkOrIdleDoNotTimeOut) {
     CHILD_CHECK(m.comm->clique->served_calls() == 2, "%llu calls served, expected 2",
                 static_cast<unsigned long long>(m.comm->clique->served_calls()));
     CHILD_NCCL(ncclCommDestroy(m.comm));
-    CHILD_CUDA(cudaFreeHost(gate));
     return 0;
   };
   EXPECT_JOB_PASSED(run_job(job));

@@ -38,8 +38,8 @@ bool switch_setting(const char* name, bool fallback) {
   if (v == nullptr || *v == '\0') return fallback;
   if (std::strcmp(v, "1") == 0) return true;
   if (std::strcmp(v, "0") == 0) return false;
-  EFCCL_WARN(-1,
-             std::string(name) + "=" + v + " is neither 0 nor 1; using " + (fallback ? "1" : "0"));
+  EFCCL_WARN(-1, std::string(name) + "=" + v + " is neither 0 nor 1; using " +
+                     (fallback ? "1" : "0"));
   return fallback;
 }
 

@@ -69,9 +69,8 @@ class IpcImports {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = by_key_.find(key);
     if (it != by_key_.end() && it->second.closing)
-      return Status::error(
-          "the allocation is still being unmapped here (unmapping waits for "
-          "this process's running kernels); register it again later");
+      return Status::error("the allocation is still being unmapped here (unmapping waits for "
+                           "this process's running kernels); register it again later");
     if (it == by_key_.end()) {
       cudaIpcMemHandle_t h;
       std::memcpy(&h, handle, sizeof(h));
@@ -89,10 +88,10 @@ class IpcImports {
         it = by_key_.emplace(key, Entry{base, device, bytes, 0, false}).first;
         by_base_[base] = key;
         retire_locked(it);  // not used: unmapped by the closer like any other
-        return Status::error(!range ? "the mapped allocation's range: " + range.message()
-                                    : "the mapped allocation has " + std::to_string(bytes) +
-                                          " bytes, fewer than the " + std::to_string(alloc_bytes) +
-                                          " announced");
+        return Status::error(
+            !range ? "the mapped allocation's range: " + range.message()
+                   : "the mapped allocation has " + std::to_string(bytes) +
+                         " bytes, fewer than the " + std::to_string(alloc_bytes) + " announced");
       }
       it = by_key_.emplace(key, Entry{base, device, bytes, 0, false}).first;
       by_base_[base] = key;
@@ -156,8 +155,8 @@ class IpcImports {
       if (e == cudaSuccess) e = cudaIpcCloseMemHandle(base);
       if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        EFCCL_INFO(kLogAlloc, device,
-                   "cudaIpcCloseMemHandle(" + pointer_text(base) + "): " + cuda_text(e));
+        EFCCL_INFO(kLogAlloc, device, "cudaIpcCloseMemHandle(" + pointer_text(base) + "): " +
+                                          cuda_text(e));
       }
       lock.lock();
       b = by_base_.find(base);
@@ -198,9 +197,10 @@ StatusOr<std::unique_ptr<SharedRegistrations>> SharedRegistrations::start(
   return s;
 }
 
-SharedRegistrations::SharedRegistrations(std::shared_ptr<net::Bootstrap> boot, int rank, int device,
-                                         std::vector<GpuPartner> partners, std::vector<int> clients,
-                                         Millis timeout, std::vector<std::size_t> client_partner)
+SharedRegistrations::SharedRegistrations(std::shared_ptr<net::Bootstrap> boot, int rank,
+                                         int device, std::vector<GpuPartner> partners,
+                                         std::vector<int> clients, Millis timeout,
+                                         std::vector<std::size_t> client_partner)
     : boot_(std::move(boot)),
       rank_(rank),
       device_(device),
@@ -231,8 +231,8 @@ void SharedRegistrations::serve() {
       if (stopping_.load()) break;
       if (slice.expired()) continue;
       EFCCL_INFO(kLogInit | kLogAlloc, device_,
-                 "rank " + std::to_string(rank_) +
-                     ": the registration service stops: " + m.status().message());
+                 "rank " + std::to_string(rank_) + ": the registration service stops: " +
+                     m.status().message());
       break;
     }
     const int from = clients_[m->first];
@@ -336,8 +336,8 @@ Status SharedRegistrations::await_reply(std::size_t i, uint8_t kind, uint64_t id
 uint64_t SharedRegistrations::share(void* buff, std::size_t size) {
   std::lock_guard<std::mutex> owner(owner_mu_);
   if (stopped_ || partners_.empty() || buff == nullptr || size == 0) return 0;
-  const std::string what = "registered buffer " + pointer_text(buff) + " (" + std::to_string(size) +
-                           " bytes) of rank " + std::to_string(rank_);
+  const std::string what = "registered buffer " + pointer_text(buff) + " (" +
+                           std::to_string(size) + " bytes) of rank " + std::to_string(rank_);
   const auto not_shared = [&](const std::string& why) {
     EFCCL_INFO(kLogInit | kLogAlloc, device_,
                what + " is not shared with the other processes on its GPU: " + why +
@@ -390,8 +390,8 @@ uint64_t SharedRegistrations::share(void* buff, std::size_t size) {
     if (Status s = boot_->send(p.rank, kRegistrationRequestTag, bytes,
                                net::Deadline::after(timeout_), nullptr);
         !s) {
-      failed =
-          Status::error("rank " + std::to_string(p.rank) + " (" + p.where + "): " + s.message());
+      failed = Status::error("rank " + std::to_string(p.rank) + " (" + p.where + "): " +
+                             s.message());
       break;
     }
     uint64_t mapped = 0;
@@ -403,9 +403,9 @@ uint64_t SharedRegistrations::share(void* buff, std::size_t size) {
     reg.partner_base[i] = mapped + offset;
   }
   if (!failed) {
-    EFCCL_WARN(device_,
-               what + " is not shared with the other processes on its GPU: " + failed.message() +
-                   "; its transfers with them go through efccl's connection memory");
+    EFCCL_WARN(device_, what + " is not shared with the other processes on its GPU: " +
+                            failed.message() +
+                            "; its transfers with them go through efccl's connection memory");
     // Whoever may have mapped it unmaps it again (answers are not awaited: a late one is
     // skipped by the next exchange).
     for (std::size_t i = 0; i < asked; ++i) send_close(i, id, false, nullptr);

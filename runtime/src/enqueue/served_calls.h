@@ -150,7 +150,7 @@ class ServedCalls {
   std::atomic<uint32_t> slots_used_{0};  ///< graph slots given so far
   bool told_slots_out_ = false;          ///< under mu_: INFO said the slots are all given
   /// Pinned, mapped: flag k is 1 while this process's stream waits in graph slot k; after the
-  /// flags, the last eager call whose stream operations ended (the watchdog reads it).
+  /// flags, the last eager call a stream reached and the last that ended (the watchdog's).
   uint32_t* waiting_ = nullptr;
   uint32_t* waiting_device_ = nullptr;  ///< the same, as streams write it
   std::atomic<uint64_t> served_count_{0};
